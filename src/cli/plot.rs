@@ -1,0 +1,302 @@
+//! Drawing curves: a character plot for the terminal and a self-contained SVG file.
+
+use std::fmt::Write as _;
+
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::datatypes::{DataType, Float64Type};
+
+use crate::session::QueryOutput;
+
+/// One curve to draw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Legend label.
+    pub name: String,
+    /// x coordinates (increasing).
+    pub xs: Vec<f64>,
+    /// y coordinates.
+    pub ys: Vec<f64>,
+}
+
+const MARKERS: [char; 4] = ['*', 'o', '+', 'x'];
+const COLORS: [&str; 4] = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
+
+fn bounds(series: &[Series]) -> Option<(f64, f64, f64, f64)> {
+    let pts = series.iter().flat_map(|s| s.xs.iter().zip(&s.ys)).filter(|(x, y)| x.is_finite() && y.is_finite());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, 0.0f64, f64::MIN);
+    let mut any = false;
+    for (&x, &y) in pts {
+        any = true;
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if !any {
+        return None;
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 <= y0 {
+        y1 = y0 + 1.0;
+    }
+    Some((x0, x1, y0, y1))
+}
+
+/// Linear interpolation of a series at x (None outside its range).
+fn value_at(s: &Series, x: f64) -> Option<f64> {
+    let i = s.xs.partition_point(|&v| v < x);
+    if i == 0 {
+        return (s.xs.first() == Some(&x)).then(|| s.ys[0]);
+    }
+    if i == s.xs.len() {
+        return None;
+    }
+    let (xa, xb, ya, yb) = (s.xs[i - 1], s.xs[i], s.ys[i - 1], s.ys[i]);
+    Some(if xb > xa { ya + (yb - ya) * (x - xa) / (xb - xa) } else { yb })
+}
+
+fn short(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let a = v.abs();
+    if (1e-3..1e5).contains(&a) {
+        let s = format!("{v:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+/// Renders the curves as a character plot of `width × height` plot cells.
+pub fn terminal(series: &[Series], width: usize, height: usize) -> String {
+    let Some((x0, x1, y0, y1)) = bounds(series) else {
+        return "(nothing to plot: no finite values)\n".into();
+    };
+    let mut canvas = vec![vec![' '; width]; height];
+    let row_of = |y: f64| ((y - y0) / (y1 - y0) * (height - 1) as f64).round().clamp(0.0, (height - 1) as f64) as usize;
+    for (si, s) in series.iter().enumerate() {
+        let marker = MARKERS[si % MARKERS.len()];
+        let mut prev: Option<usize> = None;
+        for c in 0..width {
+            let x = x0 + (x1 - x0) * c as f64 / (width - 1).max(1) as f64;
+            let Some(y) = value_at(s, x).filter(|y| y.is_finite()) else {
+                prev = None;
+                continue;
+            };
+            let r = row_of(y);
+            // Join to the previous column so steep slopes stay connected.
+            let (a, b) = match prev {
+                Some(p) if p.abs_diff(r) > 1 => (p.min(r) + 1, p.max(r) - 1),
+                _ => (r, r),
+            };
+            for rr in a.min(r)..=b.max(r) {
+                let cell = &mut canvas[height - 1 - rr][c];
+                *cell = if *cell == ' ' || *cell == marker { marker } else { '#' };
+            }
+            prev = Some(r);
+        }
+    }
+    let labels = [short(y1), short((y0 + y1) / 2.0), short(y0)];
+    let lw = labels.iter().map(|l| l.len()).max().unwrap_or(1);
+    let mut out = String::new();
+    for (i, row) in canvas.iter().enumerate() {
+        let label = if i == 0 {
+            &labels[0]
+        } else if i == height / 2 {
+            &labels[1]
+        } else if i == height - 1 {
+            &labels[2]
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "{label:>lw$} |{}", row.iter().collect::<String>());
+    }
+    let _ = writeln!(out, "{} +{}", " ".repeat(lw), "-".repeat(width));
+    let (l, m, r) = (short(x0), short((x0 + x1) / 2.0), short(x1));
+    let gap1 = (width / 2).saturating_sub(l.len() + m.len() / 2);
+    let gap2 = width.saturating_sub(l.len() + gap1 + m.len() + r.len());
+    let _ = writeln!(out, "{}  {l}{}{m}{}{r}", " ".repeat(lw), " ".repeat(gap1), " ".repeat(gap2));
+    let legend: Vec<String> =
+        series.iter().enumerate().map(|(i, s)| format!("{} {}", MARKERS[i % MARKERS.len()], s.name)).collect();
+    let _ = writeln!(out, "{}  {}   (# = overlap)", " ".repeat(lw), legend.join("   "));
+    out
+}
+
+fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    let raw = (hi - lo) / n as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
+    let first = (lo / step).ceil() as i64;
+    let last = (hi / step).floor() as i64;
+    (first..=last).map(|k| k as f64 * step).collect()
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Renders the curves as a standalone SVG document.
+pub fn svg(series: &[Series], title: &str, x_label: &str, y_label: &str) -> String {
+    let (w, h) = (900.0, 520.0);
+    let (ml, mr, mt, mb) = (80.0, 30.0, 50.0, 70.0);
+    let (x0, x1, y0, y1) = bounds(series).unwrap_or((0.0, 1.0, 0.0, 1.0));
+    let px = |x: f64| ml + (x - x0) / (x1 - x0) * (w - ml - mr);
+    let py = |y: f64| h - mb - (y - y0) / (y1 - y0) * (h - mt - mb);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="13">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(s, r#"<text x="{}" y="28" text-anchor="middle" font-size="16">{}</text>"#, w / 2.0, escape(title));
+    for t in nice_ticks(x0, x1, 8) {
+        let x = px(t);
+        let _ = writeln!(s, r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#e5e5e5"/>"##, mt, h - mb);
+        let _ = writeln!(s, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, h - mb + 18.0, short(t));
+    }
+    for t in nice_ticks(y0, y1, 6) {
+        let y = py(t);
+        let _ = writeln!(s, r##"<line x1="{ml}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e5e5e5"/>"##, w - mr);
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, ml - 8.0, y + 4.0, short(t));
+    }
+    let _ = writeln!(
+        s,
+        r##"<rect x="{ml}" y="{mt}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##,
+        w - ml - mr,
+        h - mt - mb
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        (ml + w - mr) / 2.0,
+        h - 20.0,
+        escape(x_label)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(20 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        (mt + h - mb) / 2.0,
+        escape(y_label)
+    );
+    for (i, se) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let dash = if i == 0 { "" } else { r#" stroke-dasharray="6 4""# };
+        let pts: Vec<String> = se
+            .xs
+            .iter()
+            .zip(&se.ys)
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|(&x, &y)| format!("{:.2},{:.2}", px(x), py(y)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
+            pts.join(" ")
+        );
+        let ly = mt + 20.0 + 20.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{ly}" x2="{:.1}" y2="{ly}" stroke="{color}" stroke-width="2"{dash}/>"#,
+            w - mr - 230.0,
+            w - mr - 200.0
+        );
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, w - mr - 192.0, ly + 4.0, escape(&se.name));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn float_values(array: &dyn Array, row: usize) -> Option<Vec<f64>> {
+    if array.is_null(row) {
+        return None;
+    }
+    let items = match array.data_type() {
+        DataType::List(f) if f.data_type() == &DataType::Float64 => array.as_list::<i32>().value(row),
+        DataType::LargeList(f) if f.data_type() == &DataType::Float64 => array.as_list::<i64>().value(row),
+        _ => return None,
+    };
+    Some(items.as_primitive::<Float64Type>().iter().map(|v| v.unwrap_or(f64::NAN)).collect())
+}
+
+/// Finds curves in a result: every struct cell with at least two `List<Float64>` fields
+/// (the first is x, the second y, as `private_kde` returns), or else, for a result whose
+/// first two columns are numbers, those columns as (x, y).
+pub fn curves(result: &QueryOutput) -> Vec<Series> {
+    let mut out = Vec::new();
+    for b in &result.batches {
+        for (field, col) in result.schema.fields().iter().zip(b.columns()) {
+            let DataType::Struct(fields) = field.data_type() else { continue };
+            let s = col.as_struct();
+            let lists: Vec<usize> =
+                (0..fields.len()).filter(|&i| matches!(fields[i].data_type(), DataType::List(_))).collect();
+            if lists.len() < 2 {
+                continue;
+            }
+            for r in 0..b.num_rows() {
+                let (Some(xs), Some(ys)) =
+                    (float_values(s.column(lists[0]).as_ref(), r), float_values(s.column(lists[1]).as_ref(), r))
+                else {
+                    continue;
+                };
+                let name = format!("{} row {} ({})", field.name(), out.len() + 1, fields[lists[1]].name());
+                out.push(Series { name, xs, ys });
+            }
+        }
+    }
+    if out.is_empty() && result.schema.fields().len() >= 2 {
+        let numeric = |i: usize| result.schema.field(i).data_type().is_numeric();
+        if numeric(0) && numeric(1) {
+            let mut pts: Vec<(f64, f64)> = Vec::new();
+            for b in &result.batches {
+                let cast = |i: usize| datafusion::arrow::compute::cast(b.column(i), &DataType::Float64).ok();
+                if let (Some(x), Some(y)) = (cast(0), cast(1)) {
+                    let (x, y) = (x.as_primitive::<Float64Type>(), y.as_primitive::<Float64Type>());
+                    pts.extend(
+                        (0..b.num_rows()).filter(|&r| x.is_valid(r) && y.is_valid(r)).map(|r| (x.value(r), y.value(r))),
+                    );
+                }
+            }
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if pts.len() >= 2 {
+                let name = result.schema.field(1).name().clone();
+                out.push(Series { name, xs: pts.iter().map(|p| p.0).collect(), ys: pts.iter().map(|p| p.1).collect() });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bump() -> Series {
+        let xs: Vec<f64> = (0..100).map(|i| i as f64 / 99.0).collect();
+        let ys = xs.iter().map(|x| (-(x - 0.5) * (x - 0.5) / 0.02).exp()).collect();
+        Series { name: "bump".into(), xs, ys }
+    }
+
+    #[test]
+    fn terminal_plot_puts_the_peak_on_top_in_the_middle() {
+        let text = terminal(&[bump()], 41, 10);
+        let lines: Vec<&str> = text.lines().collect();
+        let top = lines[0];
+        let col = top.find('*').expect("peak on the top row");
+        let bar = top.find('|').unwrap();
+        assert!((col - bar - 1).abs_diff(20) <= 1, "{text}");
+        assert!(text.contains("* bump"));
+    }
+
+    #[test]
+    fn svg_is_a_document_with_one_polyline_per_series() {
+        let mut b2 = bump();
+        b2.name = "second <b>".into();
+        let doc = svg(&[bump(), b2], "t", "x", "y");
+        assert!(doc.starts_with("<svg") && doc.trim_end().ends_with("</svg>"));
+        assert_eq!(doc.matches("<polyline").count(), 2);
+        assert!(doc.contains("second &lt;b&gt;"));
+    }
+}

@@ -1,0 +1,63 @@
+//! DataFusion glue: the private aggregate UDFs, their literal parameters, and the
+//! rewrite that lets optional arguments be named in any combination.
+
+pub mod named_args;
+pub mod params;
+pub mod private_kde;
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Float64Array, ListArray};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::common::Result;
+use datafusion::logical_expr::{AggregateUDF, Expr};
+
+use crate::mechanism::NoiseSource;
+pub use private_kde::PrivateKde;
+
+/// One private aggregate call found in a plan, with the budget it spends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrivateCall {
+    /// SQL name of the function.
+    pub function: &'static str,
+    /// ε spent by one release.
+    pub epsilon: f64,
+    /// δ spent by one release.
+    pub delta: f64,
+}
+
+/// The declared parameters of every private aggregate, for the named-argument rewrite.
+pub fn all_params() -> [&'static params::FunctionParams; 1] {
+    [&private_kde::PARAMS]
+}
+
+/// All private aggregate UDFs, drawing noise from `noise`.
+pub fn private_udafs(noise: NoiseSource) -> Vec<AggregateUDF> {
+    vec![PrivateKde::udaf(noise)]
+}
+
+/// If `func` is a private aggregate, validates its literal arguments (planning time) and
+/// returns what the call spends. `None` for every other function.
+pub fn plan_private_call(func: &AggregateUDF, args: &[Expr]) -> Option<Result<PrivateCall>> {
+    if func.inner().is::<PrivateKde>() {
+        return Some(private_kde::plan_call(args));
+    }
+    None
+}
+
+/// Whether `func` is one of the private aggregates.
+pub fn is_private(func: &AggregateUDF) -> bool {
+    func.inner().is::<PrivateKde>()
+}
+
+/// A one-row `List<Float64>` array (a NULL list for `None`).
+pub(crate) fn float_list(values: Option<Vec<f64>>) -> ArrayRef {
+    let field = Arc::new(Field::new_list_field(DataType::Float64, true));
+    let (len, nulls) = match &values {
+        Some(v) => (v.len(), None),
+        None => (0, Some(NullBuffer::new_null(1))),
+    };
+    let items = Float64Array::from(values.unwrap_or_default());
+    Arc::new(ListArray::new(field, OffsetBuffer::from_lengths([len]), Arc::new(items), nulls))
+}

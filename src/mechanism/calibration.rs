@@ -1,0 +1,235 @@
+//! Noise calibration for the Gaussian mechanism (SPEC §1).
+//!
+//! Two privacy maps from (sensitivity Δ, ε, δ) to a noise scale σ:
+//!
+//! * [`analytic_sigma`] — Balle & Wang (2018), Thm 8: the smallest σ with
+//!   `Φ(Δ/(2σ) − εσ/Δ) − e^ε·Φ(−Δ/(2σ) − εσ/Δ) ≤ δ`. Exact for every ε > 0.
+//! * [`classic_sigma`] — the papers' `σ = Δ·sqrt(2·ln(2/δ))/ε` (Hall et al. 2013),
+//!   proven only for ε ≤ 1, so larger ε is refused.
+//!
+//! Both are plain functions of public parameters: nothing here ever sees data.
+
+use std::fmt;
+
+/// Which formula turns (Δ, ε, δ) into σ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Calibration {
+    /// Balle–Wang analytic Gaussian mechanism (the default).
+    Analytic,
+    /// `σ = Δ·sqrt(2 ln(2/δ))/ε`, valid for ε ≤ 1 only.
+    Classic,
+}
+
+impl Calibration {
+    /// The SQL spelling of this calibration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Calibration::Analytic => "analytic",
+            Calibration::Classic => "classic",
+        }
+    }
+
+    /// Parses the SQL spelling (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "analytic" => Some(Calibration::Analytic),
+            "classic" => Some(Calibration::Classic),
+            _ => None,
+        }
+    }
+}
+
+/// Why a calibration cannot be computed. Only ever about public parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CalibrationError {
+    /// ε must be a finite number > 0.
+    Epsilon(f64),
+    /// δ must lie in the open interval (0, 1).
+    Delta(f64),
+    /// Δ must be a finite number > 0.
+    Sensitivity(f64),
+    /// The classic formula is only proven for ε ≤ 1.
+    ClassicNeedsSmallEpsilon(f64),
+}
+
+impl fmt::Display for CalibrationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CalibrationError::Epsilon(e) => write!(f, "epsilon must be a finite number > 0, got {e}"),
+            CalibrationError::Delta(d) => write!(f, "delta must be in (0, 1), got {d}"),
+            CalibrationError::Sensitivity(s) => {
+                write!(f, "sensitivity must be a finite number > 0, got {s}")
+            }
+            CalibrationError::ClassicNeedsSmallEpsilon(e) => write!(
+                f,
+                "calibration 'classic' is only valid for epsilon <= 1, got epsilon = {e}; \
+                 use calibration => 'analytic'"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CalibrationError {}
+
+fn check(sensitivity: f64, epsilon: f64, delta: f64) -> Result<(), CalibrationError> {
+    if !(epsilon.is_finite() && epsilon > 0.0) {
+        return Err(CalibrationError::Epsilon(epsilon));
+    }
+    if !(delta > 0.0 && delta < 1.0) {
+        return Err(CalibrationError::Delta(delta));
+    }
+    if !(sensitivity.is_finite() && sensitivity > 0.0) {
+        return Err(CalibrationError::Sensitivity(sensitivity));
+    }
+    Ok(())
+}
+
+/// σ for sensitivity Δ under the chosen calibration.
+pub fn sigma(calibration: Calibration, sensitivity: f64, epsilon: f64, delta: f64) -> Result<f64, CalibrationError> {
+    match calibration {
+        Calibration::Analytic => analytic_sigma(sensitivity, epsilon, delta),
+        Calibration::Classic => classic_sigma(sensitivity, epsilon, delta),
+    }
+}
+
+/// The papers' calibration `σ = Δ·sqrt(2·ln(2/δ))/ε`; refuses ε > 1.
+pub fn classic_sigma(sensitivity: f64, epsilon: f64, delta: f64) -> Result<f64, CalibrationError> {
+    check(sensitivity, epsilon, delta)?;
+    if epsilon > 1.0 {
+        return Err(CalibrationError::ClassicNeedsSmallEpsilon(epsilon));
+    }
+    Ok(sensitivity * (2.0 * (2.0 / delta).ln()).sqrt() / epsilon)
+}
+
+/// The exact δ achieved by Gaussian noise of scale σ on a statistic of sensitivity Δ
+/// at privacy level ε (Balle & Wang 2018, Thm 8). Decreasing in σ.
+pub fn analytic_delta(sigma: f64, sensitivity: f64, epsilon: f64) -> f64 {
+    let mu = sensitivity / sigma;
+    let a = mu / 2.0 - epsilon / mu;
+    let b = -mu / 2.0 - epsilon / mu;
+    // e^ε·Φ(b) evaluated in log space so that large ε neither overflows nor cancels.
+    let first = normal_cdf(a);
+    let second = (epsilon + log_normal_cdf(b)).exp();
+    (first - second).max(0.0)
+}
+
+/// Relative width of the final bracket of the σ search.
+const SIGMA_REL_TOL: f64 = 1e-12;
+
+/// Smallest σ with `analytic_delta(σ) ≤ δ`, returned from the safe (upper) side of the
+/// bracket, so the returned σ always satisfies the condition.
+pub fn analytic_sigma(sensitivity: f64, epsilon: f64, delta: f64) -> Result<f64, CalibrationError> {
+    check(sensitivity, epsilon, delta)?;
+    // Work with Δ = 1 and scale at the end: privacy depends only on Δ/σ.
+    let ok = |s: f64| analytic_delta(s, 1.0, epsilon) <= delta;
+    let mut hi = 1.0_f64;
+    while !ok(hi) {
+        hi *= 2.0;
+    }
+    let mut lo = hi / 2.0;
+    while ok(lo) && lo > 1e-300 {
+        hi = lo;
+        lo /= 2.0;
+    }
+    // Invariant: ok(hi), !ok(lo) (or lo is negligibly small).
+    while hi / lo - 1.0 > SIGMA_REL_TOL {
+        let mid = (lo * hi).sqrt();
+        if ok(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi * sensitivity)
+}
+
+/// Standard normal CDF Φ(x), accurate in relative terms in both tails.
+pub fn normal_cdf(x: f64) -> f64 {
+    0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
+}
+
+/// ln Φ(x), accurate for very negative x where Φ underflows.
+pub fn log_normal_cdf(x: f64) -> f64 {
+    if x > -30.0 {
+        normal_cdf(x).ln()
+    } else {
+        // Asymptotic series (Abramowitz & Stegun 26.2.12); the first omitted term is
+        // 945/x^10 < 2e-12 relative for x ≤ −30.
+        let x2 = x * x;
+        let series = 1.0 - 1.0 / x2 + 3.0 / (x2 * x2) - 15.0 / (x2 * x2 * x2) + 105.0 / (x2 * x2 * x2 * x2);
+        -0.5 * x2 - (-x).ln() - 0.5 * (2.0 * std::f64::consts::PI).ln() + series.ln()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC §1 reference values for Δ = 1 (4 significant digits as printed there).
+    #[test]
+    fn analytic_matches_spec_reference_values() {
+        for (eps, delta, expected) in [(1.0, 1e-6, 4.2247), (0.5, 1e-5, 7.0318), (1.0, 0.1, 1.0859)] {
+            let s = analytic_sigma(1.0, eps, delta).unwrap();
+            assert!((s - expected).abs() < 5e-4, "eps={eps} delta={delta}: {s} vs {expected}");
+        }
+    }
+
+    /// Further values from the notes' scipy table (numerics-and-noise.md §4).
+    #[test]
+    fn analytic_matches_scipy_table() {
+        for (eps, delta, expected) in
+            [(0.1, 1e-5, 30.7496), (2.0, 1e-5, 1.9938), (5.0, 1e-5, 0.8919), (0.1, 1e-6, 36.3047), (5.0, 1e-6, 0.9800)]
+        {
+            let s = analytic_sigma(1.0, eps, delta).unwrap();
+            assert!((s - expected).abs() / expected < 1e-4, "eps={eps} delta={delta}: {s}");
+        }
+    }
+
+    #[test]
+    fn analytic_sigma_is_tight_and_on_the_safe_side() {
+        for &(eps, delta) in &[(0.01, 1e-9), (0.3, 1e-6), (1.0, 1e-5), (4.0, 0.2), (50.0, 1e-8)] {
+            let s = analytic_sigma(1.0, eps, delta).unwrap();
+            assert!(analytic_delta(s, 1.0, eps) <= delta, "not private at {eps},{delta}");
+            // 0.01 % less noise must already violate δ: the answer is tight.
+            assert!(analytic_delta(s * (1.0 - 1e-4), 1.0, eps) > delta, "not tight at {eps},{delta}");
+        }
+    }
+
+    #[test]
+    fn analytic_scales_linearly_in_sensitivity() {
+        let a = analytic_sigma(1.0, 0.7, 1e-6).unwrap();
+        let b = analytic_sigma(3.5, 0.7, 1e-6).unwrap();
+        assert!((b / a - 3.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn classic_matches_formula_and_rejects_large_epsilon() {
+        let s = classic_sigma(1.0, 1.0, 1e-5).unwrap();
+        // Hall et al. column of the notes' table: 4.9409 at (1, 1e-5); 53.8677 at (0.1, 1e-6).
+        assert!((s - 4.9409).abs() < 1e-4, "{s}");
+        let s = classic_sigma(1.0, 0.1, 1e-6).unwrap();
+        assert!((s - 53.8677).abs() < 1e-3, "{s}");
+        assert_eq!(classic_sigma(1.0, 1.5, 1e-5), Err(CalibrationError::ClassicNeedsSmallEpsilon(1.5)));
+        // The classic σ is always at least the analytic one in this range.
+        for eps in [0.1, 0.5, 1.0] {
+            assert!(classic_sigma(1.0, eps, 1e-6).unwrap() > analytic_sigma(1.0, eps, 1e-6).unwrap());
+        }
+    }
+
+    #[test]
+    fn invalid_parameters_are_rejected() {
+        assert!(matches!(analytic_sigma(1.0, 0.0, 1e-6), Err(CalibrationError::Epsilon(_))));
+        assert!(matches!(analytic_sigma(1.0, f64::NAN, 1e-6), Err(CalibrationError::Epsilon(_))));
+        assert!(matches!(analytic_sigma(1.0, 1.0, 0.0), Err(CalibrationError::Delta(_))));
+        assert!(matches!(analytic_sigma(1.0, 1.0, 1.0), Err(CalibrationError::Delta(_))));
+        assert!(matches!(analytic_sigma(0.0, 1.0, 0.5), Err(CalibrationError::Sensitivity(_))));
+    }
+
+    #[test]
+    fn log_normal_cdf_is_continuous_across_the_switch() {
+        let below = log_normal_cdf(-30.0 - 1e-9);
+        let above = log_normal_cdf(-30.0 + 1e-9);
+        assert!((below - above).abs() / above.abs() < 1e-9, "{below} {above}");
+        assert!((log_normal_cdf(0.0) - 0.5f64.ln()).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,445 @@
+//! The private KDE statistic (SPEC §2): an exact, mergeable sufficient statistic of the
+//! data, and the unnormalised kernel sum `S_D(t_k) = Σ_i K(t_k, x_i)` computed from it.
+//!
+//! The statistic is a vector of fixed-point integers (units of 2^-40), so accumulation is
+//! associative: any split of the rows into partitions and files gives *bit-identical*
+//! state, and the order in which rows arrive cannot leak through floating-point
+//! rounding. Each finite value adds weights that sum to exactly one unit of mass:
+//!
+//! * **binned mode** (the usual case): linear binning on bins of spacing ≤ h/16, so one
+//!   value moves the kernel sum by `(1−w)·K(·,c_l) + w·K(·,c_{l+1})`, whose RKHS norm is
+//!   ≤ 1 (Δ = 1 holds). Kernel sums are truncated no closer than 8h, and values more than
+//!   8h outside `[lo, hi]` are dropped (a row-wise filter).
+//! * **exact mode** (only when h is so small against the grid step that bins would exceed
+//!   [`MAX_BINS`]): the kernel is evaluated at the grid points within 8h of each value.
+//!
+//! Everything in [`KdeLayout`] is derived from public parameters only.
+
+use std::fmt;
+
+/// Fixed-point unit of the statistic: one row contributes `FIXED_ONE` in total.
+pub const FIXED_ONE: f64 = (1u64 << 40) as f64;
+/// Bin spacing is at most `h / BINS_PER_BANDWIDTH`; linear binning's worst-case error
+/// relative to the peak is (spacing/h)²/8 = 4.9e-4 (SPEC §2 asks for ≤ 1e-3).
+pub const BINS_PER_BANDWIDTH: f64 = 16.0;
+/// Kernel sums are truncated no closer than this many bandwidths (SPEC §1).
+pub const TRUNCATION_BANDWIDTHS: f64 = 8.0;
+/// Above this many bins the layout switches to exact evaluation at the grid points.
+pub const MAX_BINS: usize = 1 << 20;
+/// Largest grid accepted.
+pub const MAX_POINTS: usize = 65_536;
+/// Kernel lag tables longer than this are replaced by evaluating exp() on the fly.
+const MAX_TAPS: usize = 1 << 20;
+
+/// An evenly spaced output grid `t_k = lo + k·(hi−lo)/(points−1)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grid {
+    /// First grid point.
+    pub lo: f64,
+    /// Last grid point.
+    pub hi: f64,
+    /// Number of points, at least 2.
+    pub points: usize,
+}
+
+impl Grid {
+    /// Distance between neighbouring points.
+    pub fn step(&self) -> f64 {
+        (self.hi - self.lo) / (self.points - 1) as f64
+    }
+
+    /// The k-th grid point.
+    pub fn at(&self, k: usize) -> f64 {
+        if k + 1 == self.points { self.hi } else { self.lo + k as f64 * self.step() }
+    }
+
+    /// All grid points.
+    pub fn xs(&self) -> Vec<f64> {
+        (0..self.points).map(|k| self.at(k)).collect()
+    }
+}
+
+/// The Gaussian kernel `K(s,t) = exp(−(s−t)²/(2h²))`, with K(t,t) = 1.
+pub fn gaussian_kernel(s: f64, t: f64, h: f64) -> f64 {
+    let z = (s - t) / h;
+    (-0.5 * z * z).exp()
+}
+
+/// Invalid KDE parameters (public values only).
+#[derive(Debug, Clone, PartialEq)]
+pub enum KdeError {
+    /// Bandwidth must be finite and > 0.
+    Bandwidth(f64),
+    /// lo and hi must be finite with lo < hi.
+    Range(f64, f64),
+    /// Points must be in [2, MAX_POINTS].
+    Points(i64),
+}
+
+impl fmt::Display for KdeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KdeError::Bandwidth(h) => write!(f, "bandwidth must be a finite number > 0, got {h}"),
+            KdeError::Range(lo, hi) => {
+                write!(f, "lo and hi must be finite with lo < hi, got lo = {lo}, hi = {hi}")
+            }
+            KdeError::Points(p) => {
+                write!(f, "points must be an integer in [2, {MAX_POINTS}], got {p}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KdeError {}
+
+/// How the statistic is laid out; see the module docs.
+#[derive(Debug, Clone, PartialEq)]
+enum Mode {
+    /// Bins at positions `bin_step·j` (in lag units), grid point k at `grid_step·k + grid_offset`.
+    Binned {
+        /// Lag unit u (a length): every grid–bin distance is an integer multiple of it.
+        unit: f64,
+        /// Bin spacing in units.
+        bin_step: usize,
+        /// Grid spacing in units.
+        grid_step: usize,
+        /// Position of grid point 0 in units.
+        grid_offset: usize,
+        /// Position (length) of bin 0.
+        origin: f64,
+        /// Bin spacing as a length.
+        spacing: f64,
+        /// Number of bins.
+        nbins: usize,
+        /// Largest lag (units) still summed; `max_lag·unit ≥ 8h`.
+        max_lag: usize,
+        /// `K` at lag ℓ·unit for ℓ = 0..=max_lag, unless too long.
+        taps: Option<Vec<f64>>,
+    },
+    /// One accumulator per grid point, exact kernel values.
+    Exact,
+}
+
+/// Public layout of the KDE statistic for a (grid, bandwidth) pair.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KdeLayout {
+    grid: Grid,
+    bandwidth: f64,
+    mode: Mode,
+}
+
+impl KdeLayout {
+    /// Validates the parameters and fixes the layout.
+    pub fn new(grid: Grid, bandwidth: f64) -> Result<Self, KdeError> {
+        if !(bandwidth.is_finite() && bandwidth > 0.0) {
+            return Err(KdeError::Bandwidth(bandwidth));
+        }
+        if !(grid.lo.is_finite() && grid.hi.is_finite() && grid.lo < grid.hi) {
+            return Err(KdeError::Range(grid.lo, grid.hi));
+        }
+        if !(2..=MAX_POINTS).contains(&grid.points) {
+            return Err(KdeError::Points(grid.points as i64));
+        }
+        let h = bandwidth;
+        let dt = grid.step();
+        let g1 = (grid.points - 1) as f64;
+        let max_spacing = h / BINS_PER_BANDWIDTH;
+        let mode = if dt >= max_spacing {
+            // Grid coarser than the bins: r bins per grid step.
+            let r = (dt / max_spacing).ceil();
+            let spacing = dt / r;
+            let pad = (TRUNCATION_BANDWIDTHS * h / spacing).ceil();
+            let nbins = g1 * r + 1.0 + 2.0 * pad;
+            if nbins > MAX_BINS as f64 {
+                Mode::Exact
+            } else {
+                let (r, pad) = (r as usize, pad as usize);
+                Mode::Binned {
+                    unit: spacing,
+                    bin_step: 1,
+                    grid_step: r,
+                    grid_offset: pad,
+                    origin: grid.lo - pad as f64 * spacing,
+                    spacing,
+                    nbins: nbins as usize,
+                    max_lag: pad,
+                    taps: None,
+                }
+            }
+        } else {
+            // Grid finer than the bins: a bin every `q` grid steps.
+            let q = (max_spacing / dt).floor().max(1.0) as usize;
+            let spacing = dt * q as f64;
+            let pad = (TRUNCATION_BANDWIDTHS * h / spacing).ceil() as usize;
+            let inner = ((g1 / q as f64).ceil()) as usize + 1;
+            Mode::Binned {
+                unit: dt,
+                bin_step: q,
+                grid_step: 1,
+                grid_offset: pad * q,
+                origin: grid.lo - pad as f64 * spacing,
+                spacing,
+                nbins: inner + 2 * pad,
+                max_lag: (TRUNCATION_BANDWIDTHS * h / dt).ceil() as usize,
+                taps: None,
+            }
+        };
+        let mode = match mode {
+            Mode::Binned { unit, bin_step, grid_step, grid_offset, origin, spacing, nbins, max_lag, .. } => {
+                let taps = (max_lag < MAX_TAPS)
+                    .then(|| (0..=max_lag).map(|l| gaussian_kernel(l as f64 * unit, 0.0, h)).collect());
+                Mode::Binned { unit, bin_step, grid_step, grid_offset, origin, spacing, nbins, max_lag, taps }
+            }
+            Mode::Exact => Mode::Exact,
+        };
+        Ok(KdeLayout { grid, bandwidth, mode })
+    }
+
+    /// The output grid.
+    pub fn grid(&self) -> &Grid {
+        &self.grid
+    }
+
+    /// The bandwidth h.
+    pub fn bandwidth(&self) -> f64 {
+        self.bandwidth
+    }
+
+    /// Whether the statistic uses linear binning (false: exact kernel values per grid point).
+    pub fn is_binned(&self) -> bool {
+        matches!(self.mode, Mode::Binned { .. })
+    }
+
+    /// Length of the statistic vector.
+    pub fn state_len(&self) -> usize {
+        match &self.mode {
+            Mode::Binned { nbins, .. } => *nbins,
+            Mode::Exact => self.grid.points,
+        }
+    }
+
+    /// A zeroed statistic.
+    pub fn empty_state(&self) -> Vec<i128> {
+        vec![0; self.state_len()]
+    }
+
+    /// Adds one value. Non-finite values and values farther than 8h outside `[lo, hi]`
+    /// are dropped silently; nothing a value can be makes this fail.
+    #[inline]
+    pub fn add(&self, state: &mut [i128], x: f64) {
+        match &self.mode {
+            Mode::Binned { origin, spacing, nbins, .. } => {
+                let p = (x - origin) / spacing;
+                // Also false for NaN and ±inf.
+                if !(p >= 0.0 && p <= (*nbins - 1) as f64) {
+                    return;
+                }
+                let mut l = p.floor() as usize;
+                let mut frac = p - l as f64;
+                if l >= nbins - 1 {
+                    l = nbins - 2;
+                    frac = 1.0;
+                }
+                let right = (frac * FIXED_ONE).round() as i128;
+                let left = FIXED_ONE as i128 - right;
+                state[l] = state[l].saturating_add(left);
+                state[l + 1] = state[l + 1].saturating_add(right);
+            }
+            Mode::Exact => self.add_exact(state, x),
+        }
+    }
+
+    fn add_exact(&self, state: &mut [i128], x: f64) {
+        let h = self.bandwidth;
+        let reach = TRUNCATION_BANDWIDTHS * h;
+        let (lo, hi, dt) = (self.grid.lo, self.grid.hi, self.grid.step());
+        if !(x >= lo - reach - dt && x <= hi + reach + dt) {
+            return;
+        }
+        let kmin = ((x - reach - lo) / dt).ceil().max(0.0) as usize;
+        let kmax = (((x + reach - lo) / dt).floor().max(-1.0) as i64).min(self.grid.points as i64 - 1);
+        for k in kmin as i64..=kmax {
+            let w = gaussian_kernel(self.grid.at(k as usize), x, h);
+            let k = k as usize;
+            state[k] = state[k].saturating_add((w * FIXED_ONE).round() as i128);
+        }
+    }
+
+    /// Adds a slice of values (see [`KdeLayout::add`]).
+    pub fn add_all(&self, state: &mut [i128], values: &[f64]) {
+        for &x in values {
+            self.add(state, x);
+        }
+    }
+
+    /// Adds another statistic of the same layout (exact, order-independent).
+    pub fn merge(state: &mut [i128], other: &[i128]) {
+        for (a, b) in state.iter_mut().zip(other) {
+            *a = a.saturating_add(*b);
+        }
+    }
+
+    /// The kernel sum `S(t_k)` on the grid, computed from the statistic.
+    pub fn sum_on_grid(&self, state: &[i128]) -> Vec<f64> {
+        let w: Vec<f64> = state.iter().map(|&v| v as f64 / FIXED_ONE).collect();
+        match &self.mode {
+            Mode::Exact => w,
+            Mode::Binned { unit, bin_step, grid_step, grid_offset, nbins, max_lag, taps, .. } => {
+                let kernel = |lag: usize| match taps {
+                    Some(t) => t[lag],
+                    None => gaussian_kernel(lag as f64 * unit, 0.0, self.bandwidth),
+                };
+                (0..self.grid.points)
+                    .map(|k| {
+                        let gp = k * grid_step + grid_offset;
+                        let first = gp.saturating_sub(*max_lag).div_ceil(*bin_step);
+                        let last = ((gp + max_lag) / bin_step).min(nbins - 1);
+                        let mut s = 0.0;
+                        for (j, wj) in w.iter().enumerate().take(last + 1).skip(first) {
+                            if *wj != 0.0 {
+                                s += wj * kernel(gp.abs_diff(j * bin_step));
+                            }
+                        }
+                        s
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The kernel sum over values, computed directly from the statistic's definition
+    /// without binning or truncation (a reference for tests and for non-private plots).
+    pub fn exact_sum(grid: &Grid, bandwidth: f64, values: &[f64]) -> Vec<f64> {
+        let xs = grid.xs();
+        let mut out = vec![0.0; grid.points];
+        for &v in values.iter().filter(|v| v.is_finite()) {
+            for (o, &t) in out.iter_mut().zip(&xs) {
+                *o += gaussian_kernel(t, v, bandwidth);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+
+    fn grid(lo: f64, hi: f64, points: usize) -> Grid {
+        Grid { lo, hi, points }
+    }
+
+    fn max_rel_err(a: &[f64], b: &[f64]) -> f64 {
+        let peak = b.iter().cloned().fold(0.0, f64::max);
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / peak
+    }
+
+    fn mixture(n: usize, seed: u64) -> Vec<f64> {
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let z: f64 = rng.sample(rand_distr::StandardNormal);
+                if rng.random::<bool>() { 0.3 + 0.1 * z } else { 0.7 + 0.1 * z }
+            })
+            .collect()
+    }
+
+    fn binned_sum(g: Grid, h: f64, xs: &[f64]) -> Vec<f64> {
+        let layout = KdeLayout::new(g, h).unwrap();
+        let mut st = layout.empty_state();
+        layout.add_all(&mut st, xs);
+        layout.sum_on_grid(&st)
+    }
+
+    #[test]
+    fn binned_sum_within_1e_3_of_exact_for_smooth_data() {
+        let xs = mixture(5_000, 1);
+        // Coarse grid (bins finer than grid) and fine grid (bins coarser than grid).
+        for (g, h) in [(grid(0.0, 1.0, 64), 0.02), (grid(-0.5, 1.5, 4096), 0.05), (grid(0.0, 1.0, 512), 0.1)] {
+            let e = max_rel_err(&binned_sum(g, h, &xs), &KdeLayout::exact_sum(&g, h, &xs));
+            assert!(e < 1e-3, "{g:?} h={h}: rel err {e}");
+        }
+    }
+
+    #[test]
+    fn binned_sum_within_1e_3_of_exact_worst_case_single_points() {
+        // Single points in the middle of a bin are linear binning's worst case.
+        let g = grid(0.0, 1.0, 101);
+        let h = 0.05;
+        let layout = KdeLayout::new(g, h).unwrap();
+        for x in [0.0, 0.00155, 0.5 + 0.5 * h / 16.0, 0.99999, 1.0, -0.3, 1.39] {
+            let e = max_rel_err(&binned_sum(g, h, &[x]), &KdeLayout::exact_sum(&g, h, &[x]));
+            let peak = KdeLayout::exact_sum(&g, h, &[x]).into_iter().fold(0.0, f64::max);
+            if peak > 1e-3 {
+                assert!(e < 1e-3, "x={x}: rel err {e}");
+            }
+        }
+        assert!(layout.is_binned());
+    }
+
+    #[test]
+    fn exact_mode_for_tiny_bandwidth_matches_exact_sum() {
+        let g = grid(0.0, 1000.0, 65_536);
+        let h = 1e-4;
+        let layout = KdeLayout::new(g, h).unwrap();
+        assert!(!layout.is_binned());
+        let xs: Vec<f64> = (0..200).map(|i| i as f64 * 4.9873).collect();
+        let mut st = layout.empty_state();
+        layout.add_all(&mut st, &xs);
+        let got = layout.sum_on_grid(&st);
+        let want = KdeLayout::exact_sum(&g, h, &xs);
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(err < 1e-11, "{err}");
+    }
+
+    #[test]
+    fn wide_bandwidth_against_grid_stays_accurate() {
+        let g = grid(0.0, 1.0, 2048);
+        let h = 3.0;
+        let xs = mixture(500, 2);
+        let e = max_rel_err(&binned_sum(g, h, &xs), &KdeLayout::exact_sum(&g, h, &xs));
+        assert!(e < 1e-3, "{e}");
+    }
+
+    #[test]
+    fn every_row_adds_exactly_one_unit_or_nothing() {
+        let g = grid(0.0, 1.0, 512);
+        let layout = KdeLayout::new(g, 0.02).unwrap();
+        for x in [0.5, 0.0, 1.0, -0.16, 1.16, 0.123456789, -0.1600001] {
+            let mut st = layout.empty_state();
+            layout.add(&mut st, x);
+            assert_eq!(st.iter().sum::<i128>(), FIXED_ONE as i128, "x = {x}");
+        }
+        for x in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1e308, 1e308, -0.2, 1.2] {
+            let mut st = layout.empty_state();
+            layout.add(&mut st, x);
+            assert!(st.iter().all(|&v| v == 0), "x = {x} should be dropped");
+        }
+    }
+
+    #[test]
+    fn merging_is_exact_and_order_independent() {
+        let g = grid(0.0, 1.0, 300);
+        let layout = KdeLayout::new(g, 0.03).unwrap();
+        let xs = mixture(10_000, 3);
+        let mut whole = layout.empty_state();
+        layout.add_all(&mut whole, &xs);
+        let mut parts = layout.empty_state();
+        for chunk in xs.chunks(777).rev() {
+            let mut p = layout.empty_state();
+            layout.add_all(&mut p, chunk);
+            KdeLayout::merge(&mut parts, &p);
+        }
+        assert_eq!(whole, parts);
+    }
+
+    #[test]
+    fn invalid_layouts_are_rejected() {
+        assert_eq!(KdeLayout::new(grid(0.0, 1.0, 10), 0.0), Err(KdeError::Bandwidth(0.0)));
+        assert!(matches!(KdeLayout::new(grid(1.0, 1.0, 10), 0.1), Err(KdeError::Range(..))));
+        assert!(matches!(KdeLayout::new(grid(0.0, f64::INFINITY, 10), 0.1), Err(KdeError::Range(..))));
+        assert_eq!(KdeLayout::new(grid(0.0, 1.0, 1), 0.1), Err(KdeError::Points(1)));
+        assert_eq!(KdeLayout::new(grid(0.0, 1.0, 65_537), 0.1), Err(KdeError::Points(65_537)));
+    }
+}

@@ -1,0 +1,17 @@
+//! Pure mathematics of the private releases: calibration, kernels and grids, the KDE
+//! sufficient statistic, Gaussian-process samplers, randomness. No DataFusion, no I/O.
+//!
+//! Every mechanism is a pair: a *privacy map* from public parameters to a noise scale
+//! (a plain function tested against reference values) and a *release* from a statistic,
+//! the parameters and a generator to the output.
+
+pub mod calibration;
+pub mod gp;
+pub mod kde;
+pub mod kde_release;
+pub mod rng;
+
+pub use calibration::Calibration;
+pub use kde::{Grid, KdeLayout};
+pub use kde_release::{KdeMechanism, KdeRelease, KdeSpec};
+pub use rng::NoiseSource;
