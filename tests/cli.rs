@@ -118,7 +118,8 @@ fn demo_writes_data_and_image_and_draws_both_curves() {
     assert!(out.contains("* private") && out.contains("o non-private KDE"), "{out}");
     assert!(dir.path("demo/mixture.parquet").exists());
     let svg = std::fs::read_to_string(dir.path("demo/kde.svg")).unwrap();
-    assert_eq!(svg.matches("<polyline").count(), 2);
+    assert_eq!(svg.matches("<polyline").count(), 4, "two panels of two curves");
+    assert!(out.contains("n = 1000 rows"), "{out}");
 }
 
 #[test]

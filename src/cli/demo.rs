@@ -4,14 +4,14 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, Float64Array};
+use datafusion::arrow::array::{Array, AsArray, Float64Array, Int64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::parquet::arrow::ArrowWriter;
 use rand::{RngExt, SeedableRng};
 
-use super::plot::{self, Series};
+use super::plot::{self, Panel, Series};
 use crate::mechanism::kde_release::trapezoid;
 use crate::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec};
 use crate::session::{DpSession, SessionOptions};
@@ -34,10 +34,13 @@ pub fn mixture(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
-/// Writes a one-column (`x`) Parquet file.
-pub fn write_parquet(path: &Path, column: &str, values: &[f64]) -> Result<()> {
-    let schema = Arc::new(Schema::new(vec![Field::new(column, DataType::Float64, true)]));
-    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Float64Array::from(values.to_vec()))])?;
+/// Writes the demo table: `id` (row number, Int64) and `x` (Float64).
+pub fn write_parquet(path: &Path, values: &[f64]) -> Result<()> {
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("x", DataType::Float64, true)]));
+    let ids = Int64Array::from_iter_values(0..values.len() as i64);
+    let batch =
+        RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ids), Arc::new(Float64Array::from(values.to_vec()))])?;
     let file = File::create(path).map_err(|e| DataFusionError::External(Box::new(e)))?;
     let mut writer = ArrowWriter::try_new(file, schema, None)?;
     writer.write(&batch)?;
@@ -45,29 +48,33 @@ pub fn write_parquet(path: &Path, column: &str, values: &[f64]) -> Result<()> {
     Ok(())
 }
 
-/// Runs the demo, writing files under `dir`.
-pub async fn run(dir: &Path) -> Result<()> {
-    let io = |e: std::io::Error| DataFusionError::External(Box::new(e));
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let data_path = dir.join("mixture.parquet");
-    let values = mixture(DEMO_ROWS, DATA_SEED);
-    write_parquet(&data_path, "x", &values)?;
-    println!("wrote {} ({} draws from 0.5·N(0.3, 0.1²) + 0.5·N(0.7, 0.1²))", data_path.display(), DEMO_ROWS);
-
-    let spec = KdeSpec {
+/// The demo's release parameters.
+pub fn demo_spec() -> KdeSpec {
+    KdeSpec {
         grid: Grid { lo: -0.2, hi: 1.2, points: 512 },
         bandwidth: 0.02,
         epsilon: 0.5,
         delta: 1e-6,
         calibration: Calibration::Analytic,
         nonneg: true,
-    };
+    }
+}
+
+/// One private-vs-exact comparison of the demo.
+struct Comparison {
+    title: String,
+    series: Vec<Series>,
+    mass: f64,
+    count: usize,
+    gap: f64,
+}
+
+async fn compare(session: &DpSession, spec: &KdeSpec, values: &[f64], every: usize) -> Result<Comparison> {
+    let filter = if every > 1 { format!("\nWHERE id % {every} = 0") } else { String::new() };
     let sql = format!(
-        "SELECT private_kde(x, bandwidth => {}, epsilon => {}, delta => {}, lo => {}, hi => {}, points => {}) AS kde\nFROM mixture",
+        "SELECT private_kde(x, bandwidth => {:?}, epsilon => {:?}, delta => {:?}, lo => {:?}, hi => {:?}, points => {}) AS kde\nFROM mixture{filter}",
         spec.bandwidth, spec.epsilon, spec.delta, spec.grid.lo, spec.grid.hi, spec.grid.points
     );
-    let session = DpSession::new(SessionOptions::default());
-    session.register_parquet("mixture", &data_path.to_string_lossy()).await?;
     println!("\n{sql};\n");
     let batches = session.query(&sql).await?;
     let kde = batches[0].column(0).as_struct();
@@ -77,31 +84,61 @@ pub async fn run(dir: &Path) -> Result<()> {
     };
     let xs = list("x").unwrap_or_default();
     let mass = kde.column_by_name("mass").map(|c| c.as_primitive::<Float64Type>().value(0)).unwrap_or(f64::NAN);
-    let Some(private) = list("density") else {
-        println!("the released curve held less than one point's mass: density is NULL");
-        return Ok(());
-    };
+    let private = list("density").unwrap_or_else(|| vec![f64::NAN; xs.len()]);
 
-    // The non-private reference: the exact kernel sum, normalised the same way.
-    let exact = KdeLayout::exact_sum(&spec.grid, spec.bandwidth, &values);
+    // The non-private reference: the exact kernel sum of the same rows, normalised the same way.
+    let rows: Vec<f64> = values.iter().step_by(every).copied().collect();
+    let exact = KdeLayout::exact_sum(&spec.grid, spec.bandwidth, &rows);
     let area = trapezoid(&exact, spec.grid.step());
     let exact: Vec<f64> = exact.iter().map(|v| v / area).collect();
-    let sigma = KdeMechanism::sigma_for(&spec).map_err(|e| DataFusionError::Plan(e.to_string()))?;
-    let max_diff = private.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
     let peak = exact.iter().cloned().fold(0.0, f64::max);
-    let inside = values.iter().filter(|v| (spec.grid.lo..=spec.grid.hi).contains(*v)).count();
-
-    let series = [
-        Series { name: format!("private (ε = {}, δ = {})", spec.epsilon, spec.delta), xs: xs.clone(), ys: private },
+    let gap = private.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / peak;
+    let count = rows.iter().filter(|v| (spec.grid.lo..=spec.grid.hi).contains(*v)).count();
+    let title = format!("n = {} rows, ε = {:?}, δ = {:?}", rows.len(), spec.epsilon, spec.delta);
+    let series = vec![
+        Series { name: "private_kde".into(), xs: xs.clone(), ys: private },
         Series { name: "non-private KDE".into(), xs, ys: exact },
     ];
-    println!("{}", plot::terminal(&series, 72, 18));
-    println!("noise: Gaussian process, σ = {sigma:.4} on the unnormalised kernel sum (Δ = 1, analytic calibration)");
-    println!("released mass (noisy count in [{}, {}]): {mass:.1}   true count: {inside}", spec.grid.lo, spec.grid.hi);
-    println!("largest gap between the curves: {max_diff:.5} ({:.3} % of the peak density)", 100.0 * max_diff / peak);
+    Ok(Comparison { title, series, mass, count, gap })
+}
+
+/// Runs the demo, writing files under `dir`.
+pub async fn run(dir: &Path) -> Result<()> {
+    let io = |e: std::io::Error| DataFusionError::External(Box::new(e));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let data_path = dir.join("mixture.parquet");
+    let values = mixture(DEMO_ROWS, DATA_SEED);
+    write_parquet(&data_path, &values)?;
+    println!(
+        "wrote {} ({} draws from 0.5·N(0.3, 0.1²) + 0.5·N(0.7, 0.1²); columns id, x)",
+        data_path.display(),
+        DEMO_ROWS
+    );
+
+    let spec = demo_spec();
+    let sigma = KdeMechanism::sigma_for(&spec).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+    let session = DpSession::new(SessionOptions::default());
+    session.register_parquet("mixture", &data_path.to_string_lossy()).await?;
+
+    let mut panels = Vec::new();
+    for every in [1, 100] {
+        let c = compare(&session, &spec, &values, every).await?;
+        println!("{}", c.title);
+        println!("{}", plot::terminal(&c.series, 72, 16));
+        println!(
+            "released mass (noisy count in [{:?}, {:?}]): {:.1}   true count: {}",
+            spec.grid.lo, spec.grid.hi, c.mass, c.count
+        );
+        println!("largest gap between the curves: {:.2} % of the peak density", 100.0 * c.gap);
+        panels.push(Panel { title: format!("private vs non-private KDE, {}", c.title), series: c.series });
+    }
+    println!(
+        "\nnoise: Gaussian process with the kernel's covariance, σ = {sigma:.4} on the unnormalised kernel sum \
+         (sensitivity Δ = 1, analytic calibration)"
+    );
+    println!("the same σ protects one row in both queries; with fewer rows the signal is smaller, so the noise shows.");
     let svg_path: PathBuf = dir.join("kde.svg");
-    let doc = plot::svg(&series, "dpcurve demo: private vs non-private KDE", "x", "density");
-    std::fs::write(&svg_path, doc).map_err(io)?;
+    std::fs::write(&svg_path, plot::svg_panels(&panels, "x", "density")).map_err(io)?;
     println!("image: {}", svg_path.display());
     Ok(())
 }

@@ -138,19 +138,48 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
-/// Renders the curves as a standalone SVG document.
+/// One chart of an SVG document: a title and its curves.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    /// Title above the chart.
+    pub title: String,
+    /// Curves drawn in it.
+    pub series: Vec<Series>,
+}
+
+const PANEL_W: f64 = 900.0;
+const PANEL_H: f64 = 520.0;
+
+/// Renders the curves as a standalone SVG document with one chart.
 pub fn svg(series: &[Series], title: &str, x_label: &str, y_label: &str) -> String {
-    let (w, h) = (900.0, 520.0);
-    let (ml, mr, mt, mb) = (80.0, 30.0, 50.0, 70.0);
-    let (x0, x1, y0, y1) = bounds(series).unwrap_or((0.0, 1.0, 0.0, 1.0));
-    let px = |x: f64| ml + (x - x0) / (x1 - x0) * (w - ml - mr);
-    let py = |y: f64| h - mb - (y - y0) / (y1 - y0) * (h - mt - mb);
+    svg_panels(&[Panel { title: title.to_string(), series: series.to_vec() }], x_label, y_label)
+}
+
+/// Renders several charts stacked vertically as one SVG document.
+pub fn svg_panels(panels: &[Panel], x_label: &str, y_label: &str) -> String {
+    let total_h = PANEL_H * panels.len().max(1) as f64;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="13">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{PANEL_W}" height="{total_h}" viewBox="0 0 {PANEL_W} {total_h}" font-family="sans-serif" font-size="13">"#
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    for (i, p) in panels.iter().enumerate() {
+        let _ = writeln!(s, r#"<g transform="translate(0 {})">"#, PANEL_H * i as f64);
+        chart(&mut s, &p.series, &p.title, x_label, y_label);
+        s.push_str("</g>\n");
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn chart(s: &mut String, series: &[Series], title: &str, x_label: &str, y_label: &str) {
+    let (w, h) = (PANEL_W, PANEL_H);
+    let (ml, mr, mt, mb) = (80.0, 30.0, 50.0, 70.0);
+    let (x0, x1, y0, y1) = bounds(series).unwrap_or((0.0, 1.0, 0.0, 1.0));
+    let y1 = y1 + 0.08 * (y1 - y0); // headroom for the legend and the peak
+    let px = |x: f64| ml + (x - x0) / (x1 - x0) * (w - ml - mr);
+    let py = |y: f64| h - mb - (y - y0) / (y1 - y0) * (h - mt - mb);
     let _ = writeln!(s, r#"<text x="{}" y="28" text-anchor="middle" font-size="16">{}</text>"#, w / 2.0, escape(title));
     for t in nice_ticks(x0, x1, 8) {
         let x = px(t);
@@ -196,17 +225,16 @@ pub fn svg(series: &[Series], title: &str, x_label: &str, y_label: &str) -> Stri
             r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
             pts.join(" ")
         );
+        // Legend in the top-left corner, inside the frame.
         let ly = mt + 20.0 + 20.0 * i as f64;
         let _ = writeln!(
             s,
             r#"<line x1="{:.1}" y1="{ly}" x2="{:.1}" y2="{ly}" stroke="{color}" stroke-width="2"{dash}/>"#,
-            w - mr - 230.0,
-            w - mr - 200.0
+            ml + 12.0,
+            ml + 42.0
         );
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, w - mr - 192.0, ly + 4.0, escape(&se.name));
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, ml + 50.0, ly + 4.0, escape(&se.name));
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 fn float_values(array: &dyn Array, row: usize) -> Option<Vec<f64>> {
