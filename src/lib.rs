@@ -3,7 +3,8 @@
 //! Layers, each ignorant of the one above it:
 //! * [`mechanism`] — pure math: calibration, kernels, statistics, noise samplers;
 //! * [`functions`] — DataFusion glue: the private aggregate UDFs;
-//! * [`guard`] — plan checks run on the optimized plan before execution;
+//! * [`policy`] — catalog, privacy policies and the durable budget ledger;
+//! * [`guard`] — plan checks and pricing on the optimized plan, and the execution gate;
 //! * [`session`] — a SQL session with all of the above installed.
 #![deny(clippy::clone_on_ref_ptr)]
 
@@ -11,7 +12,8 @@ pub mod cli;
 pub mod functions;
 pub mod guard;
 pub mod mechanism;
+pub mod policy;
 pub mod session;
 
 pub use mechanism::NoiseSource;
-pub use session::{DpSession, QueryOutput, SessionOptions};
+pub use session::{Admin, AnalystSession, DpSession, QueryOutput, SessionOptions};

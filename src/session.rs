@@ -1,20 +1,34 @@
-//! `DpSession`: a DataFusion session with the private aggregates and the planner guard
-//! installed, driven by SQL text only.
+//! SQL sessions with dpcurve's private aggregates and planner guard installed.
+//!
+//! * [`DpSession`] — a free session over public files (`dpcurve sql --table`): any SQL.
+//! * [`AnalystSession`] — a catalog session (`dpcurve sql --catalog`): tables come from the
+//!   catalog, private tables are charged on its ledger, only queries run. It is a narrow
+//!   facade: it never hands out the DataFusion context, a DataFrame or a plan.
+//! * [`Admin`] — the data owner's operations on a catalog.
 
+use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::Result;
+use datafusion::catalog::{MemorySchemaProvider, SchemaProvider, TableProvider};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::file_format::options::ReadOptions;
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::ParquetReadOptions;
 use datafusion::sql::parser::DFParser;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use crate::functions::{all_params, named_args, private_udafs};
-use crate::guard::PrivacyPlanner;
+use crate::guard::{PrivacyPlanner, QueryText};
 use crate::mechanism::NoiseSource;
+use crate::mechanism::budget::Budget;
+use crate::policy::{BudgetsTable, Catalog, PolicyError, PrivateTable, ReleaseRecord, TableInfo};
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -23,7 +37,8 @@ pub struct SessionOptions {
     pub target_partitions: Option<usize>,
     /// Randomness of releases. Only the Rust API can choose anything but the OS.
     pub noise: NoiseSource,
-    /// Allow DDL (CREATE EXTERNAL TABLE, CREATE VIEW …), DML and SET statements.
+    /// Allow DDL (CREATE EXTERNAL TABLE, CREATE VIEW …), DML and SET statements. Always
+    /// off in analyst sessions.
     pub allow_statements: bool,
 }
 
@@ -42,43 +57,45 @@ pub struct QueryOutput {
     pub batches: Vec<RecordBatch>,
 }
 
-/// A SQL session with dpcurve's private aggregates.
-pub struct DpSession {
+/// A DataFusion context with the private aggregates, the guard and the SQL front end.
+struct Engine {
     ctx: SessionContext,
     options: SQLOptions,
 }
 
-impl DpSession {
-    /// A new session.
-    pub fn new(opts: SessionOptions) -> Self {
+impl Engine {
+    fn new(opts: &SessionOptions, ledger: Option<Arc<Catalog>>) -> Self {
         let mut config = SessionConfig::new().with_information_schema(true);
         if let Some(n) = opts.target_partitions {
             config = config.with_target_partitions(n.max(1));
         }
+        if ledger.is_some() {
+            // Catalog sessions: no Parquet statistics are read at planning time, and
+            // EXPLAIN prints logical plans only (physical plans show file byte ranges,
+            // which reveal the size of private files).
+            config.options_mut().execution.collect_statistics = false;
+            config.options_mut().explain.logical_plan_only = true;
+        }
+        let planner = match ledger {
+            Some(l) => PrivacyPlanner::with_ledger(l),
+            None => PrivacyPlanner::default(),
+        };
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
-            .with_query_planner(Arc::new(PrivacyPlanner::default()))
+            .with_query_planner(Arc::new(planner))
             .build();
         let ctx = SessionContext::new_with_state(state);
         for udaf in private_udafs(opts.noise) {
             ctx.register_udaf(udaf);
         }
-        let options = SQLOptions::new()
-            .with_allow_ddl(opts.allow_statements)
-            .with_allow_dml(opts.allow_statements)
-            .with_allow_statements(opts.allow_statements);
+        let allow = opts.allow_statements;
+        let options = SQLOptions::new().with_allow_ddl(allow).with_allow_dml(allow).with_allow_statements(allow);
         Self { ctx, options }
     }
 
-    /// Registers a Parquet file or directory (all its files form one table).
-    pub async fn register_parquet(&self, name: &str, path: &str) -> Result<()> {
-        self.ctx.register_parquet(name, path, ParquetReadOptions::default()).await
-    }
-
-    /// Runs every statement in `sql` in order and returns their results.
-    /// All statements are parsed before the first one runs.
-    pub async fn sql(&self, sql: &str) -> Result<Vec<QueryOutput>> {
+    /// Parses all statements, then plans and runs them in order.
+    async fn run(&self, sql: &str) -> Result<Vec<QueryOutput>> {
         let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
         let params = all_params();
         for stmt in statements.iter_mut() {
@@ -86,9 +103,11 @@ impl DpSession {
         }
         let mut out = Vec::with_capacity(statements.len());
         for stmt in statements {
-            let plan = self.ctx.state().statement_to_plan(stmt).await?;
-            self.options.verify_plan(&plan)?;
-            let df = self.ctx.execute_logical_plan(plan).await?;
+            let (plan, state) = self.plan(stmt).await?;
+            let df = match plan {
+                LogicalPlan::Ddl(_) | LogicalPlan::Statement(_) => self.ctx.execute_logical_plan(plan).await?,
+                plan => DataFrame::new(state, plan),
+            };
             let schema = Arc::new(df.schema().as_arrow().clone());
             let batches = df.collect().await?;
             out.push(QueryOutput { schema, batches });
@@ -96,12 +115,231 @@ impl DpSession {
         Ok(out)
     }
 
+    async fn plan(
+        &self,
+        stmt: datafusion::sql::parser::Statement,
+    ) -> Result<(LogicalPlan, datafusion::execution::session_state::SessionState)> {
+        // The statement's text travels with the state to the gate (release log).
+        let config = self
+            .ctx
+            .state()
+            .config()
+            .clone()
+            .with_create_default_catalog_and_schema(false) // keep the session's catalog
+            .with_extension(Arc::new(QueryText(stmt.to_string())));
+        let state = SessionStateBuilder::new_from_existing(self.ctx.state()).with_config(config).build();
+        let plan = state.statement_to_plan(stmt).await?;
+        self.options.verify_plan(&plan)?;
+        Ok((plan, state))
+    }
+
+    async fn physical_plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        if statements.len() != 1 {
+            return datafusion::common::plan_err!("expected exactly one SQL statement, got {}", statements.len());
+        }
+        let mut stmt = statements.pop_front().expect("one statement");
+        named_args::normalize_statement(&mut stmt, &all_params())?;
+        let (plan, state) = self.plan(stmt).await?;
+        state.create_physical_plan(&plan).await
+    }
+}
+
+async fn parquet_provider(ctx: &SessionContext, location: &str) -> Result<Arc<dyn TableProvider>> {
+    let state = ctx.state();
+    let url = ListingTableUrl::parse(location)?;
+    let options =
+        ParquetReadOptions::default().to_listing_options(state.config(), state.default_table_options().clone());
+    let config = ListingTableConfig::new(url).with_listing_options(options).infer_schema(&state).await?;
+    Ok(Arc::new(ListingTable::try_new(config)?))
+}
+
+fn exactly_one(mut results: Vec<QueryOutput>) -> Result<Vec<RecordBatch>> {
+    match results.len() {
+        1 => Ok(results.pop().expect("one result").batches),
+        n => datafusion::common::plan_err!("expected exactly one SQL statement, got {n}"),
+    }
+}
+
+/// A SQL session over public files: everything DataFusion offers, plus the private
+/// aggregates (useful on public data and for trying them out).
+pub struct DpSession {
+    engine: Engine,
+}
+
+impl DpSession {
+    /// A new session.
+    pub fn new(opts: SessionOptions) -> Self {
+        Self { engine: Engine::new(&opts, None) }
+    }
+
+    /// Registers a Parquet file or directory (all its files form one table).
+    pub async fn register_parquet(&self, name: &str, path: &str) -> Result<()> {
+        self.engine.ctx.register_parquet(name, path, ParquetReadOptions::default()).await
+    }
+
+    /// Runs every statement in `sql` in order and returns their results.
+    /// All statements are parsed before the first one runs.
+    pub async fn sql(&self, sql: &str) -> Result<Vec<QueryOutput>> {
+        self.engine.run(sql).await
+    }
+
     /// Runs exactly one statement and returns its rows.
     pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>> {
-        let mut results = self.sql(sql).await?;
-        match results.len() {
-            1 => Ok(results.pop().expect("one result").batches),
-            n => datafusion::common::plan_err!("expected exactly one SQL statement, got {n}"),
+        exactly_one(self.sql(sql).await?)
+    }
+}
+
+/// An analyst's session on a catalog: tables come from the catalog, private tables can
+/// only be read through private aggregates and each execution is charged on the ledger
+/// before any row is read; DDL, DML, COPY, SET and reading files by path are refused.
+pub struct AnalystSession {
+    engine: Engine,
+    catalog: Arc<Catalog>,
+}
+
+impl AnalystSession {
+    /// Opens an analyst session on an existing catalog file. `opts.allow_statements` is
+    /// ignored (always false).
+    pub async fn open(catalog: &Path, opts: SessionOptions) -> Result<Self> {
+        let catalog = Arc::new(Catalog::open(catalog).map_err(|e| DataFusionError::Plan(e.to_string()))?);
+        Self::with_catalog(catalog, opts).await
+    }
+
+    /// An analyst session on an already opened catalog.
+    pub async fn with_catalog(catalog: Arc<Catalog>, opts: SessionOptions) -> Result<Self> {
+        let opts = SessionOptions { allow_statements: false, ..opts };
+        let engine = Engine::new(&opts, Some(Arc::clone(&catalog)));
+        let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        for t in tables {
+            let inner = parquet_provider(&engine.ctx, &t.location).await.map_err(|e| {
+                DataFusionError::Plan(format!("table '{}' ({}) cannot be opened: {e}", t.name, t.location))
+            })?;
+            let provider: Arc<dyn TableProvider> =
+                if t.policy.is_some() { Arc::new(PrivateTable::new(&t.name, inner)) } else { inner };
+            engine.ctx.register_table(t.name.as_str(), provider)?;
         }
+        let schema = Arc::new(MemorySchemaProvider::new());
+        schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog))))?;
+        engine
+            .ctx
+            .catalog("datafusion")
+            .ok_or_else(|| DataFusionError::Internal("default catalog missing".into()))?
+            .register_schema("dpcurve", schema)?;
+        Ok(Self { engine, catalog })
+    }
+
+    /// Runs every statement in `sql` in order (only queries are allowed).
+    pub async fn sql(&self, sql: &str) -> Result<Vec<QueryOutput>> {
+        self.engine.run(sql).await
+    }
+
+    /// Runs exactly one query and returns its rows.
+    pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>> {
+        exactly_one(self.sql(sql).await?)
+    }
+
+    /// Remaining budgets of the private tables: (table, total, spent, remaining).
+    pub fn budgets(&self) -> Result<Vec<(String, Budget, Budget, Budget)>> {
+        let tables = self.catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        Ok(tables.into_iter().filter_map(|t| t.policy.map(|p| (t.name, p.total, p.spent, p.remaining()))).collect())
+    }
+
+    /// Test support: the physical plan of one query, to check that executing the same
+    /// plan twice pays twice. Not part of the analyst facade's contract.
+    #[doc(hidden)]
+    pub async fn physical_plan_for_tests(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
+        self.engine.physical_plan(sql).await
+    }
+
+    /// Test support: a task context of this session.
+    #[doc(hidden)]
+    pub fn task_ctx_for_tests(&self) -> Arc<datafusion::execution::TaskContext> {
+        self.engine.ctx.task_ctx()
+    }
+}
+
+/// A data owner's operations on a catalog.
+pub struct Admin {
+    catalog: Arc<Catalog>,
+}
+
+impl Admin {
+    /// Opens a catalog, creating it if the file does not exist.
+    pub fn open(path: &Path) -> std::result::Result<Self, PolicyError> {
+        Ok(Self { catalog: Arc::new(Catalog::create_or_open(path)?) })
+    }
+
+    /// The underlying catalog (for analyst sessions in the same process).
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    async fn schema_of(location: &str) -> std::result::Result<SchemaRef, PolicyError> {
+        let ctx = SessionContext::new();
+        let provider = parquet_provider(&ctx, location)
+            .await
+            .map_err(|e| PolicyError::Invalid(format!("cannot read {location} as Parquet: {e}")))?;
+        Ok(provider.schema())
+    }
+
+    /// Registers a Parquet file or directory as a public table (checks it is readable).
+    pub async fn register(&self, name: &str, location: &str) -> std::result::Result<(), PolicyError> {
+        Self::schema_of(location).await?;
+        self.catalog.register_table(name, location)
+    }
+
+    /// Makes a table private with a total budget (ε ≥ 0, 0 ≤ δ ≤ 1).
+    pub fn make_private(&self, name: &str, epsilon: f64, delta: f64) -> std::result::Result<(), PolicyError> {
+        let total = Budget::total(epsilon, delta).map_err(|e| PolicyError::Invalid(e.to_string()))?;
+        self.catalog.make_private(name, total)
+    }
+
+    /// Adds budget to a private table; returns the new total.
+    pub fn raise_budget(&self, name: &str, epsilon: f64, delta: f64) -> std::result::Result<Budget, PolicyError> {
+        let extra = Budget::total(epsilon, delta).map_err(|e| PolicyError::Invalid(e.to_string()))?;
+        self.catalog.raise_budget(name, extra)
+    }
+
+    /// Sets public bounds for a numeric column of a private table.
+    pub async fn set_bounds(
+        &self,
+        name: &str,
+        column: &str,
+        lower: f64,
+        upper: f64,
+    ) -> std::result::Result<(), PolicyError> {
+        let info = self
+            .catalog
+            .table(name)?
+            .ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))?;
+        let schema = Self::schema_of(&info.location).await?;
+        let field = schema
+            .field_with_name(column)
+            .map_err(|_| PolicyError::Invalid(format!("table '{name}' has no column '{column}'")))?;
+        let numeric = field.data_type().is_numeric()
+            || matches!(field.data_type(), DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) if f.data_type().is_numeric());
+        if !numeric {
+            return Err(PolicyError::Invalid(format!(
+                "column '{column}' of '{name}' is {}, not numeric",
+                field.data_type()
+            )));
+        }
+        self.catalog.set_bounds(name, column, lower, upper)
+    }
+
+    /// Sets the public curve length of a private table's list columns.
+    pub fn set_curve_length(&self, name: &str, length: i64) -> std::result::Result<(), PolicyError> {
+        self.catalog.set_curve_length(name, length)
+    }
+
+    /// All tables and their policies.
+    pub fn tables(&self) -> std::result::Result<Vec<TableInfo>, PolicyError> {
+        self.catalog.tables()
+    }
+
+    /// The release log, optionally of one table.
+    pub fn release_log(&self, table: Option<&str>) -> std::result::Result<Vec<ReleaseRecord>, PolicyError> {
+        self.catalog.release_log(table)
     }
 }

@@ -97,7 +97,11 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ("private_kde(x, 0, 1, 1e-6, 0, 1)", "argument 'bandwidth' must be a finite number > 0, got 0"),
         ("private_kde(x, -0.1, 1, 1e-6, 0, 1)", "argument 'bandwidth' must be a finite number > 0"),
         ("private_kde(x, 'NaN'::double, 1, 1e-6, 0, 1)", "argument 'bandwidth' must be a finite number > 0, got NaN"),
-        ("private_kde(x, 0.1, 0, 1e-6, 0, 1)", "argument 'epsilon' must be a finite number > 0, got 0"),
+        ("private_kde(x, 0.1, 0, 1e-6, 0, 1)", "argument 'epsilon' must be a finite number > 0 (at most 1000), got 0"),
+        (
+            "private_kde(x, 0.1, 5000, 1e-6, 0, 1)",
+            "argument 'epsilon' must be a finite number > 0 (at most 1000), got 5000",
+        ),
         ("private_kde(x, 0.1, -2, 1e-6, 0, 1)", "argument 'epsilon' must be a finite number > 0"),
         ("private_kde(x, 0.1, 1, 0, 0, 1)", "argument 'delta' must be in the open interval (0, 1), got 0"),
         ("private_kde(x, 0.1, 1, 1, 0, 1)", "argument 'delta' must be in the open interval (0, 1), got 1"),

@@ -14,6 +14,7 @@ use datafusion::common::Result;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use crate::mechanism::NoiseSource;
+use crate::mechanism::budget::Budget;
 pub use private_kde::PrivateKde;
 
 /// One private aggregate call found in a plan, with the budget it spends.
@@ -21,10 +22,8 @@ pub use private_kde::PrivateKde;
 pub struct PrivateCall {
     /// SQL name of the function.
     pub function: &'static str,
-    /// ε spent by one release.
-    pub epsilon: f64,
-    /// δ spent by one release.
-    pub delta: f64,
+    /// The exact budget one release spends.
+    pub cost: Budget,
 }
 
 /// The declared parameters of every private aggregate, for the named-argument rewrite.

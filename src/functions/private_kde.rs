@@ -25,6 +25,8 @@ use datafusion::logical_expr::{
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, float_list};
+use crate::mechanism::budget::{Budget, MAX_EPSILON};
+use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::MAX_POINTS;
 use crate::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec, NoiseSource};
 
@@ -50,8 +52,9 @@ pub static PARAMS: FunctionParams = FunctionParams {
     required: 3,
 };
 
-/// Turns literal parameter values into a validated [`KdeMechanism`].
-pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<KdeMechanism> {
+/// Turns literal parameter values into a validated [`KdeMechanism`] and the exact budget a
+/// release costs. The mechanism is calibrated with the charged (ε, δ), never more.
+pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<(KdeMechanism, Budget)> {
     let p = &PARAMS;
     let bandwidth = p.required_float(values, "bandwidth")?;
     let epsilon = p.required_float(values, "epsilon")?;
@@ -59,8 +62,10 @@ pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<KdeMech
     if !(bandwidth.is_finite() && bandwidth > 0.0) {
         return Err(p.error(format!("argument 'bandwidth' must be a finite number > 0, got {bandwidth}")));
     }
-    if !(epsilon.is_finite() && epsilon > 0.0) {
-        return Err(p.error(format!("argument 'epsilon' must be a finite number > 0, got {epsilon}")));
+    if !(epsilon.is_finite() && epsilon > 0.0 && epsilon <= MAX_EPSILON) {
+        return Err(
+            p.error(format!("argument 'epsilon' must be a finite number > 0 (at most {MAX_EPSILON}), got {epsilon}"))
+        );
     }
     if !(delta > 0.0 && delta < 1.0) {
         return Err(p.error(format!("argument 'delta' must be in the open interval (0, 1), got {delta}")));
@@ -70,7 +75,8 @@ pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<KdeMech
         _ => {
             return Err(p.error(
                 "arguments 'lo' and 'hi' are required: the output grid must come from public \
-                 values, never from the data (add lo => …, hi => …)",
+                 values, never from the data (add lo => …, hi => …, or have the data owner set \
+                 public bounds for the column in the table's policy)",
             ));
         }
     };
@@ -85,15 +91,26 @@ pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<KdeMech
         Some(s) => Calibration::parse(&s)
             .ok_or_else(|| p.error(format!("argument 'calibration' must be 'analytic' or 'classic', got '{s}'")))?,
     };
+    if calibration == Calibration::Classic && epsilon > 1.0 {
+        return Err(p.error(CalibrationError::ClassicNeedsSmallEpsilon(epsilon)));
+    }
     let nonneg = p.boolean(values, "nonneg")?.unwrap_or(true);
-    let spec = KdeSpec { grid: Grid { lo, hi, points }, bandwidth, epsilon, delta, calibration, nonneg };
-    KdeMechanism::new(spec).map_err(|e| p.error(e))
+    let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
+    let spec = KdeSpec {
+        grid: Grid { lo, hi, points },
+        bandwidth,
+        epsilon: cost.calibration_epsilon(),
+        delta: cost.calibration_delta(),
+        calibration,
+        nonneg,
+    };
+    Ok((KdeMechanism::new(spec).map_err(|e| p.error(e))?, cost))
 }
 
 /// Validates a logical call at planning time and returns what it costs.
 pub fn plan_call(args: &[Expr]) -> Result<PrivateCall> {
-    let m = mechanism_from_literals(&PARAMS.literals_from_logical(args)?)?;
-    Ok(PrivateCall { function: NAME, epsilon: m.spec().epsilon, delta: m.spec().delta })
+    let (_, cost) = mechanism_from_literals(&PARAMS.literals_from_logical(args)?)?;
+    Ok(PrivateCall { function: NAME, cost })
 }
 
 /// The fields of the result struct.
@@ -207,7 +224,7 @@ impl AggregateUDFImpl for PrivateKde {
         if !args.order_bys.is_empty() {
             return Err(PARAMS.error("ORDER BY inside the call is not supported"));
         }
-        let mechanism = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?)?;
+        let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?)?;
         Ok(Box::new(KdeAccumulator::new(mechanism, self.noise)))
     }
 

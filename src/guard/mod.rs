@@ -11,15 +11,22 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{Result, plan_err};
+use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::execution::context::QueryPlanner;
-use datafusion::execution::session_state::SessionState;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::{Expr, LogicalPlan, WindowFunctionDefinition};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use crate::functions::{PrivateCall, is_private, plan_private_call};
+use crate::policy::{Catalog, Charge};
+
+pub mod bounds;
+pub mod gate;
+pub mod shape;
+
+use bounds::{BoundsMap, apply_default_bounds};
+pub use gate::BudgetGateExec;
 
 /// Finds and validates every private aggregate call in `plan` (including subqueries).
 pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
@@ -60,9 +67,47 @@ pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
     Ok(calls)
 }
 
-/// A `QueryPlanner` that runs the guard on the optimized plan, then plans physically.
+/// The SQL text of the statement being planned, attached to the session config so the
+/// gate can write it to the release log.
+#[derive(Debug, Clone)]
+pub struct QueryText(pub String);
+
+/// A `QueryPlanner` that fills policy defaults, runs the guard on the optimized plan,
+/// prices it, plans physically, and puts a [`BudgetGateExec`] at the root of every plan
+/// that reads a private table. Nothing is debited here: planning also serves EXPLAIN, and a
+/// planned query may never run; the gate debits when the plan executes.
 #[derive(Debug, Default)]
-pub struct PrivacyPlanner {}
+pub struct PrivacyPlanner {
+    ledger: Option<Arc<Catalog>>,
+}
+
+impl PrivacyPlanner {
+    /// A planner whose private tables are charged on `ledger`.
+    pub fn with_ledger(ledger: Arc<Catalog>) -> Self {
+        Self { ledger: Some(ledger) }
+    }
+
+    fn bounds(&self) -> Result<BoundsMap> {
+        let mut map = BoundsMap::new();
+        if let Some(ledger) = &self.ledger {
+            let tables = ledger.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
+            for t in tables {
+                for (col, b) in t.policy.map(|p| p.bounds).unwrap_or_default() {
+                    map.insert((t.name.clone(), col), b);
+                }
+            }
+        }
+        Ok(map)
+    }
+
+    /// Everything but the physical planning: the rewritten plan and its charges.
+    pub fn check(&self, logical_plan: &LogicalPlan) -> Result<(LogicalPlan, Vec<Charge>)> {
+        let plan = apply_default_bounds(logical_plan.clone(), &self.bounds()?)?;
+        private_calls(&plan)?;
+        let charges = shape::check_and_price(&plan)?;
+        Ok((plan, charges))
+    }
+}
 
 #[async_trait]
 impl QueryPlanner for PrivacyPlanner {
@@ -71,12 +116,15 @@ impl QueryPlanner for PrivacyPlanner {
         logical_plan: &LogicalPlan,
         session: &dyn datafusion::catalog::Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        private_calls(logical_plan)?;
-        DefaultPhysicalPlanner::default().create_physical_plan(logical_plan, session).await
+        let (plan, charges) = self.check(logical_plan)?;
+        let physical = DefaultPhysicalPlanner::default().create_physical_plan(&plan, session).await?;
+        if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
+            return Ok(physical);
+        }
+        let Some(ledger) = &self.ledger else {
+            return datafusion::common::internal_err!("a private table was planned without a ledger");
+        };
+        let query = session.config().get_extension::<QueryText>().map(|q| q.0.clone()).unwrap_or_default();
+        Ok(Arc::new(BudgetGateExec::new(physical, Arc::clone(ledger), charges, &query)))
     }
-}
-
-/// Convenience for tests: the private calls of a SQL query's optimized plan.
-pub async fn private_calls_of(state: &SessionState, plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
-    private_calls(&state.optimize(plan)?)
 }

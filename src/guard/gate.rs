@@ -1,0 +1,119 @@
+//! The execution gate: the root of every plan that reads a private table. On execution it
+//! debits the ledger — atomically and durably — before any child operator is created,
+//! so no row is read unless the budget was paid. Errors raised while private rows are
+//! being read are replaced by a message without their details.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::policy::{Catalog, Charge};
+
+/// Debits `charges` once per execution, then runs `input` (always one output partition,
+/// so every `execute` is one execution and pays).
+#[derive(Debug)]
+pub struct BudgetGateExec {
+    input: Arc<dyn ExecutionPlan>,
+    ledger: Arc<Catalog>,
+    charges: Arc<Vec<Charge>>,
+    query: Arc<str>,
+}
+
+impl BudgetGateExec {
+    /// Wraps `input`; multi-partition inputs are coalesced first.
+    pub fn new(input: Arc<dyn ExecutionPlan>, ledger: Arc<Catalog>, charges: Vec<Charge>, query: &str) -> Self {
+        let input: Arc<dyn ExecutionPlan> = if input.output_partitioning().partition_count() > 1 {
+            Arc::new(CoalescePartitionsExec::new(input))
+        } else {
+            input
+        };
+        Self { input, ledger, charges: Arc::new(charges), query: Arc::from(query) }
+    }
+
+    /// What one execution debits.
+    pub fn charges(&self) -> &[Charge] {
+        &self.charges
+    }
+
+    fn tables(&self) -> String {
+        let mut t: Vec<&str> = self.charges.iter().map(|c| c.table.as_str()).collect();
+        t.dedup();
+        t.join("', '")
+    }
+}
+
+impl DisplayAs for BudgetGateExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c: Vec<String> = self.charges.iter().map(|c| format!("{}: {} ({})", c.table, c.function, c.cost)).collect();
+        write!(f, "BudgetGateExec: charges=[{}]", c.join("; "))
+    }
+}
+
+/// The error analysts see when reading private rows failed after the debit.
+pub fn withheld(tables: &str) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "the query failed while reading private table '{tables}'; the details are withheld because \
+         they could contain private values (the budget for this query was spent)"
+    ))
+}
+
+impl ExecutionPlan for BudgetGateExec {
+    fn name(&self) -> &str {
+        "BudgetGateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let input =
+            children.into_iter().next().ok_or_else(|| DataFusionError::Internal("gate needs a child".into()))?;
+        Ok(Arc::new(Self {
+            input,
+            ledger: Arc::clone(&self.ledger),
+            charges: Arc::clone(&self.charges),
+            query: Arc::clone(&self.query),
+        }))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let input = Arc::clone(&self.input);
+        let ledger = Arc::clone(&self.ledger);
+        let charges = Arc::clone(&self.charges);
+        let query = Arc::clone(&self.query);
+        let tables = self.tables();
+        let debit_then_read = async move {
+            let debit = tokio::task::spawn_blocking(move || ledger.charge(&charges, &query))
+                .await
+                .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
+            debit.map_err(|e| DataFusionError::External(Box::new(e)))?;
+            // Only now are the children created: no scan exists before the debit is durable.
+            let stream = input.execute(partition, context).map_err(|_| withheld(&tables))?;
+            let tables2 = tables.clone();
+            Ok::<_, DataFusionError>(stream.map_err(move |_| withheld(&tables2)).boxed())
+        };
+        let schema = self.input.schema();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::once(debit_then_read).try_flatten())))
+    }
+}

@@ -1,0 +1,201 @@
+//! What a private table may be read by (SPEC §5), checked on the optimized logical plan,
+//! and what the plan costs (SPEC §4).
+//!
+//! A private table may appear only as
+//! `scan → filters / projections → an aggregate whose every expression is private`
+//! (no GROUP BY), with anything public above that aggregate. Every rejection names its
+//! rule:
+//!
+//! | rule | what it forbids |
+//! |---|---|
+//! | `no-raw-rows` | rows of a private table reaching the result, a join, a window, … |
+//! | `private-aggregates-only` | an ordinary aggregate (count, sum, …) over a private table |
+//! | `no-group-by` | GROUP BY over a private table (not supported yet) |
+//! | `row-wise-only` | anything but filters and projections between the table and the aggregate: joins, unions, DISTINCT, LIMIT, ORDER BY, UNNEST, … |
+//! | `no-explain-analyze` | EXPLAIN ANALYZE of a query reading a private table (it prints row counts) |
+//!
+//! The cost is one charge per private aggregate call left in the optimized plan, on the
+//! private table it reads: a CTE referenced twice is two calls; a call the optimizer
+//! removed costs nothing.
+
+use datafusion::catalog::default_table_source::source_as_provider;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, plan_err};
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, TableScan};
+
+use crate::functions::plan_private_call;
+use crate::policy::Charge;
+use crate::policy::table::as_private;
+
+/// The catalog name of the private table a scan reads, if it is private.
+pub fn private_table_of(scan: &TableScan) -> Option<String> {
+    let provider = source_as_provider(&scan.source).ok()?;
+    as_private(provider.as_ref()).map(|t| t.name().to_string())
+}
+
+/// The first private table read anywhere in `plan`, including its subqueries.
+pub fn find_private_scan(plan: &LogicalPlan) -> Option<String> {
+    let mut found = None;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            if let Some(t) = private_table_of(scan) {
+                found = Some(t);
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The aggregate function call inside an aggregate expression (looking through aliases).
+pub fn aggregate_call(e: &Expr) -> Option<&AggregateFunction> {
+    match e {
+        Expr::AggregateFunction(f) => Some(f),
+        Expr::Alias(a) => aggregate_call(&a.expr),
+        _ => None,
+    }
+}
+
+/// Checks the shape rules and returns one charge per private aggregate call that reads
+/// a private table.
+pub fn check_and_price(plan: &LogicalPlan) -> Result<Vec<Charge>> {
+    let mut charges = Vec::new();
+    visit(plan, &mut charges)?;
+    Ok(charges)
+}
+
+fn visit_subqueries(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
+    let mut subs = Vec::new();
+    plan.apply_subqueries(|sub| {
+        subs.push(sub.clone());
+        Ok(TreeNodeRecursion::Jump)
+    })?;
+    subs.iter().try_for_each(|s| visit(s, charges))
+}
+
+fn visit(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
+    visit_subqueries(plan, charges)?;
+    match plan {
+        LogicalPlan::Aggregate(agg) => {
+            if agg
+                .aggr_expr
+                .iter()
+                .any(|e| aggregate_call(e).is_some_and(|f| plan_private_call(&f.func, &f.params.args).is_some()))
+            {
+                return check_private_aggregate(agg, charges);
+            }
+            if let Some(t) = find_private_scan(&agg.input) {
+                let what = if agg.aggr_expr.is_empty() {
+                    "DISTINCT or GROUP BY".to_string()
+                } else {
+                    agg.aggr_expr.iter().map(|e| e.schema_name().to_string()).collect::<Vec<_>>().join(", ")
+                };
+                return plan_err!(
+                    "[rule private-aggregates-only] {what} reads private table '{t}': only private \
+                     aggregates such as private_kde may read a private table"
+                );
+            }
+            visit(&agg.input, charges)
+        }
+        LogicalPlan::TableScan(scan) => match private_table_of(scan) {
+            Some(t) => plan_err!(
+                "[rule no-raw-rows] the query reads rows of private table '{t}' outside a private \
+                 aggregate: a private table can only be summarised, e.g. \
+                 SELECT private_kde(col, …) FROM {t}"
+            ),
+            None => Ok(()),
+        },
+        LogicalPlan::Analyze(a) => match find_private_scan(&a.input) {
+            Some(t) => plan_err!(
+                "[rule no-explain-analyze] EXPLAIN ANALYZE is refused on private table '{t}': its \
+                 metrics include exact row counts; use EXPLAIN"
+            ),
+            None => visit(&a.input, charges),
+        },
+        other => other.inputs().into_iter().try_for_each(|c| visit(c, charges)),
+    }
+}
+
+fn check_private_aggregate(agg: &Aggregate, charges: &mut Vec<Charge>) -> Result<()> {
+    // Walk the row-wise chain down to the scan.
+    let mut node = agg.input.as_ref();
+    let table = loop {
+        match node {
+            LogicalPlan::Projection(p) => {
+                visit_subqueries(node, charges)?;
+                node = &p.input;
+            }
+            LogicalPlan::Filter(f) => {
+                visit_subqueries(node, charges)?;
+                node = &f.input;
+            }
+            LogicalPlan::SubqueryAlias(a) => node = &a.input,
+            LogicalPlan::TableScan(scan) => {
+                let t = private_table_of(scan);
+                if let (Some(t), Some(n)) = (&t, scan.fetch) {
+                    return plan_err!(
+                        "[rule row-wise-only] a LIMIT ({n} rows) sits between private table '{t}' and \
+                         its private aggregate: only filters and projections may"
+                    );
+                }
+                break t;
+            }
+            other => {
+                if let Some(t) = find_private_scan(other) {
+                    let kind = node_kind(other);
+                    return plan_err!(
+                        "[rule row-wise-only] {kind} sits between private table '{t}' and a private \
+                         aggregate: only filters and projections may (joins, unions, DISTINCT, LIMIT, \
+                         ORDER BY and UNNEST change how many times a row counts)"
+                    );
+                }
+                visit(other, charges)?;
+                break None;
+            }
+        }
+    };
+    let Some(table) = table else {
+        return Ok(()); // private aggregates over public data cost nothing
+    };
+    for e in &agg.aggr_expr {
+        let call = aggregate_call(e).and_then(|f| plan_private_call(&f.func, &f.params.args));
+        match call {
+            Some(call) => {
+                let call = call?;
+                charges.push(Charge { table: table.clone(), function: call.function.to_string(), cost: call.cost });
+            }
+            None => {
+                return plan_err!(
+                    "[rule private-aggregates-only] {} cannot be computed on private table '{table}': \
+                     every aggregate that reads a private table must be private",
+                    e.schema_name()
+                );
+            }
+        }
+    }
+    if !agg.group_expr.is_empty() {
+        return plan_err!(
+            "[rule no-group-by] GROUP BY over private table '{table}' is not supported yet: the set of \
+             groups would reveal private values"
+        );
+    }
+    Ok(())
+}
+
+fn node_kind(plan: &LogicalPlan) -> &'static str {
+    match plan {
+        LogicalPlan::Join(_) => "a JOIN",
+        LogicalPlan::Union(_) => "a UNION",
+        LogicalPlan::Distinct(_) => "a DISTINCT",
+        LogicalPlan::Aggregate(_) => "an aggregation (DISTINCT or GROUP BY)",
+        LogicalPlan::Limit(_) => "a LIMIT",
+        LogicalPlan::Sort(_) => "an ORDER BY",
+        LogicalPlan::Unnest(_) => "an UNNEST",
+        LogicalPlan::Window(_) => "a window function",
+        LogicalPlan::RecursiveQuery(_) => "a recursive query",
+        LogicalPlan::Repartition(_) => "a repartition",
+        _ => "an operator that is not row-wise",
+    }
+}

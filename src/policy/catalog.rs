@@ -1,0 +1,638 @@
+//! The catalog and budget ledger: one SQLite file (SPEC §4).
+//!
+//! It holds the registered tables (name, Parquet location, public or private), each
+//! private table's policy (total ε and δ, public column bounds, public curve length), the
+//! budget spent so far, and the release log. The file runs in WAL mode with
+//! `synchronous = FULL`, so a committed debit survives a crash; every check-and-debit is
+//! one `BEGIN IMMEDIATE` transaction, so processes sharing the file serialise on it.
+//! A file that is not a dpcurve catalog, has another format version, or fails SQLite's
+//! integrity check is refused with a clear message (fail closed).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+use crate::mechanism::budget::Budget;
+
+/// The catalog format this version reads and writes.
+pub const FORMAT_VERSION: i64 = 1;
+const FORMAT_NAME: &str = "dpcurve-catalog";
+/// How long a writer waits for another process's transaction before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors of the catalog and ledger. None carries private data: everything in them is
+/// table names, public parameters and budget amounts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyError {
+    /// The file cannot be used as a catalog (missing, corrupt, wrong format or version).
+    Catalog(String),
+    /// A request about tables or policies that cannot be carried out.
+    Invalid(String),
+    /// The budget does not cover a query; nothing was debited.
+    BudgetExhausted {
+        /// The table whose budget is too small.
+        table: String,
+        /// What the query would cost on that table.
+        cost: Budget,
+        /// What is left on that table.
+        remaining: Budget,
+    },
+    /// SQLite failed (I/O, locking).
+    Storage(String),
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyError::Catalog(m) | PolicyError::Invalid(m) => f.write_str(m),
+            PolicyError::BudgetExhausted { table, cost, remaining } => write!(
+                f,
+                "privacy budget exhausted on table '{table}': this query costs {cost} but only {remaining} \
+                 remains; nothing was read (a data owner can raise the budget)"
+            ),
+            PolicyError::Storage(m) => write!(f, "catalog storage error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+fn storage(e: rusqlite::Error) -> PolicyError {
+    PolicyError::Storage(e.to_string())
+}
+
+/// A private table's policy and spending.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Total budget the data owner allows.
+    pub total: Budget,
+    /// Budget spent so far.
+    pub spent: Budget,
+    /// Public bounds per column: (lower, upper).
+    pub bounds: BTreeMap<String, (f64, f64)>,
+    /// Public curve length for list columns.
+    pub curve_length: Option<i64>,
+}
+
+impl Policy {
+    /// What is left (never negative).
+    pub fn remaining(&self) -> Budget {
+        self.total.checked_sub(&self.spent).unwrap_or(Budget::ZERO)
+    }
+}
+
+/// A registered table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableInfo {
+    /// SQL name.
+    pub name: String,
+    /// Parquet file or directory.
+    pub location: String,
+    /// The policy if the table is private.
+    pub policy: Option<Policy>,
+}
+
+/// One entry of the release log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReleaseRecord {
+    /// Sequence number.
+    pub id: i64,
+    /// UTC time of the debit (ISO 8601).
+    pub at: String,
+    /// Table charged.
+    pub table: String,
+    /// Private function released.
+    pub function: String,
+    /// What the release cost.
+    pub cost: Budget,
+    /// The SQL text of the query.
+    pub query: String,
+}
+
+/// One release to debit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Charge {
+    /// Private table charged.
+    pub table: String,
+    /// Private function.
+    pub function: String,
+    /// Its cost.
+    pub cost: Budget,
+}
+
+/// The catalog/ledger file.
+#[derive(Debug)]
+pub struct Catalog {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE tables (
+    name TEXT PRIMARY KEY,
+    location TEXT NOT NULL,
+    private INTEGER NOT NULL DEFAULT 0 CHECK (private IN (0, 1)),
+    registered_at TEXT NOT NULL
+);
+CREATE TABLE policies (
+    table_name TEXT PRIMARY KEY REFERENCES tables(name),
+    epsilon_total INTEGER NOT NULL CHECK (epsilon_total >= 0),
+    delta_total INTEGER NOT NULL CHECK (delta_total >= 0),
+    epsilon_spent INTEGER NOT NULL DEFAULT 0 CHECK (epsilon_spent >= 0 AND epsilon_spent <= epsilon_total),
+    delta_spent INTEGER NOT NULL DEFAULT 0 CHECK (delta_spent >= 0 AND delta_spent <= delta_total),
+    curve_length INTEGER
+);
+CREATE TABLE column_bounds (
+    table_name TEXT NOT NULL REFERENCES tables(name),
+    column_name TEXT NOT NULL,
+    lower REAL NOT NULL,
+    upper REAL NOT NULL,
+    PRIMARY KEY (table_name, column_name)
+);
+CREATE TABLE releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    function TEXT NOT NULL,
+    epsilon INTEGER NOT NULL,
+    delta INTEGER NOT NULL,
+    query TEXT NOT NULL
+);
+";
+
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+impl Catalog {
+    /// Opens a catalog, creating an empty one if the file does not exist (data owners).
+    pub fn create_or_open(path: &Path) -> Result<Catalog, PolicyError> {
+        Self::open_impl(path, true)
+    }
+
+    /// Opens an existing catalog (analyst sessions never create one).
+    pub fn open(path: &Path) -> Result<Catalog, PolicyError> {
+        Self::open_impl(path, false)
+    }
+
+    fn open_impl(path: &Path, create: bool) -> Result<Catalog, PolicyError> {
+        let exists = path.exists();
+        if !exists && !create {
+            return Err(PolicyError::Catalog(format!(
+                "no catalog at {}: create one with `dpcurve admin --catalog {} register …`",
+                path.display(),
+                path.display()
+            )));
+        }
+        let not_catalog =
+            |why: String| PolicyError::Catalog(format!("{} is not a usable dpcurve catalog: {why}", path.display()));
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | if create { OpenFlags::SQLITE_OPEN_CREATE } else { OpenFlags::empty() };
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| not_catalog(e.to_string()))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+        // Reading the header is where a non-database file is detected.
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| not_catalog(format!("{e} (the file is corrupted or is not a catalog)")))?;
+        if check != "ok" {
+            return Err(not_catalog(format!("integrity check failed: {check}")));
+        }
+        let mode: String =
+            conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(|e| not_catalog(e.to_string()))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(not_catalog(format!("cannot switch to WAL journaling (got {mode})")));
+        }
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;").map_err(storage)?;
+        let catalog = Catalog { path: path.to_path_buf(), conn: Mutex::new(conn) };
+        catalog.init_or_check(create).map_err(|e| match e {
+            PolicyError::Catalog(m) => not_catalog(m),
+            other => other,
+        })?;
+        Ok(catalog)
+    }
+
+    fn init_or_check(&self, create: bool) -> Result<(), PolicyError> {
+        let mut conn = self.conn.lock().expect("catalog lock");
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(storage)?;
+        let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0)).map_err(storage)?;
+        if objects == 0 {
+            if !create {
+                return Err(PolicyError::Catalog("the file is empty".into()));
+            }
+            tx.execute_batch(SCHEMA).map_err(storage)?;
+            tx.execute(
+                "INSERT INTO meta VALUES ('format', ?1), ('version', ?2)",
+                params![FORMAT_NAME, FORMAT_VERSION.to_string()],
+            )
+            .map_err(storage)?;
+            tx.commit().map_err(storage)?;
+            return Ok(());
+        }
+        let meta = |key: &str| -> Result<Option<String>, PolicyError> {
+            tx.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(|_| {
+                PolicyError::Catalog("it has no dpcurve metadata (another application's database?)".into())
+            })
+        };
+        if meta("format")?.as_deref() != Some(FORMAT_NAME) {
+            return Err(PolicyError::Catalog("it has no dpcurve metadata (another application's database?)".into()));
+        }
+        let version: i64 = meta("version")?.and_then(|v| v.parse().ok()).unwrap_or(-1);
+        if version != FORMAT_VERSION {
+            let who = if version < FORMAT_VERSION { "an older" } else { "a newer" };
+            return Err(PolicyError::Catalog(format!(
+                "it was written by {who} version of dpcurve (catalog format {version}); this dpcurve reads \
+                 format {FORMAT_VERSION} only and will not modify the file"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Path of the catalog file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with_tx<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, PolicyError>,
+    ) -> Result<T, PolicyError> {
+        let mut conn = self.conn.lock().expect("catalog lock");
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(storage)?;
+        let out = f(&tx)?;
+        tx.commit().map_err(storage)?;
+        Ok(out)
+    }
+
+    fn require_table(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<bool, PolicyError> {
+        tx.query_row("SELECT private FROM tables WHERE name = ?1", [name], |r| r.get::<_, i64>(0))
+            .optional()
+            .map_err(storage)?
+            .map(|p| p == 1)
+            .ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))
+    }
+
+    /// Registers a Parquet location under a name, as a public table.
+    pub fn register_table(&self, name: &str, location: &str) -> Result<(), PolicyError> {
+        validate_name(name)?;
+        self.with_tx(|tx| {
+            let n = tx
+                .execute(
+                    &format!("INSERT OR IGNORE INTO tables (name, location, private, registered_at) VALUES (?1, ?2, 0, {NOW})"),
+                    params![name, location],
+                )
+                .map_err(storage)?;
+            if n == 0 {
+                return Err(PolicyError::Invalid(format!("a table named '{name}' is already registered")));
+            }
+            Ok(())
+        })
+    }
+
+    /// Makes a table private with a total budget. A private table cannot be made public
+    /// again or re-registered: its spending history stays in force.
+    pub fn make_private(&self, name: &str, total: Budget) -> Result<(), PolicyError> {
+        self.with_tx(|tx| {
+            if Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!(
+                    "table '{name}' is already private; use raise-budget to add budget"
+                )));
+            }
+            tx.execute("UPDATE tables SET private = 1 WHERE name = ?1", [name]).map_err(storage)?;
+            tx.execute(
+                "INSERT INTO policies (table_name, epsilon_total, delta_total) VALUES (?1, ?2, ?3)",
+                params![name, total.epsilon_units, total.delta_units],
+            )
+            .map_err(storage)?;
+            Ok(())
+        })
+    }
+
+    /// Adds budget to a private table.
+    pub fn raise_budget(&self, name: &str, extra: Budget) -> Result<Budget, PolicyError> {
+        self.with_tx(|tx| {
+            if !Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
+            }
+            let (e, d): (i64, i64) = tx
+                .query_row("SELECT epsilon_total, delta_total FROM policies WHERE table_name = ?1", [name], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .map_err(storage)?;
+            let total = Budget { epsilon_units: e, delta_units: d }
+                .checked_add(&extra)
+                .filter(|b| b.delta_units <= 10i64.pow(18))
+                .ok_or_else(|| {
+                    PolicyError::Invalid("the raised budget would exceed the largest allowed total".into())
+                })?;
+            tx.execute(
+                "UPDATE policies SET epsilon_total = ?2, delta_total = ?3 WHERE table_name = ?1",
+                params![name, total.epsilon_units, total.delta_units],
+            )
+            .map_err(storage)?;
+            Ok(total)
+        })
+    }
+
+    /// Sets the public bounds of a column of a private table.
+    pub fn set_bounds(&self, name: &str, column: &str, lower: f64, upper: f64) -> Result<(), PolicyError> {
+        if !(lower.is_finite() && upper.is_finite() && lower < upper) {
+            return Err(PolicyError::Invalid(format!(
+                "bounds must be finite numbers with lower < upper, got lower = {lower}, upper = {upper}"
+            )));
+        }
+        self.with_tx(|tx| {
+            if !Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!(
+                    "table '{name}' is public; bounds belong to a private table's policy"
+                )));
+            }
+            tx.execute(
+                "INSERT INTO column_bounds VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (table_name, column_name) DO UPDATE SET lower = excluded.lower, upper = excluded.upper",
+                params![name, column, lower, upper],
+            )
+            .map_err(storage)?;
+            Ok(())
+        })
+    }
+
+    /// Sets the public curve length of a private table's list columns.
+    pub fn set_curve_length(&self, name: &str, length: i64) -> Result<(), PolicyError> {
+        if !(2..=1_000_000).contains(&length) {
+            return Err(PolicyError::Invalid(format!("curve length must be in [2, 1000000], got {length}")));
+        }
+        self.with_tx(|tx| {
+            if !Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
+            }
+            tx.execute("UPDATE policies SET curve_length = ?2 WHERE table_name = ?1", params![name, length])
+                .map_err(storage)?;
+            Ok(())
+        })
+    }
+
+    /// All registered tables with their policies, by name.
+    pub fn tables(&self) -> Result<Vec<TableInfo>, PolicyError> {
+        let conn = self.conn.lock().expect("catalog lock");
+        let mut stmt = conn
+            .prepare(
+                "SELECT t.name, t.location, t.private, p.epsilon_total, p.delta_total, p.epsilon_spent,
+                        p.delta_spent, p.curve_length
+                 FROM tables t LEFT JOIN policies p ON p.table_name = t.name ORDER BY t.name",
+            )
+            .map_err(storage)?;
+        let rows = stmt
+            .query_map([], |r| {
+                let private: i64 = r.get(2)?;
+                let policy = if private == 1 {
+                    Some(Policy {
+                        total: Budget { epsilon_units: r.get(3)?, delta_units: r.get(4)? },
+                        spent: Budget { epsilon_units: r.get(5)?, delta_units: r.get(6)? },
+                        bounds: BTreeMap::new(),
+                        curve_length: r.get(7)?,
+                    })
+                } else {
+                    None
+                };
+                Ok(TableInfo { name: r.get(0)?, location: r.get(1)?, policy })
+            })
+            .map_err(storage)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(storage)?;
+        let mut bounds_stmt =
+            conn.prepare("SELECT table_name, column_name, lower, upper FROM column_bounds").map_err(storage)?;
+        let bounds: Vec<(String, String, f64, f64)> = bounds_stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(storage)?
+            .collect::<Result<_, _>>()
+            .map_err(storage)?;
+        let mut tables = rows;
+        for (t, c, lo, hi) in bounds {
+            if let Some(p) = tables.iter_mut().find(|x| x.name == t).and_then(|x| x.policy.as_mut()) {
+                p.bounds.insert(c, (lo, hi));
+            }
+        }
+        Ok(tables)
+    }
+
+    /// One table, if registered.
+    pub fn table(&self, name: &str) -> Result<Option<TableInfo>, PolicyError> {
+        Ok(self.tables()?.into_iter().find(|t| t.name == name))
+    }
+
+    /// The release log, oldest first, optionally for one table.
+    pub fn release_log(&self, table: Option<&str>) -> Result<Vec<ReleaseRecord>, PolicyError> {
+        let conn = self.conn.lock().expect("catalog lock");
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, at, table_name, function, epsilon, delta, query FROM releases
+                 WHERE ?1 IS NULL OR table_name = ?1 ORDER BY id",
+            )
+            .map_err(storage)?;
+        stmt.query_map([table], |r| {
+            Ok(ReleaseRecord {
+                id: r.get(0)?,
+                at: r.get(1)?,
+                table: r.get(2)?,
+                function: r.get(3)?,
+                cost: Budget { epsilon_units: r.get(4)?, delta_units: r.get(5)? },
+                query: r.get(6)?,
+            })
+        })
+        .map_err(storage)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(storage)
+    }
+
+    /// Checks and debits all charges of one query execution atomically and durably: either
+    /// every table has room for its total and everything is debited and logged, or
+    /// nothing changes and the first table without room is reported.
+    pub fn charge(&self, charges: &[Charge], query: &str) -> Result<(), PolicyError> {
+        let mut per_table: BTreeMap<&str, Budget> = BTreeMap::new();
+        for c in charges {
+            let e = per_table.entry(&c.table).or_default();
+            *e = e.checked_add(&c.cost).ok_or_else(|| PolicyError::Invalid("query cost overflows".into()))?;
+        }
+        self.with_tx(|tx| {
+            for (&table, &cost) in &per_table {
+                let row: Option<(i64, i64, i64, i64)> = tx
+                    .query_row(
+                        "SELECT epsilon_total, delta_total, epsilon_spent, delta_spent FROM policies WHERE table_name = ?1",
+                        [table],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                    )
+                    .optional()
+                    .map_err(storage)?;
+                let (et, dt, es, ds) = row.ok_or_else(|| {
+                    PolicyError::Invalid(format!("table '{table}' has no privacy policy in the catalog"))
+                })?;
+                let total = Budget { epsilon_units: et, delta_units: dt };
+                let spent = Budget { epsilon_units: es, delta_units: ds };
+                let remaining = total.checked_sub(&spent).unwrap_or(Budget::ZERO);
+                if !cost.fits_within(&remaining) {
+                    return Err(PolicyError::BudgetExhausted { table: table.to_string(), cost, remaining });
+                }
+                let new = spent.checked_add(&cost).expect("fits within the total");
+                tx.execute(
+                    "UPDATE policies SET epsilon_spent = ?2, delta_spent = ?3 WHERE table_name = ?1",
+                    params![table, new.epsilon_units, new.delta_units],
+                )
+                .map_err(storage)?;
+            }
+            for c in charges {
+                tx.execute(
+                    &format!(
+                        "INSERT INTO releases (at, table_name, function, epsilon, delta, query) VALUES ({NOW}, ?1, ?2, ?3, ?4, ?5)"
+                    ),
+                    params![c.table, c.function, c.cost.epsilon_units, c.cost.delta_units, query],
+                )
+                .map_err(storage)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), PolicyError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(PolicyError::Invalid(format!(
+            "table name '{name}' must start with a letter or '_' and contain only letters, digits and '_'"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("dpcurve-cat-{name}-{}.db", std::process::id()));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+        }
+        p
+    }
+
+    fn b(e: f64, d: f64) -> Budget {
+        Budget::total(e, d).unwrap()
+    }
+
+    #[test]
+    fn ten_charges_of_a_tenth_exhaust_one_exactly() {
+        let p = temp("exact");
+        let c = Catalog::create_or_open(&p).unwrap();
+        c.register_table("t", "/data/t.parquet").unwrap();
+        c.make_private("t", b(1.0, 1e-5)).unwrap();
+        let charge =
+            Charge { table: "t".into(), function: "private_kde".into(), cost: Budget::charge(0.1, 1e-6).unwrap() };
+        for _ in 0..10 {
+            c.charge(std::slice::from_ref(&charge), "q").unwrap();
+        }
+        let err = c.charge(std::slice::from_ref(&charge), "q").unwrap_err();
+        assert!(matches!(&err, PolicyError::BudgetExhausted { remaining, .. } if *remaining == Budget::ZERO), "{err}");
+        assert!(
+            err.to_string().contains("this query costs ε = 0.1, δ = 0.000001 but only ε = 0, δ = 0 remains"),
+            "{err}"
+        );
+        let t = c.table("t").unwrap().unwrap();
+        assert_eq!(t.policy.unwrap().spent, b(1.0, 1e-5));
+        assert_eq!(c.release_log(Some("t")).unwrap().len(), 10);
+    }
+
+    #[test]
+    fn a_refused_query_debits_nothing_on_any_table() {
+        let p = temp("atomic");
+        let c = Catalog::create_or_open(&p).unwrap();
+        for (t, e) in [("a", 1.0), ("b", 0.05)] {
+            c.register_table(t, "/x").unwrap();
+            c.make_private(t, b(e, 1e-5)).unwrap();
+        }
+        let cost = Budget::charge(0.1, 1e-6).unwrap();
+        let charges = [
+            Charge { table: "a".into(), function: "f".into(), cost },
+            Charge { table: "b".into(), function: "f".into(), cost },
+        ];
+        assert!(c.charge(&charges, "q").is_err());
+        for t in c.tables().unwrap() {
+            assert_eq!(t.policy.unwrap().spent, Budget::ZERO);
+        }
+        assert!(c.release_log(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn policies_bounds_and_reopening() {
+        let p = temp("reopen");
+        {
+            let c = Catalog::create_or_open(&p).unwrap();
+            c.register_table("t", "/x").unwrap();
+            assert!(c.register_table("t", "/y").is_err());
+            assert!(c.register_table("bad name", "/y").is_err());
+            assert!(c.set_bounds("t", "x", 0.0, 1.0).is_err(), "public tables have no policy");
+            c.make_private("t", b(1.0, 0.0)).unwrap();
+            assert!(c.make_private("t", b(1.0, 0.0)).is_err());
+            c.set_bounds("t", "x", -1.0, 2.0).unwrap();
+            c.set_bounds("t", "x", 0.0, 1.0).unwrap();
+            assert!(c.set_bounds("t", "x", 1.0, 1.0).is_err());
+            c.set_curve_length("t", 100).unwrap();
+            assert_eq!(c.raise_budget("t", b(0.5, 1e-6)).unwrap(), b(1.5, 1e-6));
+            assert!(c.raise_budget("nope", b(0.5, 0.0)).is_err());
+        }
+        let c = Catalog::open(&p).unwrap();
+        let t = c.table("t").unwrap().unwrap();
+        let policy = t.policy.unwrap();
+        assert_eq!(policy.total, b(1.5, 1e-6));
+        assert_eq!(policy.bounds.get("x"), Some(&(0.0, 1.0)));
+        assert_eq!(policy.curve_length, Some(100));
+    }
+
+    #[test]
+    fn foreign_corrupt_and_other_version_files_are_refused() {
+        let missing = temp("missing");
+        assert!(Catalog::open(&missing).unwrap_err().to_string().contains("no catalog at"));
+
+        let garbage = temp("garbage");
+        std::fs::write(&garbage, vec![b'x'; 8192]).unwrap();
+        let e = Catalog::open(&garbage).unwrap_err().to_string();
+        assert!(e.contains("is not a usable dpcurve catalog") && e.contains("corrupted"), "{e}");
+
+        let foreign = temp("foreign");
+        Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE x (a INTEGER)").unwrap();
+        let e = Catalog::open(&foreign).unwrap_err().to_string();
+        assert!(e.contains("no dpcurve metadata"), "{e}");
+
+        let old = temp("old");
+        drop(Catalog::create_or_open(&old).unwrap());
+        Connection::open(&old).unwrap().execute("UPDATE meta SET value = '0' WHERE key = 'version'", []).unwrap();
+        let e = Catalog::open(&old).unwrap_err().to_string();
+        assert!(e.contains("written by an older version of dpcurve (catalog format 0)"), "{e}");
+
+        // A valid catalog whose pages were damaged.
+        let damaged = temp("damaged");
+        {
+            let c = Catalog::create_or_open(&damaged).unwrap();
+            for i in 0..200 {
+                c.register_table(&format!("t{i}"), &"/some/long/location/".repeat(20)).unwrap();
+            }
+        }
+        let conn = Connection::open(&damaged).unwrap();
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+        drop(conn);
+        let mut bytes = std::fs::read(&damaged).unwrap();
+        let len = bytes.len();
+        for b in &mut bytes[len / 2..len / 2 + 3000] {
+            *b = 0xA5;
+        }
+        std::fs::write(&damaged, bytes).unwrap();
+        assert!(Catalog::open(&damaged).is_err());
+    }
+}

@@ -1,0 +1,8 @@
+//! Data owners' side: the catalog of tables and privacy policies, the durable budget
+//! ledger (one SQLite file), and the table providers of catalog sessions.
+
+pub mod catalog;
+pub mod table;
+
+pub use catalog::{Catalog, Charge, Policy, PolicyError, ReleaseRecord, TableInfo};
+pub use table::{BudgetsTable, PrivateTable};

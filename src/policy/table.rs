@@ -1,0 +1,149 @@
+//! Table providers of catalog sessions: [`PrivateTable`], the marker wrapper by which the
+//! guard recognises private data (by type, never by name), and [`BudgetsTable`], the
+//! `dpcurve.budgets` view of remaining budgets that analysts may read.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::{ScanArgs, ScanResult, Session, TableProvider};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::catalog::Catalog;
+
+/// A private table: scans delegate to the Parquet provider, but the type marks the rows as
+/// private for the planner guard. It reports no statistics.
+#[derive(Debug)]
+pub struct PrivateTable {
+    name: String,
+    inner: Arc<dyn TableProvider>,
+}
+
+impl PrivateTable {
+    /// Wraps `inner` as the private table `name` of the catalog.
+    pub fn new(name: &str, inner: Arc<dyn TableProvider>) -> Self {
+        Self { name: name.to_string(), inner }
+    }
+
+    /// The catalog name, which keys the table's budget.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[async_trait]
+impl TableProvider for PrivateTable {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.inner.scan(state, projection, filters, limit).await
+    }
+
+    async fn scan_with_args<'a>(&self, state: &dyn Session, args: ScanArgs<'a>) -> Result<ScanResult> {
+        self.inner.scan_with_args(state, args).await
+    }
+
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+        self.inner.supports_filters_pushdown(filters)
+    }
+}
+
+/// `dpcurve.budgets`: one row per private table with its total, spent and remaining
+/// budget, read from the ledger at scan time. Budgets depend only on past public
+/// parameters, so showing them to analysts reveals nothing about the data.
+#[derive(Debug)]
+pub struct BudgetsTable {
+    catalog: Arc<Catalog>,
+}
+
+impl BudgetsTable {
+    /// The view over `catalog`.
+    pub fn new(catalog: Arc<Catalog>) -> Self {
+        Self { catalog }
+    }
+
+    fn schema_ref() -> SchemaRef {
+        let f = |n: &str| Field::new(n, DataType::Float64, false);
+        Arc::new(Schema::new(vec![
+            Field::new("table_name", DataType::Utf8, false),
+            f("epsilon_total"),
+            f("delta_total"),
+            f("epsilon_spent"),
+            f("delta_spent"),
+            f("epsilon_remaining"),
+            f("delta_remaining"),
+            Field::new("releases", DataType::Int64, false),
+        ]))
+    }
+
+    fn batch(&self) -> Result<RecordBatch> {
+        let tables = self.catalog.tables().map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let log = self.catalog.release_log(None).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let private: Vec<_> = tables.into_iter().filter_map(|t| t.policy.map(|p| (t.name, p))).collect();
+        let col = |f: &dyn Fn(&super::catalog::Policy) -> f64| -> Arc<Float64Array> {
+            Arc::new(private.iter().map(|(_, p)| f(p)).collect::<Float64Array>())
+        };
+        Ok(RecordBatch::try_new(
+            Self::schema_ref(),
+            vec![
+                Arc::new(private.iter().map(|(n, _)| Some(n.as_str())).collect::<StringArray>()),
+                col(&|p| p.total.epsilon()),
+                col(&|p| p.total.delta()),
+                col(&|p| p.spent.epsilon()),
+                col(&|p| p.spent.delta()),
+                col(&|p| p.remaining().epsilon()),
+                col(&|p| p.remaining().delta()),
+                Arc::new(
+                    private
+                        .iter()
+                        .map(|(n, _)| log.iter().filter(|r| &r.table == n).count() as i64)
+                        .collect::<Int64Array>(),
+                ),
+            ],
+        )?)
+    }
+}
+
+#[async_trait]
+impl TableProvider for BudgetsTable {
+    fn schema(&self) -> SchemaRef {
+        Self::schema_ref()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mem = MemTable::try_new(Self::schema_ref(), vec![vec![self.batch()?]])?;
+        mem.scan(state, projection, filters, limit).await
+    }
+}
+
+/// Whether a provider is a private table (and which).
+pub fn as_private(provider: &dyn TableProvider) -> Option<&PrivateTable> {
+    (provider as &dyn Any).downcast_ref::<PrivateTable>()
+}
