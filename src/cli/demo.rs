@@ -14,10 +14,12 @@ use rand::{RngExt, SeedableRng};
 use super::plot::{self, Panel, Series};
 use crate::mechanism::kde_release::trapezoid;
 use crate::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec};
-use crate::session::{DpSession, SessionOptions};
+use crate::session::{Admin, AnalystSession, SessionOptions};
 
 /// Rows in the demo table.
 pub const DEMO_ROWS: usize = 100_000;
+/// Total budget the demo's data owner gives the table: (ε, δ).
+pub const DEMO_BUDGET: (f64, f64) = (2.0, 1e-5);
 /// Seed of the *data* generator (the data is synthetic and public; the privacy noise
 /// always comes from the operating system).
 const DATA_SEED: u64 = 2013;
@@ -69,11 +71,12 @@ struct Comparison {
     gap: f64,
 }
 
-async fn compare(session: &DpSession, spec: &KdeSpec, values: &[f64], every: usize) -> Result<Comparison> {
+async fn compare(session: &AnalystSession, spec: &KdeSpec, values: &[f64], every: usize) -> Result<Comparison> {
     let filter = if every > 1 { format!("\nWHERE id % {every} = 0") } else { String::new() };
+    // lo and hi are omitted: they come from the public bounds in the table's policy.
     let sql = format!(
-        "SELECT private_kde(x, bandwidth => {:?}, epsilon => {:?}, delta => {:?}, lo => {:?}, hi => {:?}, points => {}) AS kde\nFROM mixture{filter}",
-        spec.bandwidth, spec.epsilon, spec.delta, spec.grid.lo, spec.grid.hi, spec.grid.points
+        "SELECT private_kde(x, bandwidth => {:?}, epsilon => {:?}, delta => {:?}, points => {}) AS kde\nFROM mixture{filter}",
+        spec.bandwidth, spec.epsilon, spec.delta, spec.grid.points
     );
     println!("\n{sql};\n");
     let batches = session.query(&sql).await?;
@@ -117,9 +120,28 @@ pub async fn run(dir: &Path) -> Result<()> {
 
     let spec = demo_spec();
     let sigma = KdeMechanism::sigma_for(&spec).map_err(|e| DataFusionError::Plan(e.to_string()))?;
-    let session = DpSession::new(SessionOptions::default());
-    session.register_parquet("mixture", &data_path.to_string_lossy()).await?;
 
+    // The data owner: a fresh catalog in which `mixture` is private.
+    let catalog_path = dir.join("catalog.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", catalog_path.display()));
+    }
+    let policy = |e: crate::policy::PolicyError| DataFusionError::Plan(e.to_string());
+    let admin = Admin::open(&catalog_path).map_err(policy)?;
+    admin.register("mixture", &data_path.to_string_lossy()).await.map_err(policy)?;
+    admin.make_private("mixture", DEMO_BUDGET.0, DEMO_BUDGET.1).map_err(policy)?;
+    admin.set_bounds("mixture", "x", spec.grid.lo, spec.grid.hi).await.map_err(policy)?;
+    println!(
+        "catalog {}: table 'mixture' is private, total budget ε = {}, δ = {}, public bounds x ∈ [{:?}, {:?}]",
+        catalog_path.display(),
+        DEMO_BUDGET.0,
+        DEMO_BUDGET.1,
+        spec.grid.lo,
+        spec.grid.hi
+    );
+
+    // The analyst: a read-only session on that catalog.
+    let session = AnalystSession::with_catalog(Arc::clone(admin.catalog()), SessionOptions::default()).await?;
     let mut panels = Vec::new();
     for every in [1, 100] {
         let c = compare(&session, &spec, &values, every).await?;
@@ -130,6 +152,9 @@ pub async fn run(dir: &Path) -> Result<()> {
             spec.grid.lo, spec.grid.hi, c.mass, c.count
         );
         println!("largest gap between the curves: {:.2} % of the peak density", 100.0 * c.gap);
+        for (table, total, spent, remaining) in session.budgets()? {
+            println!("budget of '{table}': spent {spent} of {total}; remaining {remaining}");
+        }
         panels.push(Panel { title: format!("private vs non-private KDE, {}", c.title), series: c.series });
     }
     println!(

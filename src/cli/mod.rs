@@ -1,5 +1,6 @@
 //! The `dpcurve` command line: `sql` (one-shot or REPL) and `demo`.
 
+pub mod admin;
 pub mod demo;
 pub mod format;
 pub mod plot;
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 
 use datafusion::common::Result;
 
-use crate::session::{DpSession, QueryOutput, SessionOptions};
+use crate::session::{AnalystSession, DpSession, QueryOutput, SessionOptions};
 use format::Format;
 
 /// Usage text.
@@ -18,18 +19,36 @@ dpcurve — differentially private curves over Parquet with SQL
 
 USAGE:
   dpcurve demo [--dir DIR]
-      Writes a Parquet file of 100 000 draws from a two-normal mixture, runs
-      private_kde on it, and draws the private and non-private curves in the
-      terminal and in DIR/kde.svg (DIR defaults to ./dpcurve-demo).
+      Writes a Parquet file of 100 000 draws from a two-normal mixture and a
+      catalog that makes it private, runs private_kde on it as an analyst, and
+      draws the private and non-private curves in the terminal and in
+      DIR/kde.svg (DIR defaults to ./dpcurve-demo).
 
-  dpcurve sql [--table NAME=PATH]... [--format table|csv|json] [--partitions N]
+  dpcurve sql --catalog PATH [--format table|csv|json] [--partitions N]
               [--plot] [--svg FILE] [-c SQL | -f FILE]
-      Runs SQL statements (several per string or file, separated by ';').
-      Without -c or -f, starts an interactive prompt (or reads SQL from a pipe).
-      --table      register a Parquet file or directory as table NAME
+      Analyst session on a catalog: tables come from the catalog, private
+      tables are read only through private aggregates and every release is
+      charged to the table's budget. Only queries are allowed.
+      SELECT * FROM dpcurve.budgets shows the remaining budgets.
+
+  dpcurve sql [--table NAME=PATH]... [options as above]
+      Free session over public Parquet files (any SQL, no budgets).
+
+      -c / -f      run the statements in a string / file (separated by ';');
+                   without either, an interactive prompt (or SQL from a pipe)
       --format     output format: table (default), csv, or json (one object per line)
       --plot       draw every curve in the results in the terminal
       --svg FILE   also write the curves of the last result to an SVG image
+
+  dpcurve admin --catalog PATH COMMAND
+      Data owner's commands (the catalog file is created if missing):
+        register NAME PATH                         a Parquet file or directory, public
+        make-private NAME --epsilon E --delta D    total budget of the table
+        raise-budget NAME --epsilon E [--delta D]  add to the total budget
+        set-bounds NAME COLUMN LOWER UPPER         public bounds (default lo/hi)
+        set-curve-length NAME LENGTH               public length of list columns
+        list                                       tables, budgets, bounds
+        log [NAME]                                 the release log
 
   dpcurve help     this text
 ";
@@ -37,6 +56,7 @@ USAGE:
 /// Options of `dpcurve sql`.
 #[derive(Debug, Default)]
 struct SqlArgs {
+    catalog: Option<PathBuf>,
     tables: Vec<(String, String)>,
     format: Option<Format>,
     partitions: Option<usize>,
@@ -65,6 +85,7 @@ fn parse_sql_args(args: &[String]) -> std::result::Result<SqlArgs, String> {
                 let v = value(a)?;
                 out.partitions = Some(v.parse().map_err(|_| format!("--partitions expects a number, got '{v}'"))?);
             }
+            "--catalog" => out.catalog = Some(PathBuf::from(value(a)?)),
             "-c" | "--command" => out.command = Some(value(a)?),
             "-f" | "--file" => out.file = Some(PathBuf::from(value(a)?)),
             "--plot" => out.plot = true,
@@ -74,6 +95,9 @@ fn parse_sql_args(args: &[String]) -> std::result::Result<SqlArgs, String> {
     }
     if out.command.is_some() && out.file.is_some() {
         return Err("give either -c or -f, not both".into());
+    }
+    if out.catalog.is_some() && !out.tables.is_empty() {
+        return Err("--table cannot be used with --catalog: tables come from the catalog".into());
     }
     Ok(out)
 }
@@ -91,6 +115,10 @@ pub async fn main(args: Vec<String>) -> i32 {
         }
         Some("sql") => match parse_sql_args(&args[1..]) {
             Ok(a) => run_sql(a).await,
+            Err(e) => return usage_error(&e),
+        },
+        Some("admin") => match admin::parse(&args[1..]) {
+            Ok((catalog, cmd)) => admin::run(&catalog, cmd).await,
             Err(e) => return usage_error(&e),
         },
         Some("help" | "--help" | "-h") | None => {
@@ -149,11 +177,33 @@ impl Printer {
     }
 }
 
-async fn run_sql(args: SqlArgs) -> Result<()> {
-    let session = DpSession::new(SessionOptions { target_partitions: args.partitions, ..Default::default() });
-    for (name, path) in &args.tables {
-        session.register_parquet(name, path).await?;
+/// Either kind of SQL session.
+enum AnySession {
+    Free(DpSession),
+    Analyst(AnalystSession),
+}
+
+impl AnySession {
+    async fn sql(&self, sql: &str) -> Result<Vec<QueryOutput>> {
+        match self {
+            AnySession::Free(s) => s.sql(sql).await,
+            AnySession::Analyst(s) => s.sql(sql).await,
+        }
     }
+}
+
+async fn run_sql(args: SqlArgs) -> Result<()> {
+    let opts = SessionOptions { target_partitions: args.partitions, ..Default::default() };
+    let session = match &args.catalog {
+        Some(path) => AnySession::Analyst(AnalystSession::open(path, opts).await?),
+        None => {
+            let s = DpSession::new(opts);
+            for (name, path) in &args.tables {
+                s.register_parquet(name, path).await?;
+            }
+            AnySession::Free(s)
+        }
+    };
     let printer = Printer { format: args.format.unwrap_or(Format::Table), plot: args.plot, svg: args.svg };
     if let Some(sql) = &args.command {
         return printer.print(&session.sql(sql).await?);
@@ -167,7 +217,7 @@ async fn run_sql(args: SqlArgs) -> Result<()> {
 
 /// Reads statements ending in ';' from standard input and runs each; errors are printed
 /// and the prompt continues. `\q`, `quit` or end of input leaves.
-async fn repl(session: &DpSession, printer: &Printer) -> Result<()> {
+async fn repl(session: &AnySession, printer: &Printer) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         println!("dpcurve {} — end statements with ';', \\q to quit", env!("CARGO_PKG_VERSION"));

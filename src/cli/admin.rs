@@ -1,0 +1,187 @@
+//! `dpcurve admin --catalog PATH …`: the data owner's commands.
+
+use std::path::{Path, PathBuf};
+
+use datafusion::common::{DataFusionError, Result};
+
+use crate::mechanism::budget::Budget;
+use crate::session::Admin;
+
+/// One admin command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Register a Parquet location as a public table.
+    Register { name: String, location: String },
+    /// Make a table private with a total budget.
+    MakePrivate { name: String, epsilon: f64, delta: f64 },
+    /// Add budget.
+    RaiseBudget { name: String, epsilon: f64, delta: f64 },
+    /// Public bounds of a column.
+    SetBounds { name: String, column: String, lower: f64, upper: f64 },
+    /// Public curve length.
+    SetCurveLength { name: String, length: i64 },
+    /// List tables and budgets.
+    List,
+    /// Show the release log.
+    Log { name: Option<String> },
+}
+
+fn number(s: &str, what: &str) -> std::result::Result<f64, String> {
+    s.parse().map_err(|_| format!("{what} must be a number, got '{s}'"))
+}
+
+/// Parses `--catalog PATH COMMAND ARGS…`.
+pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String> {
+    let mut catalog = None;
+    let mut rest: Vec<&str> = Vec::new();
+    let mut flags: Vec<(String, String)> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--catalog" | "--epsilon" | "--delta" => {
+                let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+                if a == "--catalog" {
+                    catalog = Some(PathBuf::from(v));
+                } else {
+                    flags.push((a.clone(), v.clone()));
+                }
+            }
+            other if other.starts_with("--") => return Err(format!("unknown option '{other}'")),
+            other => rest.push(other),
+        }
+    }
+    let catalog = catalog.ok_or("admin needs --catalog PATH")?;
+    let flag = |name: &str| flags.iter().find(|(f, _)| f == name).map(|(_, v)| v.as_str());
+    let budget = |need_delta: bool| -> std::result::Result<(f64, f64), String> {
+        let e = number(flag("--epsilon").ok_or("--epsilon is required")?, "--epsilon")?;
+        let d = match flag("--delta") {
+            Some(d) => number(d, "--delta")?,
+            None if need_delta => return Err("--delta is required (use --delta 0 for pure ε-DP only)".into()),
+            None => 0.0,
+        };
+        Ok((e, d))
+    };
+    let cmd = match rest.as_slice() {
+        ["register", name, location] => Command::Register { name: name.to_string(), location: location.to_string() },
+        ["make-private", name] => {
+            let (epsilon, delta) = budget(true)?;
+            Command::MakePrivate { name: name.to_string(), epsilon, delta }
+        }
+        ["raise-budget", name] => {
+            let (epsilon, delta) = budget(false)?;
+            Command::RaiseBudget { name: name.to_string(), epsilon, delta }
+        }
+        ["set-bounds", name, column, lower, upper] => Command::SetBounds {
+            name: name.to_string(),
+            column: column.to_string(),
+            lower: number(lower, "LOWER")?,
+            upper: number(upper, "UPPER")?,
+        },
+        ["set-curve-length", name, length] => Command::SetCurveLength {
+            name: name.to_string(),
+            length: length.parse().map_err(|_| format!("LENGTH must be an integer, got '{length}'"))?,
+        },
+        ["list"] => Command::List,
+        ["log"] => Command::Log { name: None },
+        ["log", name] => Command::Log { name: Some(name.to_string()) },
+        [] => return Err("admin needs a command".into()),
+        other => return Err(format!("unknown or incomplete admin command: {}", other.join(" "))),
+    };
+    Ok((catalog, cmd))
+}
+
+fn err(e: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Plan(e.to_string())
+}
+
+fn budget_cols(b: &Budget) -> (String, String) {
+    let s = b.to_string();
+    let (e, d) = s.split_once(", ").unwrap_or((&s, ""));
+    (e.trim_start_matches("ε = ").to_string(), d.trim_start_matches("δ = ").to_string())
+}
+
+/// Runs one admin command and prints its result.
+pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
+    let admin = Admin::open(catalog).map_err(err)?;
+    match cmd {
+        Command::Register { name, location } => {
+            admin.register(&name, &location).await.map_err(err)?;
+            println!("registered '{name}' ({location}) as a public table");
+        }
+        Command::MakePrivate { name, epsilon, delta } => {
+            admin.make_private(&name, epsilon, delta).map_err(err)?;
+            println!("'{name}' is private with a total budget of {}", Budget::total(epsilon, delta).map_err(err)?);
+        }
+        Command::RaiseBudget { name, epsilon, delta } => {
+            let total = admin.raise_budget(&name, epsilon, delta).map_err(err)?;
+            println!("'{name}' now has a total budget of {total}");
+        }
+        Command::SetBounds { name, column, lower, upper } => {
+            admin.set_bounds(&name, &column, lower, upper).await.map_err(err)?;
+            println!("'{name}'.{column} has public bounds [{lower}, {upper}]");
+        }
+        Command::SetCurveLength { name, length } => {
+            admin.set_curve_length(&name, length).map_err(err)?;
+            println!("'{name}' list columns have public length {length}");
+        }
+        Command::List => {
+            println!(
+                "{:<20} {:<8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}",
+                "table", "access", "ε total", "ε spent", "ε left", "δ total", "δ spent", "δ left", "bounds / location"
+            );
+            for t in admin.tables().map_err(err)? {
+                match &t.policy {
+                    None => println!("{:<20} {:<8} {:>65}  {}", t.name, "public", "", t.location),
+                    Some(p) => {
+                        let (et, dt) = budget_cols(&p.total);
+                        let (es, ds) = budget_cols(&p.spent);
+                        let (er, dr) = budget_cols(&p.remaining());
+                        let mut extra: Vec<String> =
+                            p.bounds.iter().map(|(c, (lo, hi))| format!("{c} ∈ [{lo}, {hi}]")).collect();
+                        if let Some(m) = p.curve_length {
+                            extra.push(format!("curve length {m}"));
+                        }
+                        extra.push(t.location.clone());
+                        println!(
+                            "{:<20} {:<8} {et:>10} {es:>10} {er:>10} {dt:>10} {ds:>10} {dr:>10}  {}",
+                            t.name,
+                            "private",
+                            extra.join("; ")
+                        );
+                    }
+                }
+            }
+        }
+        Command::Log { name } => {
+            for r in admin.release_log(name.as_deref()).map_err(err)? {
+                println!("{:>5}  {}  {:<16} {:<20} {}  {}", r.id, r.at, r.table, r.function, r.cost, r.query);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> std::result::Result<(PathBuf, Command), String> {
+        parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn admin_commands_parse() {
+        assert_eq!(
+            p("--catalog c.db make-private t --epsilon 1 --delta 1e-5").unwrap().1,
+            Command::MakePrivate { name: "t".into(), epsilon: 1.0, delta: 1e-5 }
+        );
+        assert_eq!(
+            p("raise-budget t --epsilon 0.5 --catalog c.db").unwrap().1,
+            Command::RaiseBudget { name: "t".into(), epsilon: 0.5, delta: 0.0 }
+        );
+        assert!(p("--catalog c.db make-private t --epsilon 1").unwrap_err().contains("--delta is required"));
+        assert!(p("list").unwrap_err().contains("--catalog"));
+        assert!(p("--catalog c.db set-bounds t x a 1").unwrap_err().contains("LOWER must be a number"));
+        assert!(p("--catalog c.db frobnicate").is_err());
+    }
+}
