@@ -1,0 +1,331 @@
+//! Private tables through real SQL: the shape rules of SPEC §5 (one test each), pricing
+//! and exact budget arithmetic (SPEC §4), the gate, and analyst-session refusals.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{TempDir, mixture, write_x};
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::mechanism::budget::Budget;
+use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
+
+struct Fixture {
+    dir: TempDir,
+    admin: Admin,
+}
+
+fn write_xy(path: &std::path::Path, n: usize) {
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true), Field::new("g", DataType::Int64, false)]));
+    let xs = mixture(n, 21);
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(datafusion::arrow::array::Float64Array::from(xs)),
+            Arc::new(datafusion::arrow::array::Int64Array::from_iter_values((0..n as i64).map(|i| i % 3))),
+        ],
+    )
+    .unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// A catalog with private tables `p` (x, g; bounds on x) and `q` (x), and public `pub_t`.
+async fn fixture(tag: &str, p_budget: (f64, f64)) -> Fixture {
+    let dir = TempDir::new(tag);
+    write_xy(&dir.path("p.parquet"), 2_000);
+    let q: Vec<Option<f64>> = mixture(500, 22).into_iter().map(Some).collect();
+    write_x(&dir.path("q.parquet"), &q);
+    write_xy(&dir.path("pub.parquet"), 300);
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("p", &dir.str("p.parquet")).await.unwrap();
+    admin.register("q", &dir.str("q.parquet")).await.unwrap();
+    admin.register("pub_t", &dir.str("pub.parquet")).await.unwrap();
+    admin.make_private("p", p_budget.0, p_budget.1).unwrap();
+    admin.make_private("q", 10.0, 1e-4).unwrap();
+    admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
+    Fixture { dir, admin }
+}
+
+impl Fixture {
+    async fn analyst(&self) -> AnalystSession {
+        AnalystSession::open(
+            &self.dir.path("catalog.db"),
+            SessionOptions { noise: NoiseSource::Os, ..Default::default() },
+        )
+        .await
+        .unwrap()
+    }
+
+    fn spent(&self, table: &str) -> Budget {
+        self.admin.tables().unwrap().into_iter().find(|t| t.name == table).unwrap().policy.unwrap().spent
+    }
+
+    fn releases(&self) -> usize {
+        self.admin.release_log(None).unwrap().len()
+    }
+}
+
+const KDE: &str = "private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 64)";
+
+fn eps(e: f64) -> Budget {
+    Budget::total(e, 0.0).unwrap()
+}
+
+/// Asserts that `sql` fails at planning with a message containing `rule`, and that
+/// nothing was charged.
+async fn rejected(sql: &str, rule: &str) {
+    let f = fixture("shape", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    let err = s.query(sql).await.expect_err(sql).to_string();
+    assert!(err.contains(rule), "{sql}\n  got:  {err}\n  want: {rule}");
+    assert_eq!(f.spent("p"), Budget::ZERO, "{sql}: a rejected query was charged");
+    assert_eq!(f.spent("q"), Budget::ZERO);
+    assert_eq!(f.releases(), 0);
+}
+
+macro_rules! rejects {
+    ($($name:ident: $sql:expr => $rule:expr;)*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            rejected($sql, $rule).await;
+        }
+    )*};
+}
+
+rejects! {
+    raw_rows_are_refused: "SELECT x FROM p" => "[rule no-raw-rows]";
+    raw_rows_through_a_cte_are_refused: "WITH c AS (SELECT * FROM p WHERE x > 0.5) SELECT * FROM c" => "[rule no-raw-rows]";
+    raw_rows_in_a_view_like_subquery_are_refused: "SELECT s.x + 1 FROM (SELECT x FROM p) s ORDER BY 1 LIMIT 1" => "[rule no-raw-rows]";
+    count_star_is_refused: "SELECT count(*) FROM p" => "[rule private-aggregates-only]";
+    ordinary_aggregates_are_refused: "SELECT avg(x), max(x) FROM p WHERE x > 0" => "[rule private-aggregates-only]";
+    distinct_rows_are_refused: "SELECT DISTINCT g FROM p" => "[rule private-aggregates-only]";
+    mixing_private_and_ordinary_aggregates_is_refused:
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1), count(*) FROM p" => "[rule private-aggregates-only]";
+    group_by_is_refused: "SELECT g, private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p GROUP BY g" => "[rule no-group-by]";
+    a_join_feeding_the_aggregate_is_refused:
+        "SELECT private_kde(p.x, 0.05, 0.1, 1e-6, 0, 1) FROM p JOIN pub_t ON p.g = pub_t.g" => "[rule row-wise-only] a JOIN";
+    a_self_join_is_refused:
+        "SELECT private_kde(a.x, 0.05, 0.1, 1e-6, 0, 1) FROM p a CROSS JOIN p b" => "[rule row-wise-only] a JOIN";
+    a_union_feeding_the_aggregate_is_refused:
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT x FROM p UNION ALL SELECT x FROM p)" => "[rule row-wise-only] a UNION";
+    distinct_below_the_aggregate_is_refused:
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT DISTINCT x FROM p)" => "[rule row-wise-only]";
+    limit_below_the_aggregate_is_refused:
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT x FROM p LIMIT 10)" => "[rule row-wise-only]";
+    order_by_with_limit_below_the_aggregate_is_refused:
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT x FROM p ORDER BY x DESC LIMIT 100)" => "[rule row-wise-only]";
+    window_use_of_a_private_aggregate_is_refused:
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) OVER () FROM p" => "private_kde: cannot be used as a window function";
+    window_functions_over_private_rows_are_refused: "SELECT sum(x) OVER (ORDER BY x) FROM p" => "[rule no-raw-rows]";
+    a_window_below_the_aggregate_is_refused:
+        "SELECT private_kde(r, 0.05, 0.1, 1e-6, 0, 1000) FROM (SELECT row_number() OVER (ORDER BY x) AS r FROM p)" => "[rule row-wise-only] a window function";
+    non_literal_parameters_are_refused: "SELECT private_kde(x, x, 0.1, 1e-6, 0, 1) FROM p" => "argument 'bandwidth' must be a literal constant";
+    a_scalar_subquery_over_private_rows_is_refused:
+        "SELECT x FROM pub_t WHERE x > (SELECT max(x) FROM p)" => "[rule private-aggregates-only]";
+    an_in_subquery_over_private_rows_is_refused: "SELECT x FROM pub_t WHERE x IN (SELECT x FROM p)" => "[rule no-raw-rows]";
+    explain_analyze_is_refused: "EXPLAIN ANALYZE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-explain-analyze]";
+    create_external_table_is_refused:
+        "CREATE EXTERNAL TABLE leak STORED AS PARQUET LOCATION '/tmp/p.parquet'" => "DDL not supported";
+    create_view_is_refused: "CREATE VIEW v AS SELECT x FROM p" => "DDL not supported";
+    copy_is_refused: "COPY (SELECT 1) TO '/tmp/dpcurve-copy-test.csv'" => "DML not supported";
+    insert_is_refused: "INSERT INTO pub_t VALUES (1.0, 1)" => "DML not supported";
+    set_is_refused: "SET datafusion.explain.logical_plan_only = false" => "Statement not supported";
+}
+
+#[tokio::test]
+async fn reading_a_private_file_by_path_is_refused() {
+    let f = fixture("path", (1.0, 1e-5)).await;
+    let s = f.analyst().await;
+    let path = f.dir.str("p.parquet");
+    let err = s.query(&format!("SELECT x FROM '{path}'")).await.unwrap_err().to_string();
+    assert!(err.contains("not found"), "{err}");
+    let err = s.query(&format!("SELECT count(*) FROM read_parquet('{path}')")).await.unwrap_err().to_string();
+    assert!(err.contains("not found") || err.contains("Invalid function"), "{err}");
+}
+
+#[tokio::test]
+async fn ten_releases_of_a_tenth_exhaust_a_budget_of_one_and_the_eleventh_reads_nothing() {
+    let f = fixture("exact", (1.0, 1e-5)).await;
+    let s = f.analyst().await;
+    for _ in 0..10 {
+        s.query(&format!("SELECT {KDE} FROM p")).await.unwrap();
+    }
+    assert_eq!(f.spent("p"), Budget::total(1.0, 1e-5).unwrap());
+    // Make the file unreadable: a refused query must fail on the budget, before reading.
+    std::fs::write(f.dir.path("p.parquet"), b"not parquet any more").unwrap();
+    let err = s.query(&format!("SELECT {KDE} FROM p")).await.unwrap_err().to_string();
+    assert!(
+        err.contains("privacy budget exhausted on table 'p': this query costs ε = 0.1, δ = 0.000001 but only ε = 0, δ = 0 remains; nothing was read"),
+        "{err}"
+    );
+    assert_eq!(f.releases(), 10);
+    let budgets = s.budgets().unwrap();
+    let p = budgets.iter().find(|b| b.0 == "p").unwrap();
+    assert_eq!(p.3, Budget::ZERO);
+}
+
+#[tokio::test]
+async fn each_private_table_is_charged_for_its_own_calls() {
+    let f = fixture("pertable", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    s.query(
+        "SELECT (SELECT private_kde(x, 0.05, 0.25, 1e-6, 0, 1)['mass'] FROM p) AS a, \
+                (SELECT private_kde(x, 0.05, 0.5, 2e-6, 0, 1)['mass'] FROM q) AS b",
+    )
+    .await
+    .unwrap();
+    assert_eq!(f.spent("p"), Budget::total(0.25, 1e-6).unwrap());
+    assert_eq!(f.spent("q"), Budget::total(0.5, 2e-6).unwrap());
+    // Two calls on one table in one aggregate: both are charged (basic composition).
+    s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1), private_kde(x, 0.02, 0.2, 1e-6, 0, 1) FROM p")
+        .await
+        .unwrap();
+    assert_eq!(f.spent("p"), Budget::total(0.55, 3e-6).unwrap());
+    let log = f.admin.release_log(Some("p")).unwrap();
+    assert_eq!(log.len(), 3);
+    assert!(log[2].query.contains("private_kde(x, 0.02, 0.2"), "{}", log[2].query);
+    // The same call twice in one SELECT is one release (DataFusion deduplicates it).
+    s.query(&format!("SELECT {KDE}['x'], {KDE}['density'] FROM p")).await.unwrap();
+    assert_eq!(f.spent("p"), Budget::total(0.65, 4e-6).unwrap());
+}
+
+#[tokio::test]
+async fn a_cte_used_twice_is_charged_twice_and_optimized_away_calls_are_free() {
+    let f = fixture("cte", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    s.query(&format!(
+        "WITH c AS (SELECT x FROM p WHERE x > 0.2) \
+         SELECT {KDE}['mass'] AS m FROM c UNION ALL SELECT {KDE}['mass'] FROM c"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(f.spent("p"), Budget::total(0.2, 2e-6).unwrap());
+    let before = f.spent("p");
+    let b = s.query(&format!("SELECT 1 AS one FROM (SELECT {KDE} AS k FROM p)")).await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    assert_eq!(f.spent("p"), before, "a release the optimizer removed must cost nothing");
+}
+
+#[tokio::test]
+async fn executing_the_same_plan_twice_pays_twice() {
+    let f = fixture("twice", (5.0, 1e-4)).await;
+    // One partition: the very same plan instance can run twice.
+    let s = AnalystSession::open(
+        &f.dir.path("catalog.db"),
+        SessionOptions { target_partitions: Some(1), ..Default::default() },
+    )
+    .await
+    .unwrap();
+    let plan = s.physical_plan_for_tests(&format!("SELECT {KDE} FROM p")).await.unwrap();
+    assert_eq!(f.spent("p"), Budget::ZERO, "planning alone must not charge");
+    for _ in 0..2 {
+        datafusion::physical_plan::collect(Arc::clone(&plan), s.task_ctx_for_tests()).await.unwrap();
+    }
+    assert_eq!(f.spent("p"), Budget::total(0.2, 2e-6).unwrap());
+    // Several partitions: DataFusion re-runs a plan after resetting its operators' state;
+    // the gate travels with the plan and charges again.
+    let s = f.analyst().await;
+    let plan = s.physical_plan_for_tests(&format!("SELECT {KDE} FROM p")).await.unwrap();
+    datafusion::physical_plan::collect(Arc::clone(&plan), s.task_ctx_for_tests()).await.unwrap();
+    let again = datafusion::physical_plan::execution_plan::reset_plan_states(plan).unwrap();
+    datafusion::physical_plan::collect(again, s.task_ctx_for_tests()).await.unwrap();
+    assert_eq!(f.spent("p"), Budget::total(0.4, 4e-6).unwrap());
+    assert_eq!(f.releases(), 4);
+}
+
+#[tokio::test]
+async fn explain_is_free_and_shows_no_physical_details() {
+    let f = fixture("explain", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    let out = s.sql(&format!("EXPLAIN SELECT {KDE} FROM p")).await.unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&out[0].batches).unwrap().to_string();
+    assert!(text.contains("logical_plan") && !text.contains("physical_plan"), "{text}");
+    assert_eq!(f.spent("p"), Budget::ZERO);
+}
+
+#[tokio::test]
+async fn policy_bounds_are_the_default_grid_and_other_columns_still_need_them() {
+    let f = fixture("bounds", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    let b = s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, points => 11) AS k FROM p WHERE x > 0.1").await.unwrap();
+    let k = b[0].column(0).as_struct();
+    let xs = k.column_by_name("x").unwrap().as_list::<i32>().value(0);
+    let xs = xs.as_primitive::<Float64Type>().values().to_vec();
+    assert_eq!((xs[0], xs[10]), (0.0, 1.0), "grid from the policy bounds of p.x");
+    // Explicit bounds override the policy.
+    let b = s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, -1, 2, 11) AS k FROM p").await.unwrap();
+    let xs = b[0].column(0).as_struct().column(0).as_list::<i32>().value(0);
+    assert_eq!(xs.as_primitive::<Float64Type>().value(0), -1.0);
+    // q.x has no bounds; an expression of x does not inherit them either.
+    for sql in ["SELECT private_kde(x, 0.05, 0.1, 1e-6) FROM q", "SELECT private_kde(x * 2, 0.05, 0.1, 1e-6) FROM p"] {
+        let err = s.query(sql).await.unwrap_err().to_string();
+        assert!(err.contains("arguments 'lo' and 'hi' are required"), "{sql}: {err}");
+    }
+    assert_eq!(f.spent("p"), Budget::total(0.2, 2e-6).unwrap());
+}
+
+#[tokio::test]
+async fn public_tables_stay_ordinary_and_can_sit_above_private_aggregates() {
+    let f = fixture("public", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    let b = s.query("SELECT g, count(*) AS n, avg(x) FROM pub_t GROUP BY g ORDER BY g").await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+    let b = s
+        .query(&format!(
+            "SELECT pub_t.g, k.m FROM pub_t CROSS JOIN (SELECT {KDE}['mass'] AS m FROM p) k ORDER BY pub_t.g LIMIT 2"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
+    assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
+    // A private aggregate over a public table is free.
+    s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM pub_t").await.unwrap();
+    assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
+    // Budgets are visible to analysts.
+    let b = s
+        .query("SELECT table_name, epsilon_remaining, releases FROM dpcurve.budgets ORDER BY table_name")
+        .await
+        .unwrap();
+    let names = b[0].column(0).as_string::<i32>();
+    let left = b[0].column(1).as_primitive::<Float64Type>();
+    assert_eq!((names.value(0), left.value(0)), ("p", 4.9));
+    assert_eq!((names.value(1), left.value(1)), ("q", 10.0));
+}
+
+#[tokio::test]
+async fn errors_while_reading_private_rows_do_not_show_private_values() {
+    let f = fixture("sanitize", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    // A cast that fails on the data: DataFusion's own message would quote the value.
+    let sql = "SELECT private_kde(CAST(CAST(x AS VARCHAR) AS INT), 1, 0.1, 1e-6, 0, 10) FROM p";
+    let err = s.query(sql).await.unwrap_err().to_string();
+    assert!(err.contains("details are withheld"), "{err}");
+    assert!(!err.contains("0."), "a data value leaked: {err}");
+    // On a public table the same error is shown in full.
+    let err = s.query("SELECT CAST(CAST(x AS VARCHAR) AS INT) FROM pub_t").await.unwrap_err().to_string();
+    assert!(err.contains("Cannot cast"), "{err}");
+    // The failed private query was charged (no refunds: the failure happened after the debit).
+    assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
+}
+
+#[tokio::test]
+async fn admin_refusals_are_precise() {
+    let f = fixture("admin", (1.0, 1e-5)).await;
+    let a = &f.admin;
+    let e = a.register("p", &f.dir.str("p.parquet")).await.unwrap_err().to_string();
+    assert!(e.contains("already registered"), "{e}");
+    let e = a.register("r", &f.dir.str("missing.parquet")).await.unwrap_err().to_string();
+    assert!(e.contains("cannot read"), "{e}");
+    let e = a.set_bounds("p", "nope", 0.0, 1.0).await.unwrap_err().to_string();
+    assert!(e.contains("has no column 'nope'"), "{e}");
+    let e = a.set_bounds("pub_t", "x", 0.0, 1.0).await.unwrap_err().to_string();
+    assert!(e.contains("is public"), "{e}");
+    let e = a.make_private("p", 1.0, 0.0).unwrap_err().to_string();
+    assert!(e.contains("already private"), "{e}");
+    assert_eq!(a.raise_budget("p", 0.5, 1e-5).unwrap(), Budget::total(1.5, 2e-5).unwrap());
+}
