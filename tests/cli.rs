@@ -120,6 +120,8 @@ fn demo_writes_data_and_image_and_draws_both_curves() {
     let svg = std::fs::read_to_string(dir.path("demo/kde.svg")).unwrap();
     assert_eq!(svg.matches("<polyline").count(), 4, "two panels of two curves");
     assert!(out.contains("n = 1000 rows"), "{out}");
+    assert!(out.contains("remaining ε = 1, δ = 0.000008"), "{out}");
+    assert!(dir.path("demo/catalog.db").exists());
 }
 
 #[test]
@@ -132,4 +134,73 @@ fn example_sql_file_runs() {
     let (code, out, err) = dpcurve(&["sql", "--table", &table, "--format", "csv", "-f", file], None);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("x,density") && out.contains("n_estimate"), "{out}");
+}
+
+/// The data owner's and the analyst's workflow end to end through the binary, as README
+/// documents it: make a table private, query it until the budget runs out, see the refusal.
+#[test]
+fn admin_and_analyst_workflow_until_the_budget_runs_out() {
+    let dir = TempDir::new("cli-catalog");
+    let v: Vec<Option<f64>> = mixture(2_000, 12).into_iter().map(Some).collect();
+    write_x(&dir.path("p.parquet"), &v);
+    let cat = dir.str("catalog.db");
+    let admin = |args: &[&str]| {
+        let mut full = vec!["admin", "--catalog", &cat];
+        full.extend_from_slice(args);
+        dpcurve(&full, None)
+    };
+    let (code, out, err) = admin(&["register", "patients", &dir.str("p.parquet")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("registered 'patients'"));
+    assert_eq!(admin(&["make-private", "patients", "--epsilon", "0.3", "--delta", "1e-5"]).0, 0);
+    assert_eq!(admin(&["set-bounds", "patients", "x", "0", "1"]).0, 0);
+    let (code, _, err) = admin(&["set-bounds", "patients", "age", "0", "1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("has no column 'age'"), "{err}");
+
+    let query = "SELECT private_kde(x, bandwidth => 0.05, epsilon => 0.1, delta => 1e-6) AS kde FROM patients";
+    for _ in 0..3 {
+        let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "--format", "json", "-c", query], None);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with("{\"kde\""), "{out}");
+    }
+    let (code, _, err) = dpcurve(&["sql", "--catalog", &cat, "-c", query], None);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("privacy budget exhausted on table 'patients'")
+            && err.contains("only ε = 0, δ = 0.000007 remains"),
+        "{err}"
+    );
+    let (code, _, err) = dpcurve(&["sql", "--catalog", &cat, "-c", "SELECT x FROM patients"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("[rule no-raw-rows]"), "{err}");
+    let (_, out, _) = dpcurve(
+        &[
+            "sql",
+            "--catalog",
+            &cat,
+            "--format",
+            "csv",
+            "-c",
+            "SELECT table_name, epsilon_remaining FROM dpcurve.budgets",
+        ],
+        None,
+    );
+    assert_eq!(out, "table_name,epsilon_remaining\npatients,0.0\n");
+
+    let (code, out, _) = admin(&["list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("patients") && out.contains("private") && out.contains("x ∈ [0, 1]"), "{out}");
+    let (_, out, _) = admin(&["log", "patients"]);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(out.contains("private_kde") && out.contains("ε = 0.1, δ = 0.000001"), "{out}");
+    assert_eq!(admin(&["raise-budget", "patients", "--epsilon", "0.1"]).0, 0);
+    assert_eq!(dpcurve(&["sql", "--catalog", &cat, "-c", query], None).0, 0);
+
+    let (code, _, err) = dpcurve(&["sql", "--catalog", &cat, "--table", "t=x.parquet"], None);
+    assert_eq!(code, 2);
+    assert!(err.contains("--table cannot be used with --catalog"));
+    let (code, _, err) = dpcurve(&["sql", "--catalog", &dir.str("nope.db"), "-c", "SELECT 1"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("no catalog at"), "{err}");
 }

@@ -72,10 +72,6 @@ impl Fixture {
 
 const KDE: &str = "private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 64)";
 
-fn eps(e: f64) -> Budget {
-    Budget::total(e, 0.0).unwrap()
-}
-
 /// Asserts that `sql` fails at planning with a message containing `rule`, and that
 /// nothing was charged.
 async fn rejected(sql: &str, rule: &str) {

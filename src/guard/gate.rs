@@ -107,7 +107,7 @@ impl ExecutionPlan for BudgetGateExec {
             let debit = tokio::task::spawn_blocking(move || ledger.charge(&charges, &query))
                 .await
                 .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
-            debit.map_err(|e| DataFusionError::External(Box::new(e)))?;
+            debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
             // Only now are the children created: no scan exists before the debit is durable.
             let stream = input.execute(partition, context).map_err(|_| withheld(&tables))?;
             let tables2 = tables.clone();
