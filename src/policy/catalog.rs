@@ -251,6 +251,13 @@ impl Catalog {
         Ok(())
     }
 
+    /// Benchmarks only: commit without fsync (`synchronous = OFF`) to measure what
+    /// durability costs. dpcurve itself never calls this.
+    #[doc(hidden)]
+    pub fn disable_fsync_for_benchmarks(&self) -> Result<(), PolicyError> {
+        self.conn.lock().expect("catalog lock").execute_batch("PRAGMA synchronous = OFF").map_err(storage)
+    }
+
     /// Path of the catalog file.
     pub fn path(&self) -> &Path {
         &self.path
