@@ -19,6 +19,7 @@ use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingT
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
+#[cfg(feature = "test-hooks")]
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::ParquetReadOptions;
 use datafusion::sql::parser::DFParser;
@@ -133,6 +134,7 @@ impl Engine {
         Ok((plan, state))
     }
 
+    #[cfg(feature = "test-hooks")]
     async fn physical_plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
         let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
         if statements.len() != 1 {
@@ -246,14 +248,15 @@ impl AnalystSession {
     }
 
     /// Test support: the physical plan of one query, to check that executing the same
-    /// plan twice pays twice. Not part of the analyst facade's contract.
-    #[doc(hidden)]
+    /// plan twice pays twice. Only with the `test-hooks` feature: a plan in an analyst's
+    /// hands could be executed below its gate.
+    #[cfg(feature = "test-hooks")]
     pub async fn physical_plan_for_tests(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
         self.engine.physical_plan(sql).await
     }
 
-    /// Test support: a task context of this session.
-    #[doc(hidden)]
+    /// Test support: a task context of this session (`test-hooks` feature only).
+    #[cfg(feature = "test-hooks")]
     pub fn task_ctx_for_tests(&self) -> Arc<datafusion::execution::TaskContext> {
         self.engine.ctx.task_ctx()
     }
