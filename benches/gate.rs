@@ -20,7 +20,7 @@ async fn main() {
     let dir = std::env::temp_dir().join(format!("dpcurve-gate-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let data = dir.join("d.parquet");
-    dpcurve::cli::demo::write_parquet(&data, &dpcurve::cli::demo::mixture(1_000, 3)).unwrap();
+    dpcurve::cli::demo::write_parquet(&data, &dpcurve::datagen::mixture(1_000, 3)).unwrap();
     let path = dir.join("catalog.db");
     let admin = Admin::open(&path).unwrap();
     admin.register("public_t", &data.to_string_lossy()).await.unwrap();

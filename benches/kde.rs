@@ -31,7 +31,7 @@ async fn main() {
     let rows: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2_000_000);
     let path = std::env::temp_dir().join(format!("dpcurve-bench-{rows}.parquet"));
     if !path.exists() {
-        dpcurve::cli::demo::write_parquet(&path, &dpcurve::cli::demo::mixture(rows, 7)).unwrap();
+        dpcurve::cli::demo::write_parquet(&path, &dpcurve::datagen::mixture(rows, 7)).unwrap();
     }
     let s = DpSession::new(SessionOptions::default());
     s.register_parquet("t", &path.to_string_lossy()).await.unwrap();

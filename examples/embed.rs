@@ -17,7 +17,7 @@ async fn main() -> datafusion::common::Result<()> {
         [p, c] => (p.clone(), c.clone()),
         _ => {
             let p = std::env::temp_dir().join("dpcurve-embed-example.parquet");
-            dpcurve::cli::demo::write_parquet(&p, &dpcurve::cli::demo::mixture(10_000, 1))?;
+            dpcurve::cli::demo::write_parquet(&p, &dpcurve::datagen::mixture(10_000, 1))?;
             (p.to_string_lossy().into_owned(), "x".to_string())
         }
     };

@@ -9,6 +9,7 @@
 #![deny(clippy::clone_on_ref_ptr)]
 
 pub mod cli;
+pub mod datagen;
 pub mod functions;
 pub mod guard;
 pub mod mechanism;

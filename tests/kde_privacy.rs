@@ -3,13 +3,14 @@
 //! distribution, and an empirical privacy audit on neighbouring datasets — each with a
 //! negative control showing it would catch a mistake.
 
+use dpcurve::datagen::mixture;
 use dpcurve::mechanism::calibration::analytic_delta;
 use dpcurve::mechanism::gp::GUARANTEED_NUGGET;
 use dpcurve::mechanism::kde::gaussian_kernel;
 use dpcurve::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec};
 use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
+use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
-use rand::{RngExt, SeedableRng};
 
 fn spec(grid: Grid, bandwidth: f64, epsilon: f64, delta: f64) -> KdeSpec {
     KdeSpec { grid, bandwidth, epsilon, delta, calibration: Calibration::Analytic, nonneg: true }
@@ -29,16 +30,6 @@ fn mahalanobis(chol: &Cholesky<f64, Dyn>, g: &[f64]) -> f64 {
     let g = DVector::from_column_slice(g);
     let w = chol.solve(&g);
     g.dot(&w).max(0.0).sqrt()
-}
-
-fn mixture(n: usize, seed: u64) -> Vec<f64> {
-    let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let z: f64 = rng.sample(rand_distr::StandardNormal);
-            if rng.random::<bool>() { 0.3 + 0.1 * z } else { 0.7 + 0.1 * z }
-        })
-        .collect()
 }
 
 /// `S(D ∪ {x}) − S(D)` on the grid, computed exactly as a release computes it.

@@ -9,7 +9,6 @@ use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::parquet::arrow::ArrowWriter;
-use rand::{RngExt, SeedableRng};
 
 use super::plot::{self, Panel, Series};
 use crate::mechanism::kde_release::trapezoid;
@@ -24,17 +23,7 @@ pub const DEMO_BUDGET: (f64, f64) = (2.0, 1e-5);
 /// always comes from the operating system).
 const DATA_SEED: u64 = 2013;
 
-/// Draws from the two-normal mixture of Hall et al. (2013), Fig. 1: means 0.3 and 0.7,
-/// standard deviation 0.1, equal weights.
-pub fn mixture(n: usize, seed: u64) -> Vec<f64> {
-    let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let z: f64 = rng.sample(rand_distr::StandardNormal);
-            if rng.random::<bool>() { 0.3 + 0.1 * z } else { 0.7 + 0.1 * z }
-        })
-        .collect()
-}
+pub use crate::datagen::mixture;
 
 /// Writes the demo table: `id` (row number, Int64) and `x` (Float64).
 pub fn write_parquet(path: &Path, values: &[f64]) -> Result<()> {

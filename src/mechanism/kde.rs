@@ -324,7 +324,7 @@ impl KdeLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{RngExt, SeedableRng};
+    use crate::datagen::mixture;
 
     fn grid(lo: f64, hi: f64, points: usize) -> Grid {
         Grid { lo, hi, points }
@@ -333,16 +333,6 @@ mod tests {
     fn max_rel_err(a: &[f64], b: &[f64]) -> f64 {
         let peak = b.iter().cloned().fold(0.0, f64::max);
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / peak
-    }
-
-    fn mixture(n: usize, seed: u64) -> Vec<f64> {
-        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(seed);
-        (0..n)
-            .map(|_| {
-                let z: f64 = rng.sample(rand_distr::StandardNormal);
-                if rng.random::<bool>() { 0.3 + 0.1 * z } else { 0.7 + 0.1 * z }
-            })
-            .collect()
     }
 
     fn binned_sum(g: Grid, h: f64, xs: &[f64]) -> Vec<f64> {

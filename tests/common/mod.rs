@@ -56,7 +56,7 @@ pub fn write_x(path: &Path, values: &[Option<f64>]) {
 
 /// Deterministic values from the two-normal mixture.
 pub fn mixture(n: usize, seed: u64) -> Vec<f64> {
-    dpcurve::cli::demo::mixture(n, seed)
+    dpcurve::datagen::mixture(n, seed)
 }
 
 /// The (x, density, mass) of a one-row `private_kde` result in column 0.
