@@ -44,9 +44,8 @@ impl BudgetGateExec {
     }
 
     fn tables(&self) -> String {
-        let mut t: Vec<&str> = self.charges.iter().map(|c| c.table.as_str()).collect();
-        t.dedup();
-        t.join("', '")
+        let t: std::collections::BTreeSet<&str> = self.charges.iter().map(|c| c.table.as_str()).collect();
+        t.into_iter().collect::<Vec<_>>().join("', '")
     }
 }
 

@@ -455,6 +455,17 @@ impl Catalog {
         .map_err(storage)
     }
 
+    /// Number of logged releases per table.
+    pub fn release_counts(&self) -> Result<BTreeMap<String, i64>, PolicyError> {
+        let conn = self.conn.lock().expect("catalog lock");
+        let mut stmt =
+            conn.prepare("SELECT table_name, count(*) FROM releases GROUP BY table_name").map_err(storage)?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(storage)?
+            .collect::<Result<BTreeMap<_, _>, _>>()
+            .map_err(storage)
+    }
+
     /// Checks and debits all charges of one query execution atomically and durably: either
     /// every table has room for its total and everything is debited and logged, or
     /// nothing changes and the first table without room is reported.

@@ -95,7 +95,7 @@ impl BudgetsTable {
 
     fn batch(&self) -> Result<RecordBatch> {
         let tables = self.catalog.tables().map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let log = self.catalog.release_log(None).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let counts = self.catalog.release_counts().map_err(|e| DataFusionError::External(Box::new(e)))?;
         let private: Vec<_> = tables.into_iter().filter_map(|t| t.policy.map(|p| (t.name, p))).collect();
         let col = |f: &dyn Fn(&super::catalog::Policy) -> f64| -> Arc<Float64Array> {
             Arc::new(private.iter().map(|(_, p)| f(p)).collect::<Float64Array>())
