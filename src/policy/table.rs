@@ -110,12 +110,7 @@ impl BudgetsTable {
                 col(&|p| p.spent.delta()),
                 col(&|p| p.remaining().epsilon()),
                 col(&|p| p.remaining().delta()),
-                Arc::new(
-                    private
-                        .iter()
-                        .map(|(n, _)| log.iter().filter(|r| &r.table == n).count() as i64)
-                        .collect::<Int64Array>(),
-                ),
+                Arc::new(private.iter().map(|(n, _)| counts.get(n).copied().unwrap_or(0)).collect::<Int64Array>()),
             ],
         )?)
     }
