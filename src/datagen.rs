@@ -14,3 +14,31 @@ pub fn mixture(n: usize, seed: u64) -> Vec<f64> {
         })
         .collect()
 }
+
+/// Mirshani et al. (2019) §5's functional data: `X_i(t) = μ(t) + Σ_{j≤J} j^{-p/2}·U_ij·v_j(t)`
+/// on `m` points of [0, 1], with `μ(t) = 0.1·sin(πt)`, `U_ij ~ Uniform(−0.4, 0.4)`, `p = 4`,
+/// and `v_j` the eigenfunctions of the Gaussian kernel with ρ = 0.001 (J = 50 of them).
+pub fn karhunen_loeve_curves(n: usize, m: usize, seed: u64) -> Vec<Vec<f64>> {
+    use crate::mechanism::mean_curve::{CovKernel, Eigenbasis};
+    let basis = Eigenbasis::cached(CovKernel::Gaussian, 0.001, m);
+    let terms = basis.vectors.len().min(50);
+    let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let mut x = true_mean(m);
+            for (j, v) in basis.vectors.iter().take(terms).enumerate() {
+                let u: f64 = rng.random_range(-0.4..0.4);
+                let w = ((j + 1) as f64).powf(-2.0) * u;
+                for (xk, vk) in x.iter_mut().zip(v) {
+                    *xk += w * vk;
+                }
+            }
+            x
+        })
+        .collect()
+}
+
+/// The simulation's true mean `0.1·sin(πt)` on `m` points.
+pub fn true_mean(m: usize) -> Vec<f64> {
+    (0..m).map(|k| 0.1 * (std::f64::consts::PI * k as f64 / (m - 1) as f64).sin()).collect()
+}

@@ -4,7 +4,7 @@
 //! negative control showing it would catch a mistake.
 
 use dpcurve::datagen::mixture;
-use dpcurve::mechanism::calibration::analytic_delta;
+use dpcurve::mechanism::calibration::epsilon_for_mu;
 use dpcurve::mechanism::gp::GUARANTEED_NUGGET;
 use dpcurve::mechanism::kde::gaussian_kernel;
 use dpcurve::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec};
@@ -168,22 +168,6 @@ fn released_noise_has_the_calibrated_covariance() {
             assert!((got / 2.0 - want).abs() > 5.0 * se, "σ/√2 not detected at {i}");
         }
     }
-}
-
-/// ε implied by a Gaussian trade-off of strength μ at δ (inverse of Balle–Wang in ε).
-fn epsilon_for_mu(mu: f64, delta: f64) -> f64 {
-    if mu <= 0.0 {
-        return 0.0;
-    }
-    let (mut lo, mut hi) = (0.0, 1.0);
-    while analytic_delta(1.0 / mu, 1.0, hi) > delta {
-        hi *= 2.0;
-    }
-    for _ in 0..200 {
-        let mid = 0.5 * (lo + hi);
-        if analytic_delta(1.0 / mu, 1.0, mid) > delta { lo = mid } else { hi = mid }
-    }
-    hi
 }
 
 /// Estimates the privacy of the released noisy sums on neighbouring datasets D and

@@ -4,18 +4,20 @@
 pub mod named_args;
 pub mod params;
 pub mod private_kde;
+pub mod private_mean_curve;
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, ListArray};
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::common::Result;
+use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
 pub use private_kde::PrivateKde;
+pub use private_mean_curve::PrivateMeanCurve;
 
 /// One private aggregate call found in a plan, with the budget it spends.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,27 +29,31 @@ pub struct PrivateCall {
 }
 
 /// The declared parameters of every private aggregate, for the named-argument rewrite.
-pub fn all_params() -> [&'static params::FunctionParams; 1] {
-    [&private_kde::PARAMS]
+pub fn all_params() -> [&'static params::FunctionParams; 2] {
+    [&private_kde::PARAMS, &private_mean_curve::PARAMS]
 }
 
 /// All private aggregate UDFs, drawing noise from `noise`.
 pub fn private_udafs(noise: NoiseSource) -> Vec<AggregateUDF> {
-    vec![PrivateKde::udaf(noise)]
+    vec![PrivateKde::udaf(noise), PrivateMeanCurve::udaf(noise)]
 }
 
 /// If `func` is a private aggregate, validates its literal arguments (planning time) and
-/// returns what the call spends. `None` for every other function.
-pub fn plan_private_call(func: &AggregateUDF, args: &[Expr]) -> Option<Result<PrivateCall>> {
+/// returns what the call spends. `None` for every other function. `schema` is the input
+/// schema of the node holding the call (it gives the data argument's type).
+pub fn plan_private_call(func: &AggregateUDF, args: &[Expr], schema: &DFSchema) -> Option<Result<PrivateCall>> {
     if func.inner().is::<PrivateKde>() {
         return Some(private_kde::plan_call(args));
+    }
+    if func.inner().is::<PrivateMeanCurve>() {
+        return Some(private_mean_curve::plan_call(args, schema));
     }
     None
 }
 
 /// Whether `func` is one of the private aggregates.
 pub fn is_private(func: &AggregateUDF) -> bool {
-    func.inner().is::<PrivateKde>()
+    func.inner().is::<PrivateKde>() || func.inner().is::<PrivateMeanCurve>()
 }
 
 /// A one-row `List<Float64>` array (a NULL list for `None`).

@@ -1,5 +1,8 @@
-//! Fills omitted grid bounds of private aggregates from the table policy's public column
-//! bounds (`lo`/`hi` of `private_kde`), on the optimized plan, before the guard checks it.
+//! Fills omitted parameters of private aggregates from the table policy, on the optimized
+//! plan, before the guard checks it: `lo`/`hi` of `private_kde` from the value column's
+//! public bounds; `clip` of `private_mean_curve` from the curve column's bounds (a curve
+//! whose values lie in [lower, upper] has norm ≤ max(|lower|, |upper|)) and `points` from
+//! the table's public curve length.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,11 +13,20 @@ use datafusion::common::{Column, Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
 
-use crate::functions::private_kde;
+use crate::functions::{private_kde, private_mean_curve};
 use crate::policy::table::as_private;
 
 /// Public bounds per (private table, column).
 pub type BoundsMap = BTreeMap<(String, String), (f64, f64)>;
+
+/// What the policies of the catalog's private tables supply.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyDefaults {
+    /// Column bounds.
+    pub bounds: BoundsMap,
+    /// Public curve length per table.
+    pub curve_length: BTreeMap<String, i64>,
+}
 
 /// The private table and column a value expression reads directly (through casts,
 /// aliases, projections, filters and subquery aliases), if any.
@@ -68,29 +80,52 @@ fn is_null_literal(e: Option<&Expr>) -> bool {
     }
 }
 
-/// `private_kde` with omitted `lo`/`hi` gets the bounds of its value column, keeping the
-/// aggregate's output name.
-fn fill(e: &Expr, input: &LogicalPlan, bounds: &BoundsMap) -> Option<Expr> {
+fn literal(v: ScalarValue) -> Expr {
+    Expr::Literal(v, None)
+}
+
+/// The call with omitted policy parameters filled in (keeping the output name), or None.
+fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyDefaults) -> Option<Expr> {
     let (inner, name) = match e {
         Expr::Alias(a) => (a.expr.as_ref(), a.name.clone()),
         other => (other, other.schema_name().to_string()),
     };
     let Expr::AggregateFunction(AggregateFunction { func, params }) = inner else { return None };
-    if !func.inner().is::<private_kde::PrivateKde>() {
-        return None;
-    }
-    let (lo_i, hi_i) = (4, 5); // argument positions of lo and hi (value is 0)
-    if !(is_null_literal(params.args.get(lo_i)) && is_null_literal(params.args.get(hi_i))) {
-        return None;
-    }
-    let key = trace_column(params.args.first()?, input)?;
-    let &(lo, hi) = bounds.get(&key)?;
     let mut args = params.args.clone();
-    while args.len() <= hi_i {
-        args.push(Expr::Literal(ScalarValue::Float64(None), None));
+    let set = |args: &mut Vec<Expr>, i: usize, v: ScalarValue| {
+        while args.len() <= i {
+            args.push(literal(ScalarValue::Null));
+        }
+        args[i] = literal(v);
+    };
+    let mut changed = false;
+    if func.inner().is::<private_kde::PrivateKde>() {
+        let (lo_i, hi_i) = (4, 5); // argument positions of lo and hi (value is 0)
+        if is_null_literal(args.get(lo_i)) && is_null_literal(args.get(hi_i)) {
+            let key = trace_column(args.first()?, input)?;
+            let &(lo, hi) = defaults.bounds.get(&key)?;
+            set(&mut args, lo_i, ScalarValue::Float64(Some(lo)));
+            set(&mut args, hi_i, ScalarValue::Float64(Some(hi)));
+            changed = true;
+        }
+    } else if func.inner().is::<private_mean_curve::PrivateMeanCurve>() {
+        let key = trace_column(args.first()?, input)?;
+        if is_null_literal(args.get(private_mean_curve::CLIP_ARG)) {
+            if let Some(&(lo, hi)) = defaults.bounds.get(&key) {
+                set(&mut args, private_mean_curve::CLIP_ARG, ScalarValue::Float64(Some(lo.abs().max(hi.abs()))));
+                changed = true;
+            }
+        }
+        if is_null_literal(args.get(private_mean_curve::POINTS_ARG)) {
+            if let Some(&m) = defaults.curve_length.get(&key.0) {
+                set(&mut args, private_mean_curve::POINTS_ARG, ScalarValue::Int64(Some(m)));
+                changed = true;
+            }
+        }
     }
-    args[lo_i] = Expr::Literal(ScalarValue::Float64(Some(lo)), None);
-    args[hi_i] = Expr::Literal(ScalarValue::Float64(Some(hi)), None);
+    if !changed {
+        return None;
+    }
     let mut new_params = params.clone();
     new_params.args = args;
     let call = Expr::AggregateFunction(AggregateFunction { func: Arc::clone(func), params: new_params });
@@ -98,13 +133,13 @@ fn fill(e: &Expr, input: &LogicalPlan, bounds: &BoundsMap) -> Option<Expr> {
 }
 
 /// Rewrites every aggregate (also in subqueries) whose private calls omit their bounds.
-pub fn apply_default_bounds(plan: LogicalPlan, bounds: &BoundsMap) -> Result<LogicalPlan> {
-    if bounds.is_empty() {
+pub fn apply_default_bounds(plan: LogicalPlan, defaults: &PolicyDefaults) -> Result<LogicalPlan> {
+    if defaults.bounds.is_empty() && defaults.curve_length.is_empty() {
         return Ok(plan);
     }
     plan.transform_up_with_subqueries(|node| {
         let LogicalPlan::Aggregate(agg) = &node else { return Ok(Transformed::no(node)) };
-        let new: Vec<Option<Expr>> = agg.aggr_expr.iter().map(|e| fill(e, &agg.input, bounds)).collect();
+        let new: Vec<Option<Expr>> = agg.aggr_expr.iter().map(|e| fill(e, &agg.input, defaults)).collect();
         if new.iter().all(Option::is_none) {
             return Ok(Transformed::no(node));
         }

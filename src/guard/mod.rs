@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::common::{DFSchema, DataFusionError, Result, plan_err};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::{Expr, LogicalPlan, WindowFunctionDefinition};
@@ -25,18 +25,21 @@ pub mod bounds;
 pub mod gate;
 pub mod shape;
 
-use bounds::{BoundsMap, apply_default_bounds};
+use bounds::{PolicyDefaults, apply_default_bounds};
 pub use gate::BudgetGateExec;
 
 /// Finds and validates every private aggregate call in `plan` (including subqueries).
 pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
     let mut calls = Vec::new();
     plan.apply_with_subqueries(|node| {
+        let empty = DFSchema::empty();
+        let inputs = node.inputs();
+        let schema = inputs.first().map(|i| i.schema().as_ref()).unwrap_or(&empty);
         node.apply_expressions(|e| {
             e.apply(|e| {
                 match e {
                     Expr::AggregateFunction(AggregateFunction { func, params }) => {
-                        if let Some(call) = plan_private_call(func, &params.args) {
+                        if let Some(call) = plan_private_call(func, &params.args, schema) {
                             if params.distinct {
                                 return plan_err!("{}: DISTINCT is not supported", func.name());
                             }
@@ -87,22 +90,26 @@ impl PrivacyPlanner {
         Self { ledger: Some(ledger) }
     }
 
-    fn bounds(&self) -> Result<BoundsMap> {
-        let mut map = BoundsMap::new();
+    fn defaults(&self) -> Result<PolicyDefaults> {
+        let mut d = PolicyDefaults::default();
         if let Some(ledger) = &self.ledger {
             let tables = ledger.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
             for t in tables {
-                for (col, b) in t.policy.map(|p| p.bounds).unwrap_or_default() {
-                    map.insert((t.name.clone(), col), b);
+                let Some(policy) = t.policy else { continue };
+                if let Some(m) = policy.curve_length {
+                    d.curve_length.insert(t.name.clone(), m);
+                }
+                for (col, b) in policy.bounds {
+                    d.bounds.insert((t.name.clone(), col), b);
                 }
             }
         }
-        Ok(map)
+        Ok(d)
     }
 
     /// Everything but the physical planning: the rewritten plan and its charges.
     pub fn check(&self, logical_plan: &LogicalPlan) -> Result<(LogicalPlan, Vec<Charge>)> {
-        let plan = apply_default_bounds(logical_plan.clone(), &self.bounds()?)?;
+        let plan = apply_default_bounds(logical_plan.clone(), &self.defaults()?)?;
         private_calls(&plan)?;
         let charges = shape::check_and_price(&plan)?;
         Ok((plan, charges))

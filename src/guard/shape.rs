@@ -24,7 +24,7 @@ use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, TableScan};
 
-use crate::functions::plan_private_call;
+use crate::functions::{is_private, plan_private_call};
 use crate::policy::Charge;
 use crate::policy::table::as_private;
 
@@ -79,11 +79,7 @@ fn visit(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
     visit_subqueries(plan, charges)?;
     match plan {
         LogicalPlan::Aggregate(agg) => {
-            if agg
-                .aggr_expr
-                .iter()
-                .any(|e| aggregate_call(e).is_some_and(|f| plan_private_call(&f.func, &f.params.args).is_some()))
-            {
+            if agg.aggr_expr.iter().any(|e| aggregate_call(e).is_some_and(|f| is_private(&f.func))) {
                 return check_private_aggregate(agg, charges);
             }
             if let Some(t) = find_private_scan(&agg.input) {
@@ -160,7 +156,7 @@ fn check_private_aggregate(agg: &Aggregate, charges: &mut Vec<Charge>) -> Result
         return Ok(()); // private aggregates over public data cost nothing
     };
     for e in &agg.aggr_expr {
-        let call = aggregate_call(e).and_then(|f| plan_private_call(&f.func, &f.params.args));
+        let call = aggregate_call(e).and_then(|f| plan_private_call(&f.func, &f.params.args, agg.input.schema()));
         match call {
             Some(call) => {
                 let call = call?;

@@ -143,6 +143,23 @@ pub fn analytic_sigma(sensitivity: f64, epsilon: f64, delta: f64) -> Result<f64,
     Ok(hi * sensitivity)
 }
 
+/// The ε at which a Gaussian mechanism with `μ = Δ/σ` achieves δ (the inverse of
+/// [`analytic_delta`] in ε). Used by privacy audits to turn an estimated μ into ε.
+pub fn epsilon_for_mu(mu: f64, delta: f64) -> f64 {
+    if !(mu > 0.0) {
+        return 0.0;
+    }
+    let (mut lo, mut hi) = (0.0, 1.0);
+    while analytic_delta(1.0 / mu, 1.0, hi) > delta {
+        hi *= 2.0;
+    }
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if analytic_delta(1.0 / mu, 1.0, mid) > delta { lo = mid } else { hi = mid }
+    }
+    hi
+}
+
 /// Standard normal CDF Φ(x), accurate in relative terms in both tails.
 pub fn normal_cdf(x: f64) -> f64 {
     0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
@@ -223,6 +240,13 @@ mod tests {
         assert!(matches!(analytic_sigma(1.0, 1.0, 0.0), Err(CalibrationError::Delta(_))));
         assert!(matches!(analytic_sigma(1.0, 1.0, 1.0), Err(CalibrationError::Delta(_))));
         assert!(matches!(analytic_sigma(0.0, 1.0, 0.5), Err(CalibrationError::Sensitivity(_))));
+    }
+
+    #[test]
+    fn epsilon_for_mu_inverts_the_calibration() {
+        let s = analytic_sigma(1.0, 0.7, 1e-6).unwrap();
+        assert!((epsilon_for_mu(1.0 / s, 1e-6) - 0.7).abs() < 1e-6);
+        assert_eq!(epsilon_for_mu(0.0, 1e-6), 0.0);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod calibration;
 pub mod gp;
 pub mod kde;
 pub mod kde_release;
+pub mod mean_curve;
 pub mod rng;
 
 pub use calibration::Calibration;

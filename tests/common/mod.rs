@@ -71,3 +71,70 @@ pub fn kde_result(batches: &[RecordBatch]) -> (Vec<f64>, Option<Vec<f64>>, f64) 
     let mass = s.column_by_name("mass").unwrap().as_primitive::<Float64Type>().value(0);
     (list("x").unwrap(), list("density"), mass)
 }
+
+/// How a curve column is stored.
+#[derive(Debug, Clone, Copy)]
+pub enum ListKind {
+    List,
+    LargeList,
+    Fixed(i32),
+}
+
+/// Writes curves (None = a NULL row) to a Parquet file with one list column `c`.
+pub fn write_curves(path: &Path, curves: &[Option<Vec<f64>>], kind: ListKind) {
+    use datafusion::arrow::array::{ArrayRef, FixedSizeListBuilder, Float64Builder, LargeListBuilder, ListBuilder};
+    let array: ArrayRef = match kind {
+        ListKind::List => {
+            let mut b = ListBuilder::new(Float64Builder::new());
+            for c in curves {
+                match c {
+                    Some(v) => b.append_value(v.iter().map(|x| Some(*x))),
+                    None => b.append_null(),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        ListKind::LargeList => {
+            let mut b = LargeListBuilder::new(Float64Builder::new());
+            for c in curves {
+                match c {
+                    Some(v) => b.append_value(v.iter().map(|x| Some(*x))),
+                    None => b.append_null(),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        ListKind::Fixed(m) => {
+            let mut b = FixedSizeListBuilder::new(Float64Builder::new(), m);
+            for c in curves {
+                match c {
+                    Some(v) => {
+                        b.values().append_slice(v);
+                        b.append(true);
+                    }
+                    None => {
+                        b.values().append_slice(&vec![0.0; m as usize]);
+                        b.append(false);
+                    }
+                }
+            }
+            Arc::new(b.finish())
+        }
+    };
+    let schema = Arc::new(Schema::new(vec![Field::new("c", array.data_type().clone(), true)]));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![array]).unwrap();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// The (t, mean, n) of a one-row `private_mean_curve` result in column 0.
+pub fn mean_result(batches: &[RecordBatch]) -> (Vec<f64>, Vec<f64>, f64) {
+    let b = batches.iter().find(|b| b.num_rows() == 1).unwrap();
+    let s = b.column(0).as_struct();
+    let list = |name: &str| {
+        s.column_by_name(name).unwrap().as_list::<i32>().value(0).as_primitive::<Float64Type>().values().to_vec()
+    };
+    let n = s.column_by_name("n").unwrap().as_primitive::<Float64Type>().value(0);
+    (list("t"), list("mean"), n)
+}

@@ -1,0 +1,375 @@
+//! `private_mean_curve`: a differentially private mean of functional data (one curve per
+//! row in a list column), SPEC §3.
+//!
+//! ```sql
+//! private_mean_curve(curve, epsilon, delta
+//!     [, kernel => 'matern32', range => 0.1, penalty => 0.05, eta => 1, clip => …,
+//!        points => …, count_fraction => 0.1, calibration => 'analytic'])
+//!   -> {t: List<Float64>, mean: List<Float64>, n: Float64}
+//! ```
+//! δ > 0 uses the Gaussian-process mechanism, δ = 0 the ICLP (pure ε) mechanism.
+
+use std::mem::size_of_val;
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Float64Array, ListArray, StructArray};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Fields, Float64Type, UInt64Type};
+use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err, internal_err};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::format_state_name;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature, Volatility,
+};
+
+use super::params::{FunctionParams, ParamDef, ParamKind};
+use super::{PrivateCall, float_list};
+use crate::mechanism::budget::{Budget, MAX_EPSILON};
+use crate::mechanism::mean_curve::{CovKernel, MAX_CURVE_LENGTH, MeanCurveMechanism, MeanCurveSpec, MeanState};
+use crate::mechanism::{Calibration, NoiseSource};
+
+/// SQL name of the function.
+pub const NAME: &str = "private_mean_curve";
+/// Default kernel (see README's utility study).
+pub const DEFAULT_KERNEL: CovKernel = CovKernel::Matern32;
+/// Default kernel range ρ.
+pub const DEFAULT_RANGE: f64 = 0.1;
+/// Default penalty φ.
+pub const DEFAULT_PENALTY: f64 = 0.05;
+/// Default share of ε spent on the count.
+pub const DEFAULT_COUNT_FRACTION: f64 = 0.1;
+
+/// Declared arguments, in positional order.
+pub static PARAMS: FunctionParams = FunctionParams {
+    function: NAME,
+    data: "curve",
+    params: &[
+        ParamDef { name: "epsilon", kind: ParamKind::Float },
+        ParamDef { name: "delta", kind: ParamKind::Float },
+        ParamDef { name: "kernel", kind: ParamKind::Str },
+        ParamDef { name: "range", kind: ParamKind::Float },
+        ParamDef { name: "penalty", kind: ParamKind::Float },
+        ParamDef { name: "eta", kind: ParamKind::Float },
+        ParamDef { name: "clip", kind: ParamKind::Float },
+        ParamDef { name: "points", kind: ParamKind::Int },
+        ParamDef { name: "count_fraction", kind: ParamKind::Float },
+        ParamDef { name: "calibration", kind: ParamKind::Str },
+    ],
+    required: 2,
+};
+
+/// Argument positions (the curve is 0) of the parameters a policy can supply.
+pub const CLIP_ARG: usize = 7;
+/// Position of `points`.
+pub const POINTS_ARG: usize = 8;
+
+/// The public curve length carried by the column type (FixedSizeList), if any.
+pub fn fixed_length(t: &DataType) -> Option<usize> {
+    match t {
+        DataType::FixedSizeList(_, n) => usize::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// Validates the literal parameters; `fixed` is the FixedSizeList length of the column.
+pub fn mechanism_from_literals(
+    values: &[Option<ScalarValue>],
+    fixed: Option<usize>,
+) -> Result<(MeanCurveMechanism, Budget)> {
+    let p = &PARAMS;
+    let epsilon = p.required_float(values, "epsilon")?;
+    let delta = p.required_float(values, "delta")?;
+    if !(epsilon.is_finite() && epsilon > 0.0 && epsilon <= MAX_EPSILON) {
+        return Err(
+            p.error(format!("argument 'epsilon' must be a finite number > 0 (at most {MAX_EPSILON}), got {epsilon}"))
+        );
+    }
+    if !(0.0..1.0).contains(&delta) {
+        return Err(
+            p.error(format!("argument 'delta' must be in [0, 1), got {delta} (0 selects the pure-ε ICLP mechanism)"))
+        );
+    }
+    let kernel = match p.string(values, "kernel")? {
+        None => DEFAULT_KERNEL,
+        Some(s) => CovKernel::parse(&s).ok_or_else(|| {
+            p.error(format!("argument 'kernel' must be 'gaussian', 'matern52', 'matern32' or 'exponential', got '{s}'"))
+        })?,
+    };
+    let positive = |name: &str, default: Option<f64>| -> Result<f64> {
+        let v = p.float(values, name)?.or(default).ok_or_else(|| {
+            p.error(format!(
+                "argument '{name}' is required: give {name} => …, or have the data owner set public bounds \
+                 for the column in the table's policy (the clip norm must never come from the data)"
+            ))
+        })?;
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(p.error(format!("argument '{name}' must be a finite number > 0, got {v}")))
+        }
+    };
+    let range = positive("range", Some(DEFAULT_RANGE))?;
+    let penalty = positive("penalty", Some(DEFAULT_PENALTY))?;
+    let clip = positive("clip", None)?;
+    let eta = p.float(values, "eta")?.unwrap_or(1.0);
+    if !(eta.is_finite() && eta >= 1.0) {
+        return Err(p.error(format!("argument 'eta' must be a finite number >= 1, got {eta}")));
+    }
+    let count_fraction = p.float(values, "count_fraction")?.unwrap_or(DEFAULT_COUNT_FRACTION);
+    if !(count_fraction > 0.0 && count_fraction < 1.0) {
+        return Err(
+            p.error(format!("argument 'count_fraction' must be in the open interval (0, 1), got {count_fraction}"))
+        );
+    }
+    let given = p.int(values, "points", (2, MAX_CURVE_LENGTH as i64))?.map(|v| v as usize);
+    let points = match (given, fixed) {
+        (Some(g), Some(f)) if g != f => {
+            return Err(p.error(format!("argument 'points' is {g} but the column holds curves of length {f}")));
+        }
+        (Some(g), _) => g,
+        (None, Some(f)) if (2..=MAX_CURVE_LENGTH).contains(&f) => f,
+        (None, Some(f)) => {
+            return Err(p.error(format!("curves of length {f} are not supported (2 to {MAX_CURVE_LENGTH} points)")));
+        }
+        (None, None) => {
+            return Err(p.error(
+                "the curve length is required: give points => m, store the column as a fixed-size \
+                 list, or have the data owner set the table's public curve length",
+            ));
+        }
+    };
+    let calibration = match p.string(values, "calibration")? {
+        None => Calibration::Analytic,
+        Some(s) => Calibration::parse(&s)
+            .ok_or_else(|| p.error(format!("argument 'calibration' must be 'analytic' or 'classic', got '{s}'")))?,
+    };
+    if calibration == Calibration::Classic && delta > 0.0 && epsilon > 1.0 {
+        return Err(p.error(format!(
+            "calibration 'classic' is only valid for epsilon <= 1, got epsilon = {epsilon}; use calibration => 'analytic'"
+        )));
+    }
+    let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
+    let spec = MeanCurveSpec {
+        points,
+        kernel,
+        range,
+        penalty,
+        eta,
+        clip,
+        epsilon: cost.calibration_epsilon(),
+        delta: cost.calibration_delta(),
+        count_fraction,
+        calibration,
+    };
+    Ok((MeanCurveMechanism::new(spec).map_err(|e| p.error(e))?, cost))
+}
+
+/// Validates a logical call at planning time and returns what it costs.
+pub fn plan_call(args: &[Expr], schema: &DFSchema) -> Result<PrivateCall> {
+    let values = PARAMS.literals_from_logical(args)?;
+    let fixed = args.first().and_then(|a| a.get_type(schema).ok()).as_ref().and_then(fixed_length);
+    let (_, cost) = mechanism_from_literals(&values, fixed)?;
+    Ok(PrivateCall { function: NAME, cost })
+}
+
+/// The fields of the result struct.
+pub fn result_fields() -> Fields {
+    Fields::from(vec![
+        Field::new_list("t", Field::new_list_field(DataType::Float64, true), true),
+        Field::new_list("mean", Field::new_list_field(DataType::Float64, true), true),
+        Field::new("n", DataType::Float64, true),
+    ])
+}
+
+fn sums_type() -> DataType {
+    DataType::Decimal128(38, 0)
+}
+
+static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
+    Documentation::builder(
+        datafusion::logical_expr::DocSection { include: true, label: "Differentially private functions", description: None },
+        "Differentially private mean of curves stored one per row in a list column (RKHS-smoothed, \
+         Gaussian-process noise for delta > 0, ICLP noise for delta = 0). Returns {t, mean, n}.",
+        "private_mean_curve(curve, epsilon, delta [, kernel, range, penalty, eta, clip, points, count_fraction, calibration])",
+    )
+    .with_argument("curve", "List/LargeList/FixedSizeList of numbers; rows of another length or with a non-finite value are dropped")
+    .with_argument("epsilon", "ε > 0")
+    .with_argument("delta", "δ in [0, 1); 0 selects the pure-ε ICLP mechanism")
+    .with_argument("clip", "public norm bound τ (or from the policy bounds)")
+    .build()
+});
+
+/// The `private_mean_curve` aggregate UDF.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct PrivateMeanCurve {
+    signature: Signature,
+    noise: NoiseSource,
+}
+
+impl Default for PrivateMeanCurve {
+    fn default() -> Self {
+        Self::new(NoiseSource::Os)
+    }
+}
+
+impl PrivateMeanCurve {
+    /// A `private_mean_curve` whose releases draw randomness from `noise`.
+    pub fn new(noise: NoiseSource) -> Self {
+        let signature = Signature::user_defined(Volatility::Volatile)
+            .with_parameter_names(PARAMS.names())
+            .expect("user-defined signatures accept parameter names");
+        Self { signature, noise }
+    }
+
+    /// The UDF, ready to register.
+    pub fn udaf(noise: NoiseSource) -> AggregateUDF {
+        AggregateUDF::from(Self::new(noise))
+    }
+}
+
+fn coerce_curve(t: &DataType) -> Result<DataType> {
+    let item = |f: &FieldRef| f.data_type().is_numeric() || f.data_type() == &DataType::Null;
+    let float_item = || Arc::new(Field::new_list_field(DataType::Float64, true));
+    match t {
+        DataType::List(f) if item(f) => Ok(DataType::List(float_item())),
+        DataType::LargeList(f) if item(f) => Ok(DataType::LargeList(float_item())),
+        DataType::FixedSizeList(f, n) if item(f) => Ok(DataType::FixedSizeList(float_item(), *n)),
+        other => Err(PARAMS.error(format!("argument 'curve' must be a list of numbers, got type {other}"))),
+    }
+}
+
+impl AggregateUDFImpl for PrivateMeanCurve {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        PARAMS.coerce(coerce_curve, arg_types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Struct(result_fields()))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(vec![
+            Arc::new(Field::new_list(
+                format_state_name(args.name, "coefficient_sums"),
+                Field::new_list_field(sums_type(), true),
+                true,
+            )),
+            Arc::new(Field::new(format_state_name(args.name, "count"), DataType::UInt64, true)),
+        ])
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        if args.is_distinct {
+            return Err(PARAMS.error("DISTINCT is not supported"));
+        }
+        if !args.order_bys.is_empty() {
+            return Err(PARAMS.error("ORDER BY inside the call is not supported"));
+        }
+        let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
+        let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, fixed)?;
+        let state = mechanism.empty_state();
+        Ok(Box::new(MeanCurveAccumulator { mechanism, state, noise: self.noise, released: None }))
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        Some(&DOCUMENTATION)
+    }
+}
+
+/// Accumulates smoothed coefficient sums and the count; releases once.
+#[derive(Debug)]
+pub struct MeanCurveAccumulator {
+    mechanism: MeanCurveMechanism,
+    state: MeanState,
+    noise: NoiseSource,
+    released: Option<ScalarValue>,
+}
+
+impl MeanCurveAccumulator {
+    fn add_row(&mut self, row: ArrayRef) {
+        let values = row.as_primitive::<Float64Type>();
+        // A NULL inside the curve makes the row unusable, like a non-finite value.
+        if values.null_count() == 0 {
+            self.mechanism.add(&mut self.state, values.values());
+        }
+    }
+}
+
+impl Accumulator for MeanCurveAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let col = &values[0];
+        for i in 0..col.len() {
+            if col.is_null(i) {
+                continue;
+            }
+            let row = match col.data_type() {
+                DataType::List(_) => col.as_list::<i32>().value(i),
+                DataType::LargeList(_) => col.as_list::<i64>().value(i),
+                DataType::FixedSizeList(..) => col.as_fixed_size_list().value(i),
+                other => return internal_err!("{NAME}: unexpected input type {other}"),
+            };
+            self.add_row(row);
+        }
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let lists = states[0].as_list::<i32>();
+        let counts = states[1].as_primitive::<UInt64Type>();
+        for i in 0..lists.len() {
+            if lists.is_null(i) {
+                continue;
+            }
+            let sums = lists.value(i);
+            let sums = sums.as_primitive::<Decimal128Type>();
+            if sums.len() != self.state.sums.len() {
+                return internal_err!(
+                    "{NAME}: partial state has {} coefficients, expected {}",
+                    sums.len(),
+                    self.state.sums.len()
+                );
+            }
+            let other = MeanState { sums: sums.values().to_vec(), count: counts.value(i) };
+            self.state.merge(&other);
+        }
+        Ok(())
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        let values = Decimal128Array::from(self.state.sums.clone()).with_data_type(sums_type());
+        let field = Arc::new(Field::new_list_field(sums_type(), true));
+        let list = ListArray::try_new(field, OffsetBuffer::from_lengths([values.len()]), Arc::new(values), None)?;
+        Ok(vec![ScalarValue::List(Arc::new(list)), ScalarValue::UInt64(Some(self.state.count))])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        if let Some(r) = &self.released {
+            return Ok(r.clone());
+        }
+        let release = match self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))? {
+            Some(mut rng) => self.mechanism.release(&self.state, &mut rng),
+            None => self.mechanism.release_with_noise(&self.state, &vec![0.0; self.state.sums.len()], 0.0),
+        };
+        let n: ArrayRef = Arc::new(Float64Array::from(vec![release.n]));
+        let s = StructArray::try_new(
+            result_fields(),
+            vec![float_list(Some(release.t)), float_list(Some(release.mean)), n],
+            None,
+        )?;
+        let value = ScalarValue::Struct(Arc::new(s));
+        self.released = Some(value.clone());
+        Ok(value)
+    }
+
+    fn size(&self) -> usize {
+        size_of_val(self) + self.state.sums.capacity() * size_of::<i128>()
+    }
+}

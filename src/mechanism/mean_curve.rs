@@ -1,0 +1,627 @@
+//! The private mean of functional data (SPEC §3; Mirshani et al. 2019 §4; the ICLP paper).
+//!
+//! Curves are vectors of `m` values on `t_k = k/(m−1)` with the discrete L² inner product
+//! `⟨a,b⟩ = (1/m)·Σ a_k b_k`. The covariance kernel `c` (one of Mirshani's C1–C4, range ρ)
+//! gives the operator `a ↦ (1/m)·C·a` with eigenpairs `(λ_j, v_j)`, `v_j` orthonormal in
+//! ⟨·,·⟩; only `λ_j > 1e-12·λ_1` are kept, and estimate and noise both live in their span.
+//!
+//! Per row: clip to norm τ, take coefficients `⟨X, v_j⟩`, smooth them by
+//! `s_j = λ_j^η/(λ_j^η + φ)`. The statistic is the sum of smoothed coefficients in
+//! fixed point (units of τ·2^-40, so merges are exact) and the row count. The rounding of
+//! one row's coefficients is bounded and added to the sensitivity (as OpenDP adds its
+//! rounding distance), so the privacy claim holds for the statistic actually computed.
+//!
+//! Release: a noisy count (Laplace, ε_n = count_fraction·ε) and the noisy coefficient sum:
+//! Gaussian process noise `Σ_j sqrt(λ_j)·ξ_j·v_j` scaled by σ from §1 (δ > 0), or ICLP
+//! noise `Σ_j sqrt(λ_j)·ℓ_j·v_j` with unit-variance Laplace `ℓ_j` and `σ = √2·Δ₁/ε_T`
+//! (δ = 0). The mean is `T̃ / max(ñ, 1)`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use nalgebra::{DMatrix, SymmetricEigen};
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use super::calibration::{self, Calibration, CalibrationError};
+
+/// Relative cut-off of kept eigenvalues (SPEC §3).
+pub const EIGEN_CUTOFF: f64 = 1e-12;
+/// Fixed-point unit of the coefficient sums, relative to the clip norm τ.
+pub const COEFF_UNIT: f64 = 1.0 / (1u64 << 40) as f64;
+/// Largest curve length accepted.
+pub const MAX_CURVE_LENGTH: usize = 4096;
+
+/// Mirshani et al.'s covariance kernels (supplement, eq. 6), all with range ρ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CovKernel {
+    /// C1: `exp(−|s−t|²/ρ)` (note ρ, not 2ρ²).
+    Gaussian,
+    /// C2: Matérn ν = 5/2.
+    Matern52,
+    /// C3: Matérn ν = 3/2.
+    Matern32,
+    /// C4: `exp(−|s−t|/ρ)`.
+    Exponential,
+}
+
+impl CovKernel {
+    /// Parses the SQL spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "gaussian" => Some(CovKernel::Gaussian),
+            "matern52" => Some(CovKernel::Matern52),
+            "matern32" => Some(CovKernel::Matern32),
+            "exponential" => Some(CovKernel::Exponential),
+            _ => None,
+        }
+    }
+
+    /// The SQL spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            CovKernel::Gaussian => "gaussian",
+            CovKernel::Matern52 => "matern52",
+            CovKernel::Matern32 => "matern32",
+            CovKernel::Exponential => "exponential",
+        }
+    }
+
+    /// `c(s, t)` as a function of `d = |s − t|`.
+    pub fn eval(self, d: f64, rho: f64) -> f64 {
+        let d = d.abs();
+        match self {
+            CovKernel::Gaussian => (-d * d / rho).exp(),
+            CovKernel::Matern52 => {
+                let a = 5f64.sqrt() * d / rho;
+                (1.0 + a + 5.0 * d * d / (3.0 * rho * rho)) * (-a).exp()
+            }
+            CovKernel::Matern32 => {
+                let a = 3f64.sqrt() * d / rho;
+                (1.0 + a) * (-a).exp()
+            }
+            CovKernel::Exponential => (-d / rho).exp(),
+        }
+    }
+}
+
+/// The kept eigenpairs of `a ↦ (1/m)·C·a` on the grid `k/(m−1)`.
+#[derive(Debug, Clone)]
+pub struct Eigenbasis {
+    m: usize,
+    /// Kept eigenvalues, descending.
+    pub lambda: Vec<f64>,
+    /// `v_j` (length m each), orthonormal in the discrete L² inner product.
+    pub vectors: Vec<Vec<f64>>,
+}
+
+type CacheKey = (CovKernel, u64, usize);
+static CACHE: Mutex<Option<HashMap<CacheKey, Arc<Eigenbasis>>>> = Mutex::new(None);
+const CACHE_ENTRIES: usize = 32;
+
+impl Eigenbasis {
+    /// Computes the eigenpairs (O(m³); see [`Eigenbasis::cached`]).
+    pub fn compute(kernel: CovKernel, rho: f64, m: usize) -> Self {
+        let t = |k: usize| if m == 1 { 0.0 } else { k as f64 / (m - 1) as f64 };
+        let c = DMatrix::from_fn(m, m, |k, l| kernel.eval(t(k) - t(l), rho) / m as f64);
+        let eig = SymmetricEigen::new(c);
+        let mut order: Vec<usize> = (0..m).collect();
+        order.sort_by(|&a, &b| eig.eigenvalues[b].total_cmp(&eig.eigenvalues[a]));
+        let top = eig.eigenvalues[order[0]];
+        let scale = (m as f64).sqrt();
+        let mut lambda = Vec::new();
+        let mut vectors = Vec::new();
+        for j in order {
+            let l = eig.eigenvalues[j];
+            if !(l > EIGEN_CUTOFF * top) {
+                break;
+            }
+            lambda.push(l);
+            vectors.push(eig.eigenvectors.column(j).iter().map(|u| u * scale).collect());
+        }
+        Eigenbasis { m, lambda, vectors }
+    }
+
+    /// The eigenpairs for (kernel, ρ, m), computed once per process and reused.
+    pub fn cached(kernel: CovKernel, rho: f64, m: usize) -> Arc<Self> {
+        let key = (kernel, rho.to_bits(), m);
+        if let Some(b) = CACHE.lock().expect("cache").get_or_insert_with(HashMap::new).get(&key) {
+            return Arc::clone(b);
+        }
+        let basis = Arc::new(Self::compute(kernel, rho, m));
+        let mut guard = CACHE.lock().expect("cache");
+        let map = guard.get_or_insert_with(HashMap::new);
+        if map.len() >= CACHE_ENTRIES {
+            map.clear();
+        }
+        Arc::clone(map.entry(key).or_insert(basis))
+    }
+
+    /// Curve length m.
+    pub fn len(&self) -> usize {
+        self.m
+    }
+
+    /// Whether no eigenpair was kept (never for m ≥ 1).
+    pub fn is_empty(&self) -> bool {
+        self.lambda.is_empty()
+    }
+
+    /// `⟨x, v_j⟩` for every kept j.
+    pub fn coefficients(&self, x: &[f64]) -> Vec<f64> {
+        self.vectors.iter().map(|v| inner(x, v)).collect()
+    }
+
+    /// `Σ_j c_j v_j`.
+    pub fn synthesize(&self, coeffs: &[f64]) -> Vec<f64> {
+        let mut out = vec![0.0; self.m];
+        for (c, v) in coeffs.iter().zip(&self.vectors) {
+            for (o, vk) in out.iter_mut().zip(v) {
+                *o += c * vk;
+            }
+        }
+        out
+    }
+}
+
+/// Discrete L² inner product `(1/m)·Σ a_k b_k`.
+pub fn inner(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / a.len() as f64
+}
+
+/// Parameters of one `private_mean_curve` release.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeanCurveSpec {
+    /// Curve length m.
+    pub points: usize,
+    /// Covariance kernel.
+    pub kernel: CovKernel,
+    /// Kernel range ρ > 0.
+    pub range: f64,
+    /// Penalty φ > 0.
+    pub penalty: f64,
+    /// Smoother power η ≥ 1.
+    pub eta: f64,
+    /// Clip norm τ > 0.
+    pub clip: f64,
+    /// Total ε of the release.
+    pub epsilon: f64,
+    /// δ (0 selects the pure-ε ICLP mechanism).
+    pub delta: f64,
+    /// Share of ε spent on the count, in (0, 1).
+    pub count_fraction: f64,
+    /// σ calibration for the Gaussian mechanism.
+    pub calibration: Calibration,
+}
+
+/// A parameter problem (public values only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeanCurveError(pub String);
+
+impl fmt::Display for MeanCurveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for MeanCurveError {}
+
+/// The sufficient statistic: fixed-point sums of smoothed coefficients, and the count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeanState {
+    /// `Σ_i round(s_j⟨X_i, v_j⟩ / (τ·COEFF_UNIT))` per kept j.
+    pub sums: Vec<i128>,
+    /// Number of rows accumulated.
+    pub count: u64,
+}
+
+impl MeanState {
+    /// Adds another state of the same mechanism.
+    pub fn merge(&mut self, other: &MeanState) {
+        for (a, b) in self.sums.iter_mut().zip(&other.sums) {
+            *a = a.saturating_add(*b);
+        }
+        self.count = self.count.saturating_add(other.count);
+    }
+}
+
+/// One release.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeanRelease {
+    /// Grid on [0, 1].
+    pub t: Vec<f64>,
+    /// The private mean curve.
+    pub mean: Vec<f64>,
+    /// The noisy count that normalised it.
+    pub n: f64,
+}
+
+/// The mechanism for fixed public parameters.
+#[derive(Debug, Clone)]
+pub struct MeanCurveMechanism {
+    spec: MeanCurveSpec,
+    basis: Arc<Eigenbasis>,
+    smoother: Vec<f64>,
+    sensitivity: f64,
+    sigma: f64,
+}
+
+impl MeanCurveMechanism {
+    /// Validates the parameters and computes the privacy map.
+    pub fn new(spec: MeanCurveSpec) -> Result<Self, MeanCurveError> {
+        let bad = |m: String| Err(MeanCurveError(m));
+        if !(2..=MAX_CURVE_LENGTH).contains(&spec.points) {
+            return bad(format!("points must be in [2, {MAX_CURVE_LENGTH}], got {}", spec.points));
+        }
+        for (name, v) in [("range", spec.range), ("penalty", spec.penalty), ("clip", spec.clip)] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(format!("{name} must be a finite number > 0, got {v}"));
+            }
+        }
+        if !(spec.eta.is_finite() && spec.eta >= 1.0) {
+            return bad(format!("eta must be a finite number ≥ 1, got {}", spec.eta));
+        }
+        if !(spec.count_fraction > 0.0 && spec.count_fraction < 1.0) {
+            return bad(format!("count_fraction must be in (0, 1), got {}", spec.count_fraction));
+        }
+        if !(spec.epsilon.is_finite() && spec.epsilon > 0.0) {
+            return bad(format!("epsilon must be a finite number > 0, got {}", spec.epsilon));
+        }
+        if !(0.0..1.0).contains(&spec.delta) {
+            return bad(format!("delta must be in [0, 1), got {}", spec.delta));
+        }
+        let basis = Eigenbasis::cached(spec.kernel, spec.range, spec.points);
+        let smoother: Vec<f64> = basis
+            .lambda
+            .iter()
+            .map(|&l| {
+                let p = l.powf(spec.eta);
+                p / (p + spec.penalty)
+            })
+            .collect();
+        // Rounding of one row's coefficients: |e_j| ≤ τ·COEFF_UNIT/2 each.
+        let half_unit = 0.5 * spec.clip * COEFF_UNIT;
+        let eps_t = spec.epsilon * (1.0 - spec.count_fraction);
+        let (sensitivity, sigma) = if spec.delta > 0.0 {
+            let exact = spec.clip * smoother.iter().zip(&basis.lambda).map(|(s, l)| s / l.sqrt()).fold(0.0, f64::max);
+            let slack = half_unit * basis.lambda.iter().map(|l| 1.0 / l).sum::<f64>().sqrt();
+            let delta_h = exact + slack;
+            let sigma = calibration::sigma(spec.calibration, delta_h, eps_t, spec.delta)
+                .map_err(|e: CalibrationError| MeanCurveError(e.to_string()))?;
+            (delta_h, sigma)
+        } else {
+            let exact = spec.clip * smoother.iter().zip(&basis.lambda).map(|(s, l)| s * s / l).sum::<f64>().sqrt();
+            let slack = half_unit * basis.lambda.iter().map(|l| 1.0 / l.sqrt()).sum::<f64>();
+            let delta_1 = exact + slack;
+            (delta_1, std::f64::consts::SQRT_2 * delta_1 / eps_t)
+        };
+        Ok(Self { spec, basis, smoother, sensitivity, sigma })
+    }
+
+    /// Parameters.
+    pub fn spec(&self) -> &MeanCurveSpec {
+        &self.spec
+    }
+
+    /// The eigenbasis.
+    pub fn basis(&self) -> &Eigenbasis {
+        &self.basis
+    }
+
+    /// Smoother weights `s_j`.
+    pub fn smoother(&self) -> &[f64] {
+        &self.smoother
+    }
+
+    /// Δ (Cameron–Martin, Gaussian) or Δ₁ (ICLP), including the rounding slack.
+    pub fn sensitivity(&self) -> f64 {
+        self.sensitivity
+    }
+
+    /// Noise scale σ of the coefficient sum.
+    pub fn sigma(&self) -> f64 {
+        self.sigma
+    }
+
+    /// ε spent on the count.
+    pub fn count_epsilon(&self) -> f64 {
+        self.spec.epsilon * self.spec.count_fraction
+    }
+
+    /// A zero statistic.
+    pub fn empty_state(&self) -> MeanState {
+        MeanState { sums: vec![0; self.basis.lambda.len()], count: 0 }
+    }
+
+    /// The smoothed, clipped coefficients one curve contributes (in units), or None for
+    /// a curve that is dropped (wrong length or a non-finite value).
+    pub fn contribution(&self, curve: &[f64]) -> Option<Vec<i128>> {
+        if curve.len() != self.spec.points || !curve.iter().all(|v| v.is_finite()) {
+            return None;
+        }
+        let norm = inner(curve, curve).sqrt();
+        let scale = if norm > self.spec.clip { self.spec.clip / norm } else { 1.0 };
+        let unit = self.spec.clip * COEFF_UNIT;
+        Some(
+            self.basis
+                .vectors
+                .iter()
+                .zip(&self.smoother)
+                .map(|(v, s)| (s * scale * inner(curve, v) / unit).round() as i128)
+                .collect(),
+        )
+    }
+
+    /// Adds one curve (dropped silently when it has the wrong length or a non-finite value).
+    pub fn add(&self, state: &mut MeanState, curve: &[f64]) {
+        if let Some(c) = self.contribution(curve) {
+            for (a, b) in state.sums.iter_mut().zip(c) {
+                *a = a.saturating_add(b);
+            }
+            state.count = state.count.saturating_add(1);
+        }
+    }
+
+    /// The exact smoothed sum `T_D` in coefficients.
+    pub fn sum_coefficients(&self, state: &MeanState) -> Vec<f64> {
+        let unit = self.spec.clip * COEFF_UNIT;
+        state.sums.iter().map(|&v| v as f64 * unit).collect()
+    }
+
+    /// Unit-scale noise coefficients: `sqrt(λ_j)·ξ_j` (Gaussian) or `sqrt(λ_j)·ℓ_j` with
+    /// unit-variance Laplace `ℓ_j` (ICLP, δ = 0).
+    pub fn noise_coefficients<R: Rng + ?Sized>(&self, rng: &mut R) -> Vec<f64> {
+        self.basis
+            .lambda
+            .iter()
+            .map(|l| {
+                let z = if self.spec.delta > 0.0 { StandardNormal.sample(rng) } else { unit_laplace(rng) };
+                l.sqrt() * z
+            })
+            .collect()
+    }
+
+    /// Releases the mean curve.
+    pub fn release<R: Rng + ?Sized>(&self, state: &MeanState, rng: &mut R) -> MeanRelease {
+        let noise = self.noise_coefficients(rng);
+        let count_noise = laplace(rng, 1.0 / self.count_epsilon());
+        self.release_with_noise(state, &noise, count_noise)
+    }
+
+    /// The release for given unit-scale coefficient noise and count noise.
+    pub fn release_with_noise(&self, state: &MeanState, unit_noise: &[f64], count_noise: f64) -> MeanRelease {
+        let n = state.count as f64 + count_noise;
+        let coeffs: Vec<f64> = self
+            .sum_coefficients(state)
+            .iter()
+            .zip(unit_noise)
+            .map(|(t, z)| (t + self.sigma * z) / n.max(1.0))
+            .collect();
+        let m = self.spec.points;
+        MeanRelease { t: (0..m).map(|k| k as f64 / (m - 1) as f64).collect(), mean: self.basis.synthesize(&coeffs), n }
+    }
+}
+
+/// A Laplace draw with variance 1 (scale 1/√2).
+pub fn unit_laplace<R: Rng + ?Sized>(rng: &mut R) -> f64 {
+    laplace(rng, std::f64::consts::FRAC_1_SQRT_2)
+}
+
+/// A Laplace(0, b) draw by inversion of a uniform in (−1/2, 1/2).
+pub fn laplace<R: Rng + ?Sized>(rng: &mut R, b: f64) -> f64 {
+    let u: f64 = rand::RngExt::random::<f64>(rng) - 0.5;
+    -b * u.signum() * (1.0 - 2.0 * u.abs()).max(f64::MIN_POSITIVE).ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::ChaCha20Rng;
+
+    fn spec(kernel: CovKernel, delta: f64) -> MeanCurveSpec {
+        MeanCurveSpec {
+            points: 60,
+            kernel,
+            range: 0.1,
+            penalty: 0.01,
+            eta: 1.0,
+            clip: 1.0,
+            epsilon: 1.0,
+            delta,
+            count_fraction: 0.1,
+            calibration: Calibration::Analytic,
+        }
+    }
+
+    const KERNELS: [CovKernel; 4] =
+        [CovKernel::Gaussian, CovKernel::Matern52, CovKernel::Matern32, CovKernel::Exponential];
+
+    #[test]
+    fn eigenvectors_are_orthonormal_in_discrete_l2() {
+        for k in KERNELS {
+            let b = Eigenbasis::compute(k, 0.2, 50);
+            assert!(!b.is_empty());
+            for i in 0..b.lambda.len().min(10) {
+                for j in 0..b.lambda.len().min(10) {
+                    let want = if i == j { 1.0 } else { 0.0 };
+                    assert!((inner(&b.vectors[i], &b.vectors[j]) - want).abs() < 1e-9, "{k:?} {i} {j}");
+                }
+            }
+            assert!(b.lambda.windows(2).all(|w| w[0] >= w[1]));
+        }
+    }
+
+    /// The Mahalanobis norm of one row's contribution, in the noise's metric.
+    fn gaussian_norm(m: &MeanCurveMechanism, c: &[i128]) -> f64 {
+        let unit = m.spec().clip * COEFF_UNIT;
+        c.iter().zip(&m.basis().lambda).map(|(&v, l)| (v as f64 * unit).powi(2) / l).sum::<f64>().sqrt()
+    }
+
+    fn laplace_norm(m: &MeanCurveMechanism, c: &[i128]) -> f64 {
+        let unit = m.spec().clip * COEFF_UNIT;
+        c.iter().zip(&m.basis().lambda).map(|(&v, l)| (v as f64 * unit).abs() / l.sqrt()).sum()
+    }
+
+    fn random_curves(m: usize, n: usize, seed: u64) -> Vec<Vec<f64>> {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|i| {
+                let x: Vec<f64> = (0..m).map(|_| StandardNormal.sample(&mut rng)).collect();
+                // Mix rough and smooth directions, at and above the clip norm.
+                let s = 1.0 + (i % 3) as f64;
+                let norm = inner(&x, &x).sqrt();
+                x.iter().map(|v| s * v / norm).collect()
+            })
+            .collect()
+    }
+
+    /// Brute force: no random curve (clipped) exceeds the stated sensitivity, and the
+    /// worst-case direction attains it, for both mechanisms and every kernel.
+    #[test]
+    fn sensitivities_match_brute_force_maximisation() {
+        for k in KERNELS {
+            for delta in [1e-5, 0.0] {
+                let m = MeanCurveMechanism::new(spec(k, delta)).unwrap();
+                let norm = |c: &[i128]| if delta > 0.0 { gaussian_norm(&m, c) } else { laplace_norm(&m, c) };
+                let mut worst = 0.0f64;
+                for x in random_curves(60, 300, 7) {
+                    worst = worst.max(norm(&m.contribution(&x).unwrap()));
+                }
+                assert!(worst <= m.sensitivity(), "{k:?} δ={delta}: {worst} > {}", m.sensitivity());
+                // The maximiser: for the Gaussian map the single eigenvector with the largest
+                // s_j/sqrt(λ_j); for ICLP the curve with coefficients ∝ s_j/sqrt(λ_j).
+                let b = m.basis();
+                let target: Vec<f64> = if delta > 0.0 {
+                    let j = (0..b.lambda.len())
+                        .max_by(|&a, &c| {
+                            (m.smoother()[a] / b.lambda[a].sqrt()).total_cmp(&(m.smoother()[c] / b.lambda[c].sqrt()))
+                        })
+                        .unwrap();
+                    b.vectors[j].clone()
+                } else {
+                    let w: Vec<f64> = m.smoother().iter().zip(&b.lambda).map(|(s, l)| s / l.sqrt()).collect();
+                    let x = b.synthesize(&w);
+                    let n = inner(&x, &x).sqrt();
+                    x.iter().map(|v| v / n).collect()
+                };
+                let attained = norm(&m.contribution(&target).unwrap());
+                assert!(
+                    attained > 0.999 * m.sensitivity(),
+                    "{k:?} δ={delta}: worst case {attained} vs {}",
+                    m.sensitivity()
+                );
+                assert!(attained > worst, "the maximiser beats random curves");
+            }
+        }
+    }
+
+    #[test]
+    fn gaussian_sensitivity_obeys_mirshanis_bound() {
+        // Δ ≤ τ/(2·sqrt(φ)) for η = 1 (Mirshani Thm 4.1 for a sum), up to the rounding slack.
+        for k in KERNELS {
+            let m = MeanCurveMechanism::new(spec(k, 1e-5)).unwrap();
+            assert!(m.sensitivity() <= 1.0 / (2.0 * 0.01f64.sqrt()) * (1.0 + 1e-6), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn gaussian_noise_has_covariance_sigma_squared_c() {
+        let m = MeanCurveMechanism::new(spec(CovKernel::Matern32, 1e-5)).unwrap();
+        let b = m.basis();
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        let n = 20_000;
+        let pairs = [(0usize, 0usize), (30, 30), (30, 31), (10, 20), (59, 59)];
+        let mut sums = [0.0; 5];
+        for _ in 0..n {
+            let z = b.synthesize(&m.noise_coefficients(&mut rng));
+            for (s, &(i, j)) in sums.iter_mut().zip(&pairs) {
+                *s += z[i] * z[j];
+            }
+        }
+        let t = |k: usize| k as f64 / 59.0;
+        for (s, &(i, j)) in sums.iter().zip(&pairs) {
+            let got = s / n as f64;
+            let want = CovKernel::Matern32.eval(t(i) - t(j), 0.1);
+            let se = (2.0 / n as f64).sqrt();
+            assert!((got - want).abs() < 5.0 * se, "cov[{i},{j}] {got} vs {want}");
+            if i == j {
+                assert!((got / 2.0 - want).abs() > 5.0 * se, "a 1/√2 noise scale must be detected");
+            }
+        }
+    }
+
+    #[test]
+    fn iclp_components_are_laplace_with_unit_variance() {
+        let m = MeanCurveMechanism::new(spec(CovKernel::Exponential, 0.0)).unwrap();
+        let b = m.basis();
+        let mut rng = ChaCha20Rng::seed_from_u64(12);
+        let n = 40_000;
+        let (mut abs, mut sq) = (0.0, 0.0);
+        for _ in 0..n {
+            let noise = m.noise_coefficients(&mut rng);
+            // Recover component 3 from the curve, as an analyst would.
+            let curve = b.synthesize(&noise);
+            let l = inner(&curve, &b.vectors[3]) / b.lambda[3].sqrt();
+            abs += l.abs();
+            sq += l * l;
+        }
+        let (mean_abs, var) = (abs / n as f64, sq / n as f64);
+        // Laplace with scale b = 1/√2: E|L| = b = 0.7071, Var = 2b² = 1, and the kurtosis
+        // separates it from a Gaussian with the same variance (E|Z| = 0.7979).
+        let se = (0.5f64 / n as f64).sqrt();
+        assert!((mean_abs - std::f64::consts::FRAC_1_SQRT_2).abs() < 5.0 * se, "E|L| = {mean_abs}");
+        assert!((mean_abs - 0.7979).abs() > 5.0 * se, "a Gaussian component must be detected");
+        assert!((var - 1.0).abs() < 0.05, "var {var}");
+        assert!((var / 2.0 - 1.0).abs() > 0.05, "a 1/√2 scale must be detected");
+    }
+
+    #[test]
+    fn rows_of_wrong_length_or_non_finite_are_dropped_and_clipping_applies() {
+        let m = MeanCurveMechanism::new(spec(CovKernel::Gaussian, 1e-5)).unwrap();
+        let mut st = m.empty_state();
+        m.add(&mut st, &[1.0; 59]);
+        let mut bad = vec![0.5; 60];
+        bad[7] = f64::NAN;
+        m.add(&mut st, &bad);
+        assert_eq!(st, m.empty_state());
+        let big = vec![100.0; 60];
+        let a = m.contribution(&big).unwrap();
+        let b = m.contribution(&vec![1.0; 60]).unwrap();
+        assert_eq!(a, b, "a curve of norm 100 clips to norm τ = 1");
+    }
+
+    #[test]
+    fn noiseless_release_of_identical_curves_is_their_smoothed_value_and_merges_are_exact() {
+        let m = MeanCurveMechanism::new(MeanCurveSpec { penalty: 1e-9, ..spec(CovKernel::Gaussian, 1e-5) }).unwrap();
+        let t: Vec<f64> = (0..60).map(|k| k as f64 / 59.0).collect();
+        let curve: Vec<f64> = t.iter().map(|x| 0.1 * (std::f64::consts::PI * x).sin()).collect();
+        let mut whole = m.empty_state();
+        let mut parts = [m.empty_state(), m.empty_state()];
+        for i in 0..10 {
+            m.add(&mut whole, &curve);
+            m.add(&mut parts[i % 2], &curve);
+        }
+        let [mut a, b] = parts;
+        a.merge(&b);
+        assert_eq!(a, whole);
+        let r = m.release_with_noise(&whole, &vec![0.0; m.basis().lambda.len()], 0.0);
+        assert_eq!(r.n, 10.0);
+        let err = r.mean.iter().zip(&curve).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(err < 1e-3, "smooth curve reproduced up to the smoother: {err}");
+    }
+
+    #[test]
+    fn parameters_are_validated_and_the_basis_is_cached() {
+        assert!(MeanCurveMechanism::new(MeanCurveSpec { points: 1, ..spec(CovKernel::Gaussian, 1e-5) }).is_err());
+        assert!(MeanCurveMechanism::new(MeanCurveSpec { penalty: 0.0, ..spec(CovKernel::Gaussian, 1e-5) }).is_err());
+        assert!(MeanCurveMechanism::new(MeanCurveSpec { eta: 0.5, ..spec(CovKernel::Gaussian, 1e-5) }).is_err());
+        assert!(
+            MeanCurveMechanism::new(MeanCurveSpec { count_fraction: 1.0, ..spec(CovKernel::Gaussian, 1e-5) }).is_err()
+        );
+        let a = Eigenbasis::cached(CovKernel::Matern52, 0.3, 40);
+        let b = Eigenbasis::cached(CovKernel::Matern52, 0.3, 40);
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+}
