@@ -118,7 +118,11 @@ fn demo_writes_data_and_image_and_draws_both_curves() {
     assert!(out.contains("* private") && out.contains("o non-private KDE"), "{out}");
     assert!(dir.path("demo/mixture.parquet").exists());
     let svg = std::fs::read_to_string(dir.path("demo/kde.svg")).unwrap();
-    assert_eq!(svg.matches("<polyline").count(), 4, "two panels of two curves");
+    assert_eq!(svg.matches("<polyline").count(), 6, "three panels of two curves");
+    assert!(
+        out.contains("private_mean_curve") && out.contains("budget of 'curves': spent ε = 1, δ = 0.00001"),
+        "{out}"
+    );
     assert!(out.contains("n = 1000 rows"), "{out}");
     assert!(out.contains("remaining ε = 1, δ = 0.000008"), "{out}");
     assert!(dir.path("demo/catalog.db").exists());

@@ -64,7 +64,7 @@ async fn list_types_named_arguments_and_noiseless_accuracy() {
 
     let s = table(&dir, "seeded", &data, ListKind::List, NoiseSource::TestSeed(5)).await;
     let a = mean_result(
-        &s.query("SELECT private_mean_curve(c, 1.0, 1e-5, 'matern32', 0.1, 0.05, 1, 0.5, 50) FROM seeded")
+        &s.query("SELECT private_mean_curve(c, 1.0, 1e-5, 'matern32', 0.2, 0.1, 1, 0.5, 50) FROM seeded")
             .await
             .unwrap(),
     );

@@ -17,6 +17,30 @@ use crate::session::{Admin, AnalystSession, SessionOptions};
 
 /// Rows in the demo table.
 pub const DEMO_ROWS: usize = 100_000;
+/// Curves in the demo's functional table, and their length.
+pub const DEMO_CURVES: usize = 500;
+/// Points per demo curve.
+pub const DEMO_CURVE_POINTS: usize = 100;
+
+/// Writes curves as a Parquet file with one FixedSizeList<Float64> column `c`.
+pub fn write_curves_parquet(path: &Path, curves: &[Vec<f64>]) -> Result<()> {
+    use datafusion::arrow::array::{FixedSizeListBuilder, Float64Builder};
+    let m = curves.first().map(|c| c.len()).unwrap_or(2) as i32;
+    let mut b = FixedSizeListBuilder::new(Float64Builder::new(), m);
+    for c in curves {
+        b.values().append_slice(c);
+        b.append(true);
+    }
+    let array = b.finish();
+    let schema = Arc::new(Schema::new(vec![Field::new("c", array.data_type().clone(), true)]));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(array)])?;
+    let file = File::create(path).map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let mut writer = ArrowWriter::try_new(file, schema, None)?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(())
+}
+
 /// Total budget the demo's data owner gives the table: (ε, δ).
 pub const DEMO_BUDGET: (f64, f64) = (2.0, 1e-5);
 /// Seed of the *data* generator (the data is synthetic and public; the privacy noise
@@ -24,6 +48,7 @@ pub const DEMO_BUDGET: (f64, f64) = (2.0, 1e-5);
 const DATA_SEED: u64 = 2013;
 
 pub use crate::datagen::mixture;
+use crate::datagen::{karhunen_loeve_curves, true_mean};
 
 /// Writes the demo table: `id` (row number, Int64) and `x` (Float64).
 pub fn write_parquet(path: &Path, values: &[f64]) -> Result<()> {
@@ -144,15 +169,72 @@ pub async fn run(dir: &Path) -> Result<()> {
         for (table, total, spent, remaining) in session.budgets()? {
             println!("budget of '{table}': spent {spent} of {total}; remaining {remaining}");
         }
-        panels.push(Panel { title: format!("private vs non-private KDE, {}", c.title), series: c.series });
+        panels.push(Panel {
+            title: format!("private vs non-private KDE, {}", c.title),
+            series: c.series,
+            x_label: "x".into(),
+            y_label: "density".into(),
+        });
     }
     println!(
         "\nnoise: Gaussian process with the kernel's covariance, σ = {sigma:.4} on the unnormalised kernel sum \
          (sensitivity Δ = 1, analytic calibration)"
     );
     println!("the same σ protects one row in both queries; with fewer rows the signal is smaller, so the noise shows.");
+
+    // Functional data: simulated growth-like curves, one per row, private mean curve.
+    let curves_path = dir.join("curves.parquet");
+    let curves = karhunen_loeve_curves(DEMO_CURVES, DEMO_CURVE_POINTS, DATA_SEED);
+    write_curves_parquet(&curves_path, &curves)?;
+    admin.register("curves", &curves_path.to_string_lossy()).await.map_err(policy)?;
+    admin.make_private("curves", DEMO_BUDGET.0, DEMO_BUDGET.1).map_err(policy)?;
+    admin.set_bounds("curves", "c", -0.5, 0.5).await.map_err(policy)?;
+    println!(
+        "\nwrote {} ({DEMO_CURVES} curves of {DEMO_CURVE_POINTS} points from Mirshani et al.'s simulation, mean 0.1·sin(πt)); \
+         private, values bounded in [-0.5, 0.5] (so the clip norm is 0.5)",
+        curves_path.display()
+    );
+    let session = AnalystSession::with_catalog(Arc::clone(admin.catalog()), SessionOptions::default()).await?;
+    let sql = "SELECT private_mean_curve(c, epsilon => 1, delta => 1e-5) AS m FROM curves";
+    println!("\n{sql};\n");
+    let batches = session.query(sql).await?;
+    let m = batches[0].column(0).as_struct();
+    let list = |name: &str| -> Vec<f64> {
+        m.column_by_name(name)
+            .map(|c| c.as_list::<i32>().value(0).as_primitive::<Float64Type>().values().to_vec())
+            .unwrap_or_default()
+    };
+    let (t, private_mean) = (list("t"), list("mean"));
+    let mut sample_mean = vec![0.0; DEMO_CURVE_POINTS];
+    for c in &curves {
+        for (a, b) in sample_mean.iter_mut().zip(c) {
+            *a += b / DEMO_CURVES as f64;
+        }
+    }
+    let l2 =
+        |a: &[f64], b: &[f64]| (a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
+    let series = vec![
+        Series { name: "private_mean_curve".into(), xs: t.clone(), ys: private_mean.clone() },
+        Series { name: "non-private sample mean".into(), xs: t.clone(), ys: sample_mean.clone() },
+    ];
+    println!("{}", plot::terminal(&series, 72, 14));
+    println!(
+        "L² distance to the sample mean: {:.4}; to the true mean 0.1·sin(πt): {:.4} (sample mean: {:.4})",
+        l2(&private_mean, &sample_mean),
+        l2(&private_mean, &true_mean(DEMO_CURVE_POINTS)),
+        l2(&sample_mean, &true_mean(DEMO_CURVE_POINTS))
+    );
+    for (table, total, spent, remaining) in session.budgets()? {
+        println!("budget of '{table}': spent {spent} of {total}; remaining {remaining}");
+    }
+    panels.push(Panel {
+        title: format!("private vs non-private mean curve, n = {DEMO_CURVES} curves, ε = 1, δ = 1e-5"),
+        series,
+        x_label: "t".into(),
+        y_label: "mean".into(),
+    });
     let svg_path: PathBuf = dir.join("kde.svg");
-    std::fs::write(&svg_path, plot::svg_panels(&panels, "x", "density")).map_err(io)?;
+    std::fs::write(&svg_path, plot::svg_panels(&panels)).map_err(io)?;
     println!("image: {}", svg_path.display());
     Ok(())
 }

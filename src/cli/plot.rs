@@ -145,6 +145,10 @@ pub struct Panel {
     pub title: String,
     /// Curves drawn in it.
     pub series: Vec<Series>,
+    /// Horizontal axis label.
+    pub x_label: String,
+    /// Vertical axis label.
+    pub y_label: String,
 }
 
 const PANEL_W: f64 = 900.0;
@@ -152,11 +156,16 @@ const PANEL_H: f64 = 520.0;
 
 /// Renders the curves as a standalone SVG document with one chart.
 pub fn svg(series: &[Series], title: &str, x_label: &str, y_label: &str) -> String {
-    svg_panels(&[Panel { title: title.to_string(), series: series.to_vec() }], x_label, y_label)
+    svg_panels(&[Panel {
+        title: title.to_string(),
+        series: series.to_vec(),
+        x_label: x_label.to_string(),
+        y_label: y_label.to_string(),
+    }])
 }
 
 /// Renders several charts stacked vertically as one SVG document.
-pub fn svg_panels(panels: &[Panel], x_label: &str, y_label: &str) -> String {
+pub fn svg_panels(panels: &[Panel]) -> String {
     let total_h = PANEL_H * panels.len().max(1) as f64;
     let mut s = String::new();
     let _ = writeln!(
@@ -166,7 +175,7 @@ pub fn svg_panels(panels: &[Panel], x_label: &str, y_label: &str) -> String {
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     for (i, p) in panels.iter().enumerate() {
         let _ = writeln!(s, r#"<g transform="translate(0 {})">"#, PANEL_H * i as f64);
-        chart(&mut s, &p.series, &p.title, x_label, y_label);
+        chart(&mut s, &p.series, &p.title, &p.x_label, &p.y_label);
         s.push_str("</g>\n");
     }
     s.push_str("</svg>\n");

@@ -3,7 +3,7 @@
 //!
 //! ```sql
 //! private_mean_curve(curve, epsilon, delta
-//!     [, kernel => 'matern32', range => 0.1, penalty => 0.05, eta => 1, clip => …,
+//!     [, kernel => 'matern32', range => 0.2, penalty => 0.1, eta => 1, clip => …,
 //!        points => …, count_fraction => 0.1, calibration => 'analytic'])
 //!   -> {t: List<Float64>, mean: List<Float64>, n: Float64}
 //! ```
@@ -32,10 +32,10 @@ use crate::mechanism::{Calibration, NoiseSource};
 pub const NAME: &str = "private_mean_curve";
 /// Default kernel (see README's utility study).
 pub const DEFAULT_KERNEL: CovKernel = CovKernel::Matern32;
-/// Default kernel range ρ.
-pub const DEFAULT_RANGE: f64 = 0.1;
-/// Default penalty φ.
-pub const DEFAULT_PENALTY: f64 = 0.05;
+/// Default kernel range ρ (from the utility study, `examples/utility_study.rs`).
+pub const DEFAULT_RANGE: f64 = 0.2;
+/// Default penalty φ (from the utility study).
+pub const DEFAULT_PENALTY: f64 = 0.1;
 /// Default share of ε spent on the count.
 pub const DEFAULT_COUNT_FRACTION: f64 = 0.1;
 

@@ -31,7 +31,7 @@ pub const EIGEN_CUTOFF: f64 = 1e-12;
 /// Fixed-point unit of the coefficient sums, relative to the clip norm τ.
 pub const COEFF_UNIT: f64 = 1.0 / (1u64 << 40) as f64;
 /// Largest curve length accepted.
-pub const MAX_CURVE_LENGTH: usize = 4096;
+pub const MAX_CURVE_LENGTH: usize = 2048;
 
 /// Mirshani et al.'s covariance kernels (supplement, eq. 6), all with range ρ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -136,6 +136,14 @@ impl Eigenbasis {
             map.clear();
         }
         Arc::clone(map.entry(key).or_insert(basis))
+    }
+
+    /// Benchmarks only: forget every cached eigenbasis (to time uncached queries).
+    #[doc(hidden)]
+    pub fn clear_cache() {
+        if let Some(map) = CACHE.lock().expect("cache").as_mut() {
+            map.clear();
+        }
     }
 
     /// Curve length m.
