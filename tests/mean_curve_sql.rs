@@ -166,7 +166,7 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ),
         (
             "private_mean_curve(c, 1, 1e-5, clip => 1, points => 1)",
-            "argument 'points' must be an integer in [2, 4096], got 1",
+            "argument 'points' must be an integer in [2, 2048], got 1",
         ),
         (
             "private_mean_curve(c, 1, 1e-5, clip => 1, points => 50, count_fraction => 1)",

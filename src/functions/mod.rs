@@ -8,10 +8,10 @@ pub mod private_mean_curve;
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, ListArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Float64Array, ListArray};
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
-use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::common::{DFSchema, Result};
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field};
+use datafusion::common::{DFSchema, Result, ScalarValue, internal_err};
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use crate::mechanism::NoiseSource;
@@ -54,6 +54,42 @@ pub fn plan_private_call(func: &AggregateUDF, args: &[Expr], schema: &DFSchema) 
 /// Whether `func` is one of the private aggregates.
 pub fn is_private(func: &AggregateUDF) -> bool {
     func.inner().is::<PrivateKde>() || func.inner().is::<PrivateMeanCurve>()
+}
+
+/// Type of fixed-point statistics in accumulator state (i128 as Decimal128(38, 0)).
+pub(crate) fn fixed_point_type() -> DataType {
+    DataType::Decimal128(38, 0)
+}
+
+/// A fixed-point statistic as a one-row list state value.
+pub(crate) fn fixed_point_state(values: &[i128]) -> Result<ScalarValue> {
+    let values = Decimal128Array::from(values.to_vec()).with_data_type(fixed_point_type());
+    let field = Arc::new(Field::new_list_field(fixed_point_type(), true));
+    let list = ListArray::try_new(field, OffsetBuffer::from_lengths([values.len()]), Arc::new(values), None)?;
+    Ok(ScalarValue::List(Arc::new(list)))
+}
+
+/// Calls `f(row, values)` for every non-null row of a fixed-point list state column,
+/// checking each has `len` entries.
+pub(crate) fn for_each_fixed_point_row(
+    function: &str,
+    states: &ArrayRef,
+    len: usize,
+    mut f: impl FnMut(usize, &[i128]),
+) -> Result<()> {
+    let lists = states.as_list::<i32>();
+    for row in 0..lists.len() {
+        if lists.is_null(row) {
+            continue;
+        }
+        let part = lists.value(row);
+        let part = part.as_primitive::<Decimal128Type>();
+        if part.len() != len {
+            return internal_err!("{function}: partial statistic has {} entries, expected {len}", part.len());
+        }
+        f(row, part.values());
+    }
+    Ok(())
 }
 
 /// A one-row `List<Float64>` array (a NULL list for `None`).

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, Result, ScalarValue, plan_datafusion_err};
-use datafusion::logical_expr::Expr;
 use datafusion::logical_expr::expr::Cast;
+use datafusion::logical_expr::function::AccumulatorArgs;
+use datafusion::logical_expr::{Expr, Signature, Volatility};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Literal;
 
@@ -59,6 +60,25 @@ impl FunctionParams {
     /// A precise planning error about this function.
     pub fn error(&self, msg: impl std::fmt::Display) -> DataFusionError {
         plan_datafusion_err!("{}: {msg}", self.function)
+    }
+
+    /// The UDAF signature: volatile, user-defined coercion, named parameters.
+    pub fn signature(&self) -> Signature {
+        Signature::user_defined(Volatility::Volatile)
+            .with_parameter_names(self.names())
+            .expect("user-defined signatures accept parameter names")
+    }
+
+    /// Refuses DISTINCT and ORDER BY inside the call (checked again when an accumulator
+    /// is created; the guard refuses them at planning time).
+    pub fn check_accumulator_args(&self, args: &AccumulatorArgs) -> Result<()> {
+        if args.is_distinct {
+            return Err(self.error("DISTINCT is not supported"));
+        }
+        if !args.order_bys.is_empty() {
+            return Err(self.error("ORDER BY inside the call is not supported"));
+        }
+        Ok(())
     }
 
     /// Checks the number of arguments.

@@ -13,22 +13,19 @@
 use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Float64Array, ListArray, StructArray};
-use datafusion::arrow::buffer::OffsetBuffer;
-use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Fields, Float64Type};
-use datafusion::common::{Result, ScalarValue, exec_datafusion_err, internal_err};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StructArray};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
+use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature, Volatility,
-};
+use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature};
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
-use super::{PrivateCall, float_list};
+use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::mechanism::budget::{Budget, MAX_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::MAX_POINTS;
-use crate::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec, NoiseSource};
+use crate::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec, NoiseSource};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_kde";
@@ -122,10 +119,6 @@ pub fn result_fields() -> Fields {
     ])
 }
 
-fn state_item_type() -> DataType {
-    DataType::Decimal128(38, 0)
-}
-
 static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     Documentation::builder(
         datafusion::logical_expr::DocSection {
@@ -171,10 +164,7 @@ impl Default for PrivateKde {
 impl PrivateKde {
     /// A `private_kde` whose releases draw randomness from `noise`.
     pub fn new(noise: NoiseSource) -> Self {
-        let signature = Signature::user_defined(Volatility::Volatile)
-            .with_parameter_names(PARAMS.names())
-            .expect("user-defined signatures accept parameter names");
-        Self { signature, noise }
+        Self { signature: PARAMS.signature(), noise }
     }
 
     /// The UDF, ready to register.
@@ -212,18 +202,13 @@ impl AggregateUDFImpl for PrivateKde {
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         Ok(vec![Arc::new(Field::new_list(
             format_state_name(args.name, "kde_statistic"),
-            Field::new_list_field(state_item_type(), true),
+            Field::new_list_field(fixed_point_type(), true),
             true,
         ))])
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        if args.is_distinct {
-            return Err(PARAMS.error("DISTINCT is not supported"));
-        }
-        if !args.order_bys.is_empty() {
-            return Err(PARAMS.error("ORDER BY inside the call is not supported"));
-        }
+        PARAMS.check_accumulator_args(&args)?;
         let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?)?;
         Ok(Box::new(KdeAccumulator::new(mechanism, self.noise)))
     }
@@ -276,28 +261,12 @@ impl Accumulator for KdeAccumulator {
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let lists = states[0].as_list::<i32>();
-        for row in lists.iter().flatten() {
-            let part = row.as_primitive::<Decimal128Type>();
-            if part.len() != self.state.len() {
-                return internal_err!(
-                    "{NAME}: partial statistic has {} entries, expected {}",
-                    part.len(),
-                    self.state.len()
-                );
-            }
-            for (a, b) in self.state.iter_mut().zip(part.values().iter()) {
-                *a = a.saturating_add(*b);
-            }
-        }
-        Ok(())
+        let state = &mut self.state;
+        for_each_fixed_point_row(NAME, &states[0], state.len(), |_, part| KdeLayout::merge(state, part))
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        let values = Decimal128Array::from(self.state.clone()).with_data_type(state_item_type());
-        let field = Arc::new(Field::new_list_field(state_item_type(), true));
-        let list = ListArray::try_new(field, OffsetBuffer::from_lengths([values.len()]), Arc::new(values), None)?;
-        Ok(vec![ScalarValue::List(Arc::new(list))])
+        Ok(vec![fixed_point_state(&self.state)?])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
@@ -315,6 +284,7 @@ impl Accumulator for KdeAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::logical_expr::Volatility;
 
     fn accumulator(noise: NoiseSource) -> KdeAccumulator {
         let spec = KdeSpec {

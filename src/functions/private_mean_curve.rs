@@ -12,18 +12,17 @@
 use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, Float64Array, ListArray, StructArray};
-use datafusion::arrow::buffer::OffsetBuffer;
-use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field, FieldRef, Fields, Float64Type, UInt64Type};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StructArray};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, UInt64Type};
 use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature,
 };
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
-use super::{PrivateCall, float_list};
+use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::mechanism::budget::{Budget, MAX_EPSILON};
 use crate::mechanism::mean_curve::{CovKernel, MAX_CURVE_LENGTH, MeanCurveMechanism, MeanCurveSpec, MeanState};
 use crate::mechanism::{Calibration, NoiseSource};
@@ -181,10 +180,6 @@ pub fn result_fields() -> Fields {
     ])
 }
 
-fn sums_type() -> DataType {
-    DataType::Decimal128(38, 0)
-}
-
 static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     Documentation::builder(
         datafusion::logical_expr::DocSection { include: true, label: "Differentially private functions", description: None },
@@ -215,10 +210,7 @@ impl Default for PrivateMeanCurve {
 impl PrivateMeanCurve {
     /// A `private_mean_curve` whose releases draw randomness from `noise`.
     pub fn new(noise: NoiseSource) -> Self {
-        let signature = Signature::user_defined(Volatility::Volatile)
-            .with_parameter_names(PARAMS.names())
-            .expect("user-defined signatures accept parameter names");
-        Self { signature, noise }
+        Self { signature: PARAMS.signature(), noise }
     }
 
     /// The UDF, ready to register.
@@ -259,7 +251,7 @@ impl AggregateUDFImpl for PrivateMeanCurve {
         Ok(vec![
             Arc::new(Field::new_list(
                 format_state_name(args.name, "coefficient_sums"),
-                Field::new_list_field(sums_type(), true),
+                Field::new_list_field(fixed_point_type(), true),
                 true,
             )),
             Arc::new(Field::new(format_state_name(args.name, "count"), DataType::UInt64, true)),
@@ -267,12 +259,7 @@ impl AggregateUDFImpl for PrivateMeanCurve {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        if args.is_distinct {
-            return Err(PARAMS.error("DISTINCT is not supported"));
-        }
-        if !args.order_bys.is_empty() {
-            return Err(PARAMS.error("ORDER BY inside the call is not supported"));
-        }
+        PARAMS.check_accumulator_args(&args)?;
         let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
         let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, fixed)?;
         let state = mechanism.empty_state();
@@ -322,32 +309,15 @@ impl Accumulator for MeanCurveAccumulator {
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let lists = states[0].as_list::<i32>();
         let counts = states[1].as_primitive::<UInt64Type>();
-        for i in 0..lists.len() {
-            if lists.is_null(i) {
-                continue;
-            }
-            let sums = lists.value(i);
-            let sums = sums.as_primitive::<Decimal128Type>();
-            if sums.len() != self.state.sums.len() {
-                return internal_err!(
-                    "{NAME}: partial state has {} coefficients, expected {}",
-                    sums.len(),
-                    self.state.sums.len()
-                );
-            }
-            let other = MeanState { sums: sums.values().to_vec(), count: counts.value(i) };
-            self.state.merge(&other);
-        }
-        Ok(())
+        let state = &mut self.state;
+        for_each_fixed_point_row(NAME, &states[0], state.sums.len(), |row, sums| {
+            state.merge(&MeanState { sums: sums.to_vec(), count: counts.value(row) })
+        })
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        let values = Decimal128Array::from(self.state.sums.clone()).with_data_type(sums_type());
-        let field = Arc::new(Field::new_list_field(sums_type(), true));
-        let list = ListArray::try_new(field, OffsetBuffer::from_lengths([values.len()]), Arc::new(values), None)?;
-        Ok(vec![ScalarValue::List(Arc::new(list)), ScalarValue::UInt64(Some(self.state.count))])
+        Ok(vec![fixed_point_state(&self.state.sums)?, ScalarValue::UInt64(Some(self.state.count))])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
