@@ -208,3 +208,16 @@ fn admin_and_analyst_workflow_until_the_budget_runs_out() {
     assert_eq!(code, 1);
     assert!(err.contains("no catalog at"), "{err}");
 }
+
+#[test]
+fn mean_curve_example_sql_file_runs() {
+    let dir = TempDir::new("cli-mc-examples");
+    let curves = dpcurve::datagen::karhunen_loeve_curves(200, 100, 3);
+    dpcurve::cli::demo::write_curves_parquet(&dir.path("c.parquet"), &curves).unwrap();
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/mean_curve_examples.sql");
+    let table = format!("curves={}", dir.str("c.parquet"));
+    let (code, out, err) = dpcurve(&["sql", "--table", &table, "--format", "csv", "-f", file], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("t,mean") && out.contains("n_estimate"), "{out}");
+    assert!(out.lines().filter(|l| l.starts_with("0.") || l.starts_with("1.")).count() >= 100, "{out}");
+}
