@@ -348,15 +348,23 @@ impl MeanCurveMechanism {
         if curve.len() != self.spec.points || !curve.iter().all(|v| v.is_finite()) {
             return None;
         }
-        let norm = inner(curve, curve).sqrt();
-        let scale = if norm > self.spec.clip { self.spec.clip / norm } else { 1.0 };
+        // Divide by the largest |value| first so huge (finite) curves cannot overflow the
+        // norm: x = a·y with max|y| = 1, ‖x‖ = a·‖y‖.
+        let a = curve.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        if a == 0.0 {
+            return Some(vec![0; self.basis.lambda.len()]);
+        }
+        let y: Vec<f64> = curve.iter().map(|v| v / a).collect();
+        let norm_y = inner(&y, &y).sqrt();
+        // Coefficients of x·min(1, τ/‖x‖) = y·min(a, τ/‖y‖).
+        let factor = a.min(self.spec.clip / norm_y);
         let unit = self.spec.clip * COEFF_UNIT;
         Some(
             self.basis
                 .vectors
                 .iter()
                 .zip(&self.smoother)
-                .map(|(v, s)| (s * scale * inner(curve, v) / unit).round() as i128)
+                .map(|(v, s)| (s * factor * inner(&y, v) / unit).round() as i128)
                 .collect(),
         )
     }
@@ -598,6 +606,10 @@ mod tests {
         let a = m.contribution(&big).unwrap();
         let b = m.contribution(&vec![1.0; 60]).unwrap();
         assert_eq!(a, b, "a curve of norm 100 clips to norm τ = 1");
+        // Finite values whose squares overflow still clip to the same direction.
+        assert_eq!(m.contribution(&vec![1e300; 60]).unwrap(), b);
+        assert_eq!(m.contribution(&vec![-1e308; 60]).unwrap(), b.iter().map(|v| -v).collect::<Vec<_>>());
+        assert!(m.contribution(&vec![0.0; 60]).unwrap().iter().all(|v| *v == 0));
     }
 
     #[test]
