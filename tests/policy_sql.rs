@@ -124,6 +124,10 @@ rejects! {
     a_scalar_subquery_over_private_rows_is_refused:
         "SELECT x FROM pub_t WHERE x > (SELECT max(x) FROM p)" => "[rule private-aggregates-only]";
     an_in_subquery_over_private_rows_is_refused: "SELECT x FROM pub_t WHERE x IN (SELECT x FROM p)" => "[rule no-raw-rows]";
+    a_correlated_subquery_cannot_release_once_per_outer_row:
+        "SELECT g, (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] FROM p WHERE p.g = o.g) FROM pub_t o" => "[rule no-group-by]";
+    a_lateral_join_cannot_release_once_per_outer_row:
+        "SELECT * FROM (VALUES (0), (1)) v(k) CROSS JOIN LATERAL (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] AS m FROM p WHERE g = v.k)" => "[rule no-group-by]";
     explain_analyze_is_refused: "EXPLAIN ANALYZE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-explain-analyze]";
     create_external_table_is_refused:
         "CREATE EXTERNAL TABLE leak STORED AS PARQUET LOCATION '/tmp/p.parquet'" => "DDL not supported";
