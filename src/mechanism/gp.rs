@@ -125,14 +125,20 @@ impl GpSampler {
 
     /// The eigenvalues of the circulant embedding of size m (before clipping).
     pub fn circulant_spectrum(step_over_h: f64, m: usize) -> Vec<f64> {
+        Self::spectrum_with(&*FftPlanner::new().plan_fft_forward(m), step_over_h, m)
+    }
+
+    fn spectrum_with(fft: &dyn Fft<f64>, step_over_h: f64, m: usize) -> Vec<f64> {
         let mut c: Vec<Complex<f64>> =
             (0..m).map(|k| Complex::new(kernel_at_lag(k.min(m - k), step_over_h), 0.0)).collect();
-        FftPlanner::new().plan_fft_forward(m).process(&mut c);
+        fft.process(&mut c);
         c.iter().map(|z| z.re).collect()
     }
 
     fn circulant(points: usize, step_over_h: f64, m: usize) -> Option<Self> {
-        let eig = Self::circulant_spectrum(step_over_h, m);
+        // One forward plan serves both the spectrum and every sample.
+        let fft = FftPlanner::new().plan_fft_forward(m);
+        let eig = Self::spectrum_with(&*fft, step_over_h, m);
         let max = eig.iter().cloned().fold(f64::MIN, f64::max);
         let min = eig.iter().cloned().fold(f64::MAX, f64::min);
         // With the padding above, negatives are round-off (~1e-16·max). Anything larger
@@ -141,7 +147,6 @@ impl GpSampler {
             return None;
         }
         let sqrt_eig = eig.iter().map(|&l| (l.max(0.0) / m as f64).sqrt()).collect();
-        let fft = FftPlanner::new().plan_fft_forward(m);
         Some(GpSampler { points, kind: Kind::Circulant { sqrt_eig, fft } })
     }
 

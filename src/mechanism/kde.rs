@@ -113,8 +113,6 @@ enum Mode {
         nbins: usize,
         /// Largest lag (units) still summed; `max_lag·unit ≥ 8h`.
         max_lag: usize,
-        /// `K` at lag ℓ·unit for ℓ = 0..=max_lag, unless too long.
-        taps: Option<Vec<f64>>,
     },
     /// One accumulator per grid point, exact kernel values.
     Exact,
@@ -163,7 +161,6 @@ impl KdeLayout {
                     spacing,
                     nbins: nbins as usize,
                     max_lag: pad,
-                    taps: None,
                 }
             }
         } else {
@@ -181,16 +178,7 @@ impl KdeLayout {
                 spacing,
                 nbins: inner + 2 * pad,
                 max_lag: (TRUNCATION_BANDWIDTHS * h / dt).ceil() as usize,
-                taps: None,
             }
-        };
-        let mode = match mode {
-            Mode::Binned { unit, bin_step, grid_step, grid_offset, origin, spacing, nbins, max_lag, .. } => {
-                let taps = (max_lag < MAX_TAPS)
-                    .then(|| (0..=max_lag).map(|l| gaussian_kernel(l as f64 * unit, 0.0, h)).collect());
-                Mode::Binned { unit, bin_step, grid_step, grid_offset, origin, spacing, nbins, max_lag, taps }
-            }
-            Mode::Exact => Mode::Exact,
         };
         Ok(KdeLayout { grid, bandwidth, mode })
     }
@@ -284,8 +272,12 @@ impl KdeLayout {
         let w: Vec<f64> = state.iter().map(|&v| v as f64 / FIXED_ONE).collect();
         match &self.mode {
             Mode::Exact => w,
-            Mode::Binned { unit, bin_step, grid_step, grid_offset, nbins, max_lag, taps, .. } => {
-                let kernel = |lag: usize| match taps {
+            Mode::Binned { unit, bin_step, grid_step, grid_offset, nbins, max_lag, .. } => {
+                // The lag table is built here, once per release, not in every partial
+                // accumulator (which never needs it).
+                let taps: Option<Vec<f64>> = (*max_lag < MAX_TAPS)
+                    .then(|| (0..=*max_lag).map(|l| gaussian_kernel(l as f64 * unit, 0.0, self.bandwidth)).collect());
+                let kernel = |lag: usize| match &taps {
                     Some(t) => t[lag],
                     None => gaussian_kernel(lag as f64 * unit, 0.0, self.bandwidth),
                 };
