@@ -24,8 +24,8 @@ use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::mechanism::budget::{Budget, MAX_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
-use crate::mechanism::kde::MAX_POINTS;
-use crate::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec, NoiseSource};
+use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
+use crate::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec, NoiseSource};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_kde";
@@ -222,21 +222,22 @@ impl AggregateUDFImpl for PrivateKde {
 #[derive(Debug)]
 pub struct KdeAccumulator {
     mechanism: KdeMechanism,
-    state: Vec<i128>,
+    state: KdeAccumulation,
     noise: NoiseSource,
     released: Option<ScalarValue>,
 }
 
 impl KdeAccumulator {
     fn new(mechanism: KdeMechanism, noise: NoiseSource) -> Self {
-        let state = mechanism.layout().empty_state();
+        let state = KdeAccumulation::new(mechanism.layout());
         Self { mechanism, state, noise, released: None }
     }
 
-    fn release(&self) -> Result<ScalarValue> {
+    fn release(&mut self) -> Result<ScalarValue> {
+        let state = self.state.totals();
         let release = match self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))? {
-            Some(mut rng) => self.mechanism.release(&self.state, &mut rng),
-            None => self.mechanism.release_with_noise(&self.state, &vec![0.0; self.mechanism.spec().grid.points]),
+            Some(mut rng) => self.mechanism.release(state, &mut rng),
+            None => self.mechanism.release_with_noise(state, &vec![0.0; self.mechanism.spec().grid.points]),
         };
         let x = float_list(Some(release.x));
         let density = float_list(release.density);
@@ -250,11 +251,12 @@ impl Accumulator for KdeAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let values = values[0].as_primitive::<Float64Type>();
         let layout = self.mechanism.layout();
-        if values.null_count() == 0 {
-            layout.add_all(&mut self.state, values.values());
-        } else {
-            for v in values.iter().flatten() {
-                layout.add(&mut self.state, v);
+        match values.nulls().filter(|n| n.null_count() > 0) {
+            None => self.state.add_all(layout, values.values()),
+            Some(nulls) => {
+                for (start, end) in nulls.valid_slices() {
+                    self.state.add_all(layout, &values.values()[start..end]);
+                }
             }
         }
         Ok(())
@@ -262,11 +264,12 @@ impl Accumulator for KdeAccumulator {
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
         let state = &mut self.state;
-        for_each_fixed_point_row(NAME, &states[0], state.len(), |_, part| KdeLayout::merge(state, part))
+        let len = self.mechanism.layout().state_len();
+        for_each_fixed_point_row(NAME, &states[0], len, |_, part| state.merge(part))
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![fixed_point_state(&self.state)?])
+        Ok(vec![fixed_point_state(self.state.totals())?])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
@@ -277,7 +280,7 @@ impl Accumulator for KdeAccumulator {
     }
 
     fn size(&self) -> usize {
-        size_of_val(self) + self.state.capacity() * size_of::<i128>()
+        size_of_val(self) + self.state.heap_size()
     }
 }
 
@@ -325,8 +328,20 @@ mod tests {
             let state: Vec<ArrayRef> = acc.state().unwrap().iter().map(|s| s.to_array().unwrap()).collect();
             merged.merge_batch(&state).unwrap();
         }
-        assert_eq!(merged.state, whole.state);
+        assert_eq!(merged.state.totals(), whole.state.totals());
         assert_eq!(merged.evaluate().unwrap(), whole.evaluate().unwrap());
+    }
+
+    #[test]
+    fn nulls_are_skipped_and_the_rest_counted() {
+        let mut with_nulls = accumulator(NoiseSource::TestSeed(1));
+        let xs = vec![None, Some(0.1), Some(0.2), None, None, Some(0.9), Some(f64::NAN), None];
+        with_nulls.update_batch(&[Arc::new(Float64Array::from(xs)) as ArrayRef]).unwrap();
+        let mut dense = accumulator(NoiseSource::TestSeed(1));
+        dense.update_batch(&[Arc::new(Float64Array::from(vec![0.1, 0.2, 0.9])) as ArrayRef]).unwrap();
+        assert_eq!(with_nulls.state.totals(), dense.state.totals());
+        let mass: i128 = dense.state.totals().iter().sum();
+        assert_eq!(mass, 3 << 40, "three rows, one unit each");
     }
 
     #[test]

@@ -159,6 +159,12 @@ impl GpSampler {
         GpSampler { points, kind: Kind::Cholesky { l } }
     }
 
+    /// Benchmarks only: the dense Cholesky sampler at any size (O(G³) to build).
+    #[doc(hidden)]
+    pub fn cholesky_for_benchmarks(points: usize, step_over_h: f64) -> Self {
+        Self::cholesky(points, step_over_h)
+    }
+
     /// Number of grid points.
     pub fn points(&self) -> usize {
         self.points

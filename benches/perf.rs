@@ -1,0 +1,540 @@
+//! dpcurve's benchmark harness: every number is a ratio against a baseline measured in the
+//! same run, on data the harness generates itself (deterministic seeds).
+//!
+//! ```text
+//! cargo bench --bench perf                                   # default sizes
+//! cargo bench --bench perf -- --rows 1e6,1e7,1e8 --curves 1e5,1e6
+//! cargo bench --bench perf -- --only kde,peers --rows 1e7 --reps 9
+//! ```
+//!
+//! Sections (`--only` takes a comma-separated subset):
+//! * `kde`: `private_kde` (through an analyst session, budget gate included) vs `sum(x)` vs
+//!   `count(*)` on the same Parquet file;
+//! * `peers`: KDEpy `FFTKDE` and statsmodels `KDEUnivariate(fft=True)` end to end on the same
+//!   file (`benches/peers.py`, run in a local virtual environment it creates; skipped with a
+//!   message when Python or the packages are not available);
+//! * `mean`: `private_mean_curve` (warm eigen cache) vs `count(c)` over the same list column;
+//! * `eigen`: cold vs warm `private_mean_curve` at m = 100, 500, 1000;
+//! * `gp`: the Gaussian-process sampler, circulant embedding vs Cholesky, with scaling exponents;
+//! * `gate`: per-query cost of the budget gate, ledger on disk (fsync) vs in memory (tmpfs).
+//!
+//! Options: `--rows LIST` (default 1e6,1e7), `--curves LIST` (default 1e5), `--reps N`
+//! (default 7), `--cholesky-max G` (default 4096), `--data DIR` (default `target/bench-data`;
+//! generated files are reused), `--python PATH` (default `python3`).
+//! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
+//! of them alike; a ratio's spread is the range of the per-round ratios.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{ArrayRef, FixedSizeListBuilder, Float64Array, Float64Builder, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::mechanism::calibration::Calibration;
+use dpcurve::mechanism::gp::GpSampler;
+use dpcurve::mechanism::kde::Grid;
+use dpcurve::mechanism::kde_release::{KdeMechanism, KdeSpec};
+use dpcurve::mechanism::mean_curve::Eigenbasis;
+use dpcurve::policy::Catalog;
+use dpcurve::{Admin, AnalystSession, SessionOptions};
+use rand::SeedableRng;
+
+// ---------------------------------------------------------------------------------------------
+// Options and reporting
+
+struct Options {
+    rows: Vec<usize>,
+    curves: Vec<usize>,
+    reps: usize,
+    only: Option<Vec<String>>,
+    data: PathBuf,
+    cholesky_max: usize,
+    python: String,
+}
+
+fn parse_count(s: &str) -> usize {
+    let v: f64 = s.trim().parse().unwrap_or_else(|_| panic!("not a number: {s}"));
+    assert!(v >= 1.0 && v.fract() == 0.0, "not a positive count: {s}");
+    v as usize
+}
+
+impl Options {
+    fn parse() -> Self {
+        let mut o = Options {
+            rows: vec![1_000_000, 10_000_000],
+            curves: vec![100_000],
+            reps: 7,
+            only: None,
+            data: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target").join("bench-data"),
+            cholesky_max: 4096,
+            python: "python3".into(),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+            match a.as_str() {
+                "--bench" => {} // added by `cargo bench`
+                "--rows" => o.rows = value().split(',').map(parse_count).collect(),
+                "--curves" => o.curves = value().split(',').map(parse_count).collect(),
+                "--reps" => o.reps = parse_count(&value()),
+                "--only" => o.only = Some(value().split(',').map(|s| s.trim().to_string()).collect()),
+                "--data" => o.data = PathBuf::from(value()),
+                "--cholesky-max" => o.cholesky_max = parse_count(&value()),
+                "--python" => o.python = value(),
+                other => panic!("unknown option {other} (see the header of benches/perf.rs)"),
+            }
+        }
+        o
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only.as_ref().is_none_or(|s| s.iter().any(|x| x == section))
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+}
+
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)))
+}
+
+/// Summary lines collected for the final Markdown table.
+#[derive(Default)]
+struct Report {
+    lines: Vec<String>,
+}
+
+impl Report {
+    fn add(&mut self, bench: &str, size: &str, variant: &str, ms: f64, ratio: &str) {
+        self.lines.push(format!("| {bench} | {size} | {variant} | {ms:.3} | {ratio} |"));
+    }
+
+    fn print(&self) {
+        println!("\n## Summary (median milliseconds; ratio = median of per-round ratios [min, max])\n");
+        println!("| benchmark | size | variant | ms | ratio to baseline |");
+        println!("|---|---|---|---|---|");
+        for l in &self.lines {
+            println!("{l}");
+        }
+    }
+}
+
+/// Times `variants` round-robin (`reps` rounds after one warm-up round). Returns the
+/// milliseconds per variant, per round.
+async fn interleaved(variants: &[(&str, &AnalystSession, String)], reps: usize) -> Vec<Vec<f64>> {
+    for (_, s, sql) in variants {
+        s.query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let mut times = vec![Vec::with_capacity(reps); variants.len()];
+    for _ in 0..reps {
+        for (i, (_, s, sql)) in variants.iter().enumerate() {
+            let t = Instant::now();
+            std::hint::black_box(s.query(sql).await.unwrap());
+            times[i].push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times
+}
+
+/// Prints and records `times` against variant `base`.
+fn report_against(report: &mut Report, bench: &str, size: &str, names: &[&str], times: &[Vec<f64>], base: usize) {
+    for (i, name) in names.iter().enumerate() {
+        let ratios: Vec<f64> = times[i].iter().zip(&times[base]).map(|(a, b)| a / b).collect();
+        let (lo, hi) = min_max(&times[i]);
+        let (rlo, rhi) = min_max(&ratios);
+        let ratio =
+            if i == base { "1 (baseline)".to_string() } else { format!("{:.2} [{rlo:.2}, {rhi:.2}]", median(&ratios)) };
+        println!("  {name:<34} {:>10.3} ms [{lo:.3}, {hi:.3}]   {ratio}", median(&times[i]));
+        report.add(bench, size, name, median(&times[i]), &ratio);
+    }
+}
+
+fn human(n: usize) -> String {
+    let e = (n as f64).log10();
+    if n >= 1000 && e.fract() == 0.0 { format!("1e{}", e as u32) } else { n.to_string() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data (deterministic, reused across runs)
+
+const CHUNK: usize = 1 << 20;
+
+/// `rows` draws of the Hall et al. mixture in one Float64 column `x`, written in chunks.
+fn mixture_file(dir: &Path, rows: usize) -> PathBuf {
+    let path = dir.join(format!("mixture-{}.parquet", human(rows)));
+    if path.exists() {
+        return path;
+    }
+    println!("  generating {} …", path.display());
+    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true)]));
+    let tmp = path.with_extension("tmp");
+    let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), Arc::clone(&schema), None).unwrap();
+    let mut done = 0;
+    let mut chunk_seed = 1000;
+    while done < rows {
+        let n = CHUNK.min(rows - done);
+        let x: ArrayRef = Arc::new(Float64Array::from(dpcurve::datagen::mixture(n, chunk_seed)));
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![x]).unwrap()).unwrap();
+        done += n;
+        chunk_seed += 1;
+    }
+    w.close().unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+/// `n` Karhunen–Loève curves of length `m` in one FixedSizeList column `c`.
+fn curves_file(dir: &Path, n: usize, m: usize) -> PathBuf {
+    let path = dir.join(format!("curves-{}x{m}.parquet", human(n)));
+    if path.exists() {
+        return path;
+    }
+    println!("  generating {} …", path.display());
+    let item = Arc::new(Field::new("item", DataType::Float64, true));
+    let schema = Arc::new(Schema::new(vec![Field::new("c", DataType::FixedSizeList(item, m as i32), true)]));
+    let tmp = path.with_extension("tmp");
+    let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), Arc::clone(&schema), None).unwrap();
+    let per_chunk = (CHUNK / m).max(1);
+    let (mut done, mut chunk_seed) = (0, 2000);
+    while done < n {
+        let k = per_chunk.min(n - done);
+        let mut b = FixedSizeListBuilder::new(Float64Builder::new(), m as i32);
+        for c in dpcurve::datagen::karhunen_loeve_curves(k, m, chunk_seed) {
+            b.values().append_slice(&c);
+            b.append(true);
+        }
+        let c: ArrayRef = Arc::new(b.finish());
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![c]).unwrap()).unwrap();
+        done += k;
+        chunk_seed += 1;
+    }
+    w.close().unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+/// A catalog with the file registered twice: `pub_t` (public) and `priv_t` (private, a
+/// budget large enough for any benchmark run). Returns the analyst session.
+async fn catalog_session(dir: &Path, name: &str, file: &Path) -> AnalystSession {
+    let path = dir.join(format!("catalog-{name}-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let admin = Admin::open(&path).unwrap();
+    admin.register("pub_t", &file.to_string_lossy()).await.unwrap();
+    admin.register("priv_t", &file.to_string_lossy()).await.unwrap();
+    admin.make_private("priv_t", 1000.0, 0.5).unwrap();
+    AnalystSession::open(&path, SessionOptions::default()).await.unwrap()
+}
+
+fn remove_catalog(dir: &Path, name: &str) {
+    let base = dir.join(format!("catalog-{name}-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", base.display()));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sections
+
+/// The KDE query every KDE section runs (ε small so the budget lasts; noise cost is the same).
+const KDE_BANDWIDTH: f64 = 0.02;
+const KDE_POINTS: usize = 1024;
+fn kde_sql(table: &str) -> String {
+    format!("SELECT private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}) FROM {table}")
+}
+
+async fn kde(o: &Options, report: &mut Report) -> Vec<(usize, PathBuf, f64)> {
+    let mut medians = Vec::new();
+    for &rows in &o.rows {
+        println!("\n# private_kde vs the scan floor, {} rows (h = {KDE_BANDWIDTH}, {KDE_POINTS} points)", human(rows));
+        let file = mixture_file(&o.data, rows);
+        let s = catalog_session(&o.data, "kde", &file).await;
+        let names = ["SELECT sum(x)", "SELECT count(*)", "private_kde (gate included)"];
+        let sqls = ["SELECT sum(x) FROM pub_t".to_string(), "SELECT count(*) FROM pub_t".into(), kde_sql("priv_t")];
+        let variants: Vec<_> = names.iter().zip(sqls).map(|(n, q)| (*n, &s, q)).collect();
+        let times = interleaved(&variants, o.reps).await;
+        report_against(report, "kde", &format!("{} rows", human(rows)), &names, &times, 0);
+        medians.push((rows, file, median(&times[2])));
+        drop(s);
+        remove_catalog(&o.data, "kde");
+    }
+    medians
+}
+
+/// Runs `benches/peers.py` on each file; prints KDEpy/statsmodels against private_kde.
+fn peers(o: &Options, report: &mut Report, kde_runs: &[(usize, PathBuf, f64)]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches").join("peers.py");
+    let venv = o.data.join("venv");
+    for (rows, file, ours) in kde_runs {
+        println!("\n# peers, {} rows (end to end: Parquet → curve; Python, one thread)", human(*rows));
+        let out = std::process::Command::new(&o.python)
+            .arg(&script)
+            .args(["--venv", &venv.to_string_lossy(), "--file", &file.to_string_lossy()])
+            .args(["--bandwidth", &KDE_BANDWIDTH.to_string(), "--points", &KDE_POINTS.to_string()])
+            .args(["--reps", &o.reps.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output();
+        let out = match out {
+            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).to_string(),
+            Ok(out) => {
+                println!("  peers skipped: {} exited with {}", script.display(), out.status);
+                print!("{}", String::from_utf8_lossy(&out.stdout));
+                return;
+            }
+            Err(e) => {
+                println!("  peers skipped: cannot run {}: {e}", o.python);
+                return;
+            }
+        };
+        let mut any = false;
+        for line in out.lines() {
+            if let Some(skip) = line.strip_prefix("SKIP ") {
+                println!("  peers skipped: {skip}");
+                return;
+            }
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let name = v["name"].as_str().unwrap_or("?");
+            let times: Vec<f64> = v["ms"].as_array().unwrap().iter().filter_map(|t| t.as_f64()).collect();
+            let (lo, hi) = min_max(&times);
+            let m = median(&times);
+            let ratio = format!("{:.2} (private_kde is {:.2}x faster)", m / ours, m / ours);
+            println!("  {name:<34} {m:>10.3} ms [{lo:.3}, {hi:.3}]   vs private_kde {ours:.3} ms: {ratio}");
+            report.add("peers", &format!("{} rows", human(*rows)), name, m, &format!("{:.2} vs private_kde", m / ours));
+            any = true;
+        }
+        if !any {
+            println!("  peers skipped: no results from {}", script.display());
+            return;
+        }
+    }
+}
+
+const MEAN_SQL: &str = "SELECT private_mean_curve(c, 1.0, 1e-9, clip => 0.5) FROM priv_t";
+
+async fn mean(o: &Options, report: &mut Report) {
+    for &n in &o.curves {
+        let m = 100;
+        println!("\n# private_mean_curve vs count(c), {} curves × m = {m} (warm eigen cache)", human(n));
+        let file = curves_file(&o.data, n, m);
+        let s = catalog_session(&o.data, "mean", &file).await;
+        let names = ["SELECT count(c)", "private_mean_curve (gate included)"];
+        let sqls = ["SELECT count(c) FROM pub_t".to_string(), MEAN_SQL.to_string()];
+        let variants: Vec<_> = names.iter().zip(sqls).map(|(n, q)| (*n, &s, q)).collect();
+        let times = interleaved(&variants, o.reps).await;
+        report_against(report, "mean_curve", &format!("{} × {m}", human(n)), &names, &times, 0);
+        drop(s);
+        remove_catalog(&o.data, "mean");
+    }
+}
+
+async fn eigen(o: &Options, report: &mut Report) {
+    let n = 10_000;
+    for m in [100usize, 500, 1000] {
+        println!("\n# eigendecomposition cache, {} curves × m = {m}", human(n));
+        let file = curves_file(&o.data, n, m);
+        let s = catalog_session(&o.data, "eigen", &file).await;
+        let mut floor = Vec::new();
+        let mut warm = Vec::new();
+        let mut cold = Vec::new();
+        let mut decomposition = Vec::new();
+        s.query(MEAN_SQL).await.unwrap();
+        s.query("SELECT count(c) FROM pub_t").await.unwrap();
+        for _ in 0..o.reps {
+            let time = async |sql: &str, clear: bool| {
+                if clear {
+                    Eigenbasis::clear_cache();
+                }
+                let t = Instant::now();
+                std::hint::black_box(s.query(sql).await.unwrap());
+                t.elapsed().as_secs_f64() * 1e3
+            };
+            floor.push(time("SELECT count(c) FROM pub_t", false).await);
+            warm.push(time(MEAN_SQL, false).await);
+            cold.push(time(MEAN_SQL, true).await);
+            let t = Instant::now();
+            std::hint::black_box(Eigenbasis::compute(dpcurve::mechanism::mean_curve::CovKernel::Matern32, 0.2, m));
+            decomposition.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let names = ["SELECT count(c)", "private_mean_curve warm", "private_mean_curve cold"];
+        report_against(report, "eigen cache", &format!("{} × {m}", human(n)), &names, &[floor, warm, cold], 0);
+        let (lo, hi) = min_max(&decomposition);
+        println!("  {:<34} {:>10.3} ms [{lo:.3}, {hi:.3}]", "eigendecomposition alone", median(&decomposition));
+        report.add("eigen cache", &format!("m = {m}"), "eigendecomposition alone", median(&decomposition), "");
+        drop(s);
+        remove_catalog(&o.data, "eigen");
+    }
+}
+
+/// Least-squares slope of log(time) against log(G).
+fn exponent(points: &[(usize, f64)]) -> f64 {
+    let xs: Vec<f64> = points.iter().map(|p| (p.0 as f64).ln()).collect();
+    let ys: Vec<f64> = points.iter().map(|p| p.1.ln()).collect();
+    let (mx, my) = (xs.iter().sum::<f64>() / xs.len() as f64, ys.iter().sum::<f64>() / ys.len() as f64);
+    let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+    let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+    sxy / sxx
+}
+
+fn time_ms<T>(reps: usize, mut f: impl FnMut() -> T) -> Vec<f64> {
+    std::hint::black_box(f());
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(f());
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect()
+}
+
+fn gp(o: &Options, report: &mut Report) {
+    println!("\n# Gaussian-process noise on G grid points (unit range, h = 1/50 of it)");
+    println!(
+        "  {:>6} | {:>14} {:>14} {:>14} | {:>14} {:>14}",
+        "G", "circ. build", "circ. sample", "KDE release", "Chol. build", "Chol. sample"
+    );
+    let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(1);
+    let (mut circ_build, mut circ_sample, mut chol_build, mut chol_sample) = (vec![], vec![], vec![], vec![]);
+    for g in [256usize, 512, 1024, 2048, 4096, 8192, 16384] {
+        let s = 50.0 / (g - 1) as f64;
+        let reps = o.reps.max(20);
+        let build = median(&time_ms(reps, || GpSampler::new(g, s).unwrap()));
+        let sampler = GpSampler::new(g, s).unwrap();
+        assert!(sampler.is_circulant());
+        let sample = median(&time_ms(reps, || sampler.sample(&mut rng)));
+        // A whole private_kde release at this grid size (noise + post-processing) from an
+        // empty statistic: what a query pays beyond the scan.
+        let spec = KdeSpec {
+            grid: Grid { lo: 0.0, hi: 1.0, points: g },
+            bandwidth: 1.0 / 50.0,
+            epsilon: 1.0,
+            delta: 1e-6,
+            calibration: Calibration::Analytic,
+            nonneg: true,
+        };
+        let mech = KdeMechanism::new(spec).unwrap();
+        let state = mech.layout().empty_state();
+        let release = median(&time_ms(reps, || mech.release(&state, &mut rng)));
+        circ_build.push((g, build));
+        circ_sample.push((g, sample));
+        let (cb, cs) = if g <= o.cholesky_max {
+            let creps = if g >= 4096 { 2 } else { 5 };
+            let b = median(&time_ms(creps, || GpSampler::cholesky_for_benchmarks(g, s)));
+            let chol = GpSampler::cholesky_for_benchmarks(g, s);
+            let smp = median(&time_ms(creps.max(5), || chol.sample(&mut rng)));
+            chol_build.push((g, b));
+            chol_sample.push((g, smp));
+            (format!("{b:.3} ms"), format!("{smp:.3} ms"))
+        } else {
+            ("not run".into(), "not run".into())
+        };
+        println!("  {g:>6} | {build:>11.3} ms {sample:>11.3} ms {release:>11.3} ms | {cb:>14} {cs:>14}");
+        report.add("gp", &format!("G = {g}"), "circulant sample", sample, "");
+        report.add("gp", &format!("G = {g}"), "private_kde release (build + sample + post-processing)", release, "");
+        if let (Some(b), Some(c)) = (chol_build.last().filter(|x| x.0 == g), chol_sample.last().filter(|x| x.0 == g)) {
+            report.add("gp", &format!("G = {g}"), "Cholesky sample", c.1, &format!("{:.1}x circulant", c.1 / sample));
+            report.add("gp", &format!("G = {g}"), "Cholesky factorisation", b.1, "");
+        }
+    }
+    println!(
+        "  scaling exponents (time ∝ G^k): circulant build {:.2}, circulant sample {:.2}, Cholesky build {}, Cholesky sample {}",
+        exponent(&circ_build),
+        exponent(&circ_sample),
+        if chol_build.len() > 1 { format!("{:.2}", exponent(&chol_build)) } else { "-".into() },
+        if chol_sample.len() > 1 { format!("{:.2}", exponent(&chol_sample)) } else { "-".into() },
+    );
+    if let (Some(last), true) = (chol_build.last(), chol_build.len() > 1) {
+        let k = exponent(&chol_build);
+        println!(
+            "  Cholesky factorisation extrapolated to G = 16384: {:.0} s (not run above --cholesky-max {})",
+            last.1 * (16384.0 / last.0 as f64).powf(k) / 1e3,
+            o.cholesky_max
+        );
+    }
+}
+
+async fn gate(o: &Options, report: &mut Report) {
+    let n = (o.reps * 30).max(200);
+    println!("\n# budget gate: {n} queries per variant over a 1 000-row table, round-robin");
+    let disk = o.data.join(format!("gate-{}", std::process::id()));
+    let shm = PathBuf::from("/dev/shm").join(format!("dpcurve-gate-{}", std::process::id()));
+    std::fs::create_dir_all(&disk).unwrap();
+    let data = disk.join("d.parquet");
+    dpcurve::cli::demo::write_parquet(&data, &dpcurve::datagen::mixture(1_000, 3)).unwrap();
+    let opts = || SessionOptions { target_partitions: Some(1), ..Default::default() };
+    let make = async |dir: &Path| {
+        let path = dir.join("catalog.db");
+        let admin = Admin::open(&path).unwrap();
+        admin.register("public_t", &data.to_string_lossy()).await.unwrap();
+        admin.register("private_t", &data.to_string_lossy()).await.unwrap();
+        admin.make_private("private_t", 1000.0, 0.5).unwrap();
+        path
+    };
+    let on_disk = make(&disk).await;
+    let durable = AnalystSession::open(&on_disk, opts()).await.unwrap();
+    let nosync_catalog = Arc::new(Catalog::open(&on_disk).unwrap());
+    nosync_catalog.disable_fsync_for_benchmarks().unwrap();
+    let nosync = AnalystSession::with_catalog(nosync_catalog, opts()).await.unwrap();
+    let memory = if std::fs::create_dir_all(&shm).is_ok() {
+        Some(AnalystSession::open(&make(&shm).await, opts()).await.unwrap())
+    } else {
+        println!("  /dev/shm not available: the in-memory variant is skipped");
+        None
+    };
+    let q = |t: &str| format!("SELECT private_kde(x, 0.05, 0.001, 1e-9, 0, 1, 64) FROM {t}");
+    let mut variants = vec![
+        ("public table (no gate)", &durable, q("public_t")),
+        ("gate, ledger on disk (fsync)", &durable, q("private_t")),
+        ("gate, ledger on disk, no fsync", &nosync, q("private_t")),
+    ];
+    if let Some(m) = &memory {
+        variants.push(("gate, ledger in memory (tmpfs)", m, q("private_t")));
+    }
+    let times = interleaved(&variants, n).await;
+    let names: Vec<&str> = variants.iter().map(|v| v.0).collect();
+    report_against(report, "gate", "1 000 rows", &names, &times, 0);
+    let base = median(&times[0]);
+    for (i, name) in names.iter().enumerate().skip(1) {
+        println!("  added by the gate, {name}: {:.3} ms", median(&times[i]) - base);
+    }
+    drop((durable, nosync, memory));
+    let _ = std::fs::remove_dir_all(&disk);
+    let _ = std::fs::remove_dir_all(&shm);
+}
+
+#[tokio::main]
+async fn main() {
+    let o = Options::parse();
+    std::fs::create_dir_all(&o.data).unwrap();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let profile = if cfg!(debug_assertions) { "debug assertions on (not a release build!)" } else { "optimised" };
+    println!("dpcurve benchmark: {cores} cores, {profile}, {} repetitions, data in {}", o.reps, o.data.display());
+    let mut report = Report::default();
+    let mut kde_runs = Vec::new();
+    if o.wants("kde") || o.wants("peers") {
+        kde_runs = kde(&o, &mut report).await;
+    }
+    if o.wants("peers") {
+        peers(&o, &mut report, &kde_runs);
+    }
+    if o.wants("mean") {
+        mean(&o, &mut report).await;
+    }
+    if o.wants("eigen") {
+        eigen(&o, &mut report).await;
+    }
+    if o.wants("gp") {
+        gp(&o, &mut report);
+    }
+    if o.wants("gate") {
+        gate(&o, &mut report).await;
+    }
+    report.print();
+}
