@@ -24,7 +24,9 @@ use datafusion::logical_expr::{
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::mechanism::budget::{Budget, MAX_EPSILON};
-use crate::mechanism::mean_curve::{CovKernel, MAX_CURVE_LENGTH, MeanCurveMechanism, MeanCurveSpec, MeanState};
+use crate::mechanism::mean_curve::{
+    CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanState,
+};
 use crate::mechanism::{Calibration, NoiseSource};
 
 /// SQL name of the function.
@@ -262,7 +264,7 @@ impl AggregateUDFImpl for PrivateMeanCurve {
         PARAMS.check_accumulator_args(&args)?;
         let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
         let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, fixed)?;
-        let state = mechanism.empty_state();
+        let state = MeanAccumulation::new(&mechanism);
         Ok(Box::new(MeanCurveAccumulator { mechanism, state, noise: self.noise, released: None }))
     }
 
@@ -271,21 +273,31 @@ impl AggregateUDFImpl for PrivateMeanCurve {
     }
 }
 
-/// Accumulates smoothed coefficient sums and the count; releases once.
+/// Accumulates the summed clipped curves and the count; releases once.
 #[derive(Debug)]
 pub struct MeanCurveAccumulator {
     mechanism: MeanCurveMechanism,
-    state: MeanState,
+    state: MeanAccumulation,
     noise: NoiseSource,
     released: Option<ScalarValue>,
 }
 
 impl MeanCurveAccumulator {
-    fn add_row(&mut self, row: ArrayRef) {
-        let values = row.as_primitive::<Float64Type>();
-        // A NULL inside the curve makes the row unusable, like a non-finite value.
-        if values.null_count() == 0 {
-            self.mechanism.add(&mut self.state, values.values());
+    /// Adds the rows of a list column given as the flat child values and each row's
+    /// `[start, end)` range in them (no per-row array is materialised).
+    fn add_rows(&mut self, col: &ArrayRef, child: &ArrayRef, ranges: impl Iterator<Item = (usize, usize)>) {
+        let values = child.as_primitive::<Float64Type>();
+        let flat = values.values();
+        let child_nulls = values.nulls().filter(|n| n.null_count() > 0);
+        for (i, (start, end)) in ranges.enumerate() {
+            if col.is_null(i) {
+                continue;
+            }
+            // A NULL inside the curve makes the row unusable, like a non-finite value.
+            if child_nulls.is_some_and(|n| (start..end).any(|k| n.is_null(k))) {
+                continue;
+            }
+            self.state.add(&self.mechanism, &flat[start..end]);
         }
     }
 }
@@ -293,17 +305,29 @@ impl MeanCurveAccumulator {
 impl Accumulator for MeanCurveAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let col = &values[0];
-        for i in 0..col.len() {
-            if col.is_null(i) {
-                continue;
+        match col.data_type() {
+            DataType::List(_) => {
+                let list = col.as_list::<i32>();
+                let offsets = list.value_offsets();
+                let ranges = offsets.windows(2).map(|w| (w[0] as usize, w[1] as usize));
+                self.add_rows(col, list.values(), ranges);
             }
-            let row = match col.data_type() {
-                DataType::List(_) => col.as_list::<i32>().value(i),
-                DataType::LargeList(_) => col.as_list::<i64>().value(i),
-                DataType::FixedSizeList(..) => col.as_fixed_size_list().value(i),
-                other => return internal_err!("{NAME}: unexpected input type {other}"),
-            };
-            self.add_row(row);
+            DataType::LargeList(_) => {
+                let list = col.as_list::<i64>();
+                let offsets = list.value_offsets();
+                let ranges = offsets.windows(2).map(|w| (w[0] as usize, w[1] as usize));
+                self.add_rows(col, list.values(), ranges);
+            }
+            DataType::FixedSizeList(..) => {
+                let list = col.as_fixed_size_list();
+                let m = list.value_length() as usize;
+                let ranges = (0..list.len()).map(|i| {
+                    let start = list.value_offset(i) as usize;
+                    (start, start + m)
+                });
+                self.add_rows(col, list.values(), ranges);
+            }
+            other => return internal_err!("{NAME}: unexpected input type {other}"),
         }
         Ok(())
     }
@@ -311,22 +335,25 @@ impl Accumulator for MeanCurveAccumulator {
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
         let counts = states[1].as_primitive::<UInt64Type>();
         let state = &mut self.state;
-        for_each_fixed_point_row(NAME, &states[0], state.sums.len(), |row, sums| {
+        let len = self.mechanism.spec().points;
+        for_each_fixed_point_row(NAME, &states[0], len, |row, sums| {
             state.merge(&MeanState { sums: sums.to_vec(), count: counts.value(row) })
         })
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![fixed_point_state(&self.state.sums)?, ScalarValue::UInt64(Some(self.state.count))])
+        let state = self.state.state();
+        Ok(vec![fixed_point_state(&state.sums)?, ScalarValue::UInt64(Some(state.count))])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
         if let Some(r) = &self.released {
             return Ok(r.clone());
         }
+        let state = self.state.state();
         let release = match self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))? {
-            Some(mut rng) => self.mechanism.release(&self.state, &mut rng),
-            None => self.mechanism.release_with_noise(&self.state, &vec![0.0; self.state.sums.len()], 0.0),
+            Some(mut rng) => self.mechanism.release(state, &mut rng),
+            None => self.mechanism.release_with_noise(state, &vec![0.0; self.mechanism.basis().lambda.len()], 0.0),
         };
         let n: ArrayRef = Arc::new(Float64Array::from(vec![release.n]));
         let s = StructArray::try_new(
@@ -340,6 +367,6 @@ impl Accumulator for MeanCurveAccumulator {
     }
 
     fn size(&self) -> usize {
-        size_of_val(self) + self.state.sums.capacity() * size_of::<i128>()
+        size_of_val(self) + self.state.heap_size()
     }
 }

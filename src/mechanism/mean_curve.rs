@@ -5,11 +5,14 @@
 //! gives the operator `a ↦ (1/m)·C·a` with eigenpairs `(λ_j, v_j)`, `v_j` orthonormal in
 //! ⟨·,·⟩; only `λ_j > 1e-12·λ_1` are kept, and estimate and noise both live in their span.
 //!
-//! Per row: clip to norm τ, take coefficients `⟨X, v_j⟩`, smooth them by
-//! `s_j = λ_j^η/(λ_j^η + φ)`. The statistic is the sum of smoothed coefficients in
-//! fixed point (units of τ·2^-40, so merges are exact) and the row count. The rounding of
-//! one row's coefficients is bounded and added to the sensitivity (as OpenDP adds its
-//! rounding distance), so the privacy claim holds for the statistic actually computed.
+//! Per row: clip to norm τ and add the clipped curve, in fixed point (units of τ·2^-40,
+//! so merges are exact), to the statistic; count the row. The smoother is linear, so the
+//! smoothed sum `T_D = Σ_i S·X_i = S·(Σ_i X_i)` is computed once, at release, from the
+//! summed curve: coefficients `⟨Σ X_i, v_j⟩` smoothed by `s_j = λ_j^η/(λ_j^η + φ)`. A row
+//! costs O(m), not O(m·J). The rounding of one row (≤ one unit per point) and the
+//! floating-point error of its clipping are bounded and added to the clip norm in the
+//! sensitivity (as OpenDP adds its rounding distance), so the privacy claim holds for the
+//! statistic actually computed.
 //!
 //! Release: a noisy count (Laplace, ε_n = count_fraction·ε) and the noisy coefficient sum:
 //! Gaussian process noise `Σ_j sqrt(λ_j)·ξ_j·v_j` scaled by σ from §1 (δ > 0), or ICLP
@@ -28,8 +31,16 @@ use super::calibration::{self, Calibration, CalibrationError};
 
 /// Relative cut-off of kept eigenvalues (SPEC §3).
 pub const EIGEN_CUTOFF: f64 = 1e-12;
-/// Fixed-point unit of the coefficient sums, relative to the clip norm τ.
+/// Fixed-point unit of the summed curve, relative to the clip norm τ.
 pub const COEFF_UNIT: f64 = 1.0 / (1u64 << 40) as f64;
+/// Relative slack added to τ in the sensitivity: one row's stored contribution `g` has
+/// `‖g‖ ≤ τ·(1 + CLIP_SLACK)`. It covers the fixed-point rounding (≤ one unit per point, so
+/// ≤ τ·2^-40 in norm) and the floating-point error of computing the clip factor
+/// (≤ (m + 9)·2^-53 relative, below 2^-41.9 for m ≤ 2048): 2^-38 exceeds their sum.
+pub const CLIP_SLACK: f64 = 1.0 / (1u64 << 38) as f64;
+/// Rows a [`MeanAccumulation`] buffers in i64 before flushing: one row adds at most
+/// `τ·sqrt(m)/unit + 1 < 2^46` units to a point, so 2^16 rows stay below 2^62.
+const FLUSH_ROWS: usize = 1 << 16;
 /// Largest curve length accepted.
 pub const MAX_CURVE_LENGTH: usize = 2048;
 
@@ -215,10 +226,10 @@ impl fmt::Display for MeanCurveError {
 
 impl std::error::Error for MeanCurveError {}
 
-/// The sufficient statistic: fixed-point sums of smoothed coefficients, and the count.
+/// The sufficient statistic: the fixed-point sum of the clipped curves, and the count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeanState {
-    /// `Σ_i round(s_j⟨X_i, v_j⟩ / (τ·COEFF_UNIT))` per kept j.
+    /// `Σ_i round(clip(X_i)_k / (τ·COEFF_UNIT))` per grid point k (m entries).
     pub sums: Vec<i128>,
     /// Number of rows accumulated.
     pub count: u64,
@@ -288,20 +299,18 @@ impl MeanCurveMechanism {
                 p / (p + spec.penalty)
             })
             .collect();
-        // Rounding of one row's coefficients: |e_j| ≤ τ·COEFF_UNIT/2 each.
-        let half_unit = 0.5 * spec.clip * COEFF_UNIT;
+        // One row changes the summed curve by g with ‖g‖ ≤ τ·(1 + CLIP_SLACK) (rounding and
+        // clipping error included), and the smoothed sum by Σ_j s_j⟨g, v_j⟩ v_j.
+        let norm_bound = spec.clip * (1.0 + CLIP_SLACK);
         let eps_t = spec.epsilon * (1.0 - spec.count_fraction);
         let (sensitivity, sigma) = if spec.delta > 0.0 {
-            let exact = spec.clip * smoother.iter().zip(&basis.lambda).map(|(s, l)| s / l.sqrt()).fold(0.0, f64::max);
-            let slack = half_unit * basis.lambda.iter().map(|l| 1.0 / l).sum::<f64>().sqrt();
-            let delta_h = exact + slack;
+            let delta_h =
+                norm_bound * smoother.iter().zip(&basis.lambda).map(|(s, l)| s / l.sqrt()).fold(0.0, f64::max);
             let sigma = calibration::sigma(spec.calibration, delta_h, eps_t, spec.delta)
                 .map_err(|e: CalibrationError| MeanCurveError(e.to_string()))?;
             (delta_h, sigma)
         } else {
-            let exact = spec.clip * smoother.iter().zip(&basis.lambda).map(|(s, l)| s * s / l).sum::<f64>().sqrt();
-            let slack = half_unit * basis.lambda.iter().map(|l| 1.0 / l.sqrt()).sum::<f64>();
-            let delta_1 = exact + slack;
+            let delta_1 = norm_bound * smoother.iter().zip(&basis.lambda).map(|(s, l)| s * s / l).sum::<f64>().sqrt();
             (delta_1, std::f64::consts::SQRT_2 * delta_1 / eps_t)
         };
         Ok(Self { spec, basis, smoother, sensitivity, sigma })
@@ -339,50 +348,63 @@ impl MeanCurveMechanism {
 
     /// A zero statistic.
     pub fn empty_state(&self) -> MeanState {
-        MeanState { sums: vec![0; self.basis.lambda.len()], count: 0 }
+        MeanState { sums: vec![0; self.spec.points], count: 0 }
     }
 
-    /// The smoothed, clipped coefficients one curve contributes (in units), or None for
-    /// a curve that is dropped (wrong length or a non-finite value).
-    pub fn contribution(&self, curve: &[f64]) -> Option<Vec<i128>> {
-        if curve.len() != self.spec.points || !curve.iter().all(|v| v.is_finite()) {
-            return None;
+    /// Calls `emit(k, units)` for the clipped curve's value at every point k, in units of
+    /// τ·COEFF_UNIT; returns false (and emits nothing) for a curve that is dropped (wrong
+    /// length or a non-finite value). An all-zero curve emits nothing and counts.
+    #[inline]
+    fn clipped_units(&self, curve: &[f64], mut emit: impl FnMut(usize, i64)) -> bool {
+        if curve.len() != self.spec.points {
+            return false;
         }
-        // Divide by the largest |value| first so huge (finite) curves cannot overflow the
-        // norm: x = a·y with max|y| = 1, ‖x‖ = a·‖y‖.
-        let a = curve.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        // max|x| is NaN-propagating here: any non-finite value makes `a` non-finite.
+        let a = curve.iter().fold(0.0f64, |m, v| if v.abs() > m || v.is_nan() { v.abs() } else { m });
+        if !a.is_finite() {
+            return false;
+        }
         if a == 0.0 {
-            return Some(vec![0; self.basis.lambda.len()]);
+            return true;
         }
-        let y: Vec<f64> = curve.iter().map(|v| v / a).collect();
-        let norm_y = inner(&y, &y).sqrt();
-        // Coefficients of x·min(1, τ/‖x‖) = y·min(a, τ/‖y‖).
-        let factor = a.min(self.spec.clip / norm_y);
-        let unit = self.spec.clip * COEFF_UNIT;
-        Some(
-            self.basis
-                .vectors
-                .iter()
-                .zip(&self.smoother)
-                .map(|(v, s)| (s * factor * inner(&y, v) / unit).round() as i128)
-                .collect(),
-        )
+        // Scale by the largest |value| first so huge (finite) curves cannot overflow the
+        // norm: x = a·y with max|y| = 1, ‖x‖ = a·‖y‖. y is computed by one expression,
+        // used for both the norm and the output (a reciprocal unless it is not finite).
+        let inv = 1.0 / a;
+        let fast = inv.is_finite();
+        let y = |v: f64| if fast { v * inv } else { v / a };
+        let norm_y = (curve.iter().map(|&v| y(v) * y(v)).sum::<f64>() / curve.len() as f64).sqrt();
+        // x·min(1, τ/‖x‖) = y·min(a, τ/‖y‖), in units; the factor is ≤ τ·sqrt(m).
+        let scale = a.min(self.spec.clip / norm_y) / (self.spec.clip * COEFF_UNIT);
+        for (k, &v) in curve.iter().enumerate() {
+            let u = y(v) * scale;
+            // Round half away from zero without libm (|u| < 2^46, so the error is ≤ 1/2 +
+            // 2^-7 of a unit, within CLIP_SLACK).
+            emit(k, (u + 0.5f64.copysign(u)) as i64);
+        }
+        true
+    }
+
+    /// The clipped curve one row contributes (in units), or None for a curve that is
+    /// dropped (wrong length or a non-finite value).
+    pub fn contribution(&self, curve: &[f64]) -> Option<Vec<i128>> {
+        let mut out = vec![0i128; self.spec.points];
+        self.clipped_units(curve, |k, u| out[k] = u as i128).then_some(out)
     }
 
     /// Adds one curve (dropped silently when it has the wrong length or a non-finite value).
     pub fn add(&self, state: &mut MeanState, curve: &[f64]) {
-        if let Some(c) = self.contribution(curve) {
-            for (a, b) in state.sums.iter_mut().zip(c) {
-                *a = a.saturating_add(b);
-            }
+        let sums = &mut state.sums;
+        if self.clipped_units(curve, |k, u| sums[k] = sums[k].saturating_add(u as i128)) {
             state.count = state.count.saturating_add(1);
         }
     }
 
-    /// The exact smoothed sum `T_D` in coefficients.
+    /// The exact smoothed sum `T_D` in coefficients: `s_j·⟨Σ_i clip(X_i), v_j⟩`.
     pub fn sum_coefficients(&self, state: &MeanState) -> Vec<f64> {
         let unit = self.spec.clip * COEFF_UNIT;
-        state.sums.iter().map(|&v| v as f64 * unit).collect()
+        let total: Vec<f64> = state.sums.iter().map(|&v| v as f64 * unit).collect();
+        self.basis.coefficients(&total).iter().zip(&self.smoother).map(|(c, s)| s * c).collect()
     }
 
     /// Unit-scale noise coefficients: `sqrt(λ_j)·ξ_j` (Gaussian) or `sqrt(λ_j)·ℓ_j` with
@@ -416,6 +438,62 @@ impl MeanCurveMechanism {
             .collect();
         let m = self.spec.points;
         MeanRelease { t: (0..m).map(|k| k as f64 / (m - 1) as f64).collect(), mean: self.basis.synthesize(&coeffs), n }
+    }
+}
+
+/// A statistic under accumulation: exact (saturating) i128 sums plus an i64 buffer that
+/// the per-row loop adds to without overflow checks (see [`FLUSH_ROWS`]). Bit-identical
+/// to [`MeanCurveMechanism::add`] row by row.
+#[derive(Debug, Clone)]
+pub struct MeanAccumulation {
+    totals: MeanState,
+    pending: Vec<i64>,
+    pending_rows: usize,
+}
+
+impl MeanAccumulation {
+    /// An empty statistic for `mechanism`.
+    pub fn new(mechanism: &MeanCurveMechanism) -> Self {
+        Self { totals: mechanism.empty_state(), pending: vec![0; mechanism.spec.points], pending_rows: 0 }
+    }
+
+    /// Adds one curve (see [`MeanCurveMechanism::add`]).
+    #[inline]
+    pub fn add(&mut self, mechanism: &MeanCurveMechanism, curve: &[f64]) {
+        if self.pending_rows >= FLUSH_ROWS {
+            self.flush();
+        }
+        let pending = &mut self.pending;
+        if mechanism.clipped_units(curve, |k, u| pending[k] += u) {
+            self.pending_rows += 1;
+            self.totals.count = self.totals.count.saturating_add(1);
+        }
+    }
+
+    /// Adds a statistic of the same mechanism.
+    pub fn merge(&mut self, other: &MeanState) {
+        self.totals.merge(other);
+    }
+
+    fn flush(&mut self) {
+        for (t, p) in self.totals.sums.iter_mut().zip(self.pending.iter_mut()) {
+            *t = t.saturating_add(*p as i128);
+            *p = 0;
+        }
+        self.pending_rows = 0;
+    }
+
+    /// The statistic (flushes the buffer).
+    pub fn state(&mut self) -> &MeanState {
+        if self.pending_rows > 0 {
+            self.flush();
+        }
+        &self.totals
+    }
+
+    /// Heap bytes held.
+    pub fn heap_size(&self) -> usize {
+        self.totals.sums.capacity() * size_of::<i128>() + self.pending.capacity() * size_of::<i64>()
     }
 }
 
@@ -469,15 +547,18 @@ mod tests {
         }
     }
 
+    /// The smoothed coefficients of one row's stored contribution.
+    fn smoothed(m: &MeanCurveMechanism, c: &[i128]) -> Vec<f64> {
+        m.sum_coefficients(&MeanState { sums: c.to_vec(), count: 1 })
+    }
+
     /// The Mahalanobis norm of one row's contribution, in the noise's metric.
     fn gaussian_norm(m: &MeanCurveMechanism, c: &[i128]) -> f64 {
-        let unit = m.spec().clip * COEFF_UNIT;
-        c.iter().zip(&m.basis().lambda).map(|(&v, l)| (v as f64 * unit).powi(2) / l).sum::<f64>().sqrt()
+        smoothed(m, c).iter().zip(&m.basis().lambda).map(|(v, l)| v * v / l).sum::<f64>().sqrt()
     }
 
     fn laplace_norm(m: &MeanCurveMechanism, c: &[i128]) -> f64 {
-        let unit = m.spec().clip * COEFF_UNIT;
-        c.iter().zip(&m.basis().lambda).map(|(&v, l)| (v as f64 * unit).abs() / l.sqrt()).sum()
+        smoothed(m, c).iter().zip(&m.basis().lambda).map(|(v, l)| v.abs() / l.sqrt()).sum()
     }
 
     fn random_curves(m: usize, n: usize, seed: u64) -> Vec<Vec<f64>> {
@@ -630,6 +711,39 @@ mod tests {
         assert_eq!(r.n, 10.0);
         let err = r.mean.iter().zip(&curve).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(err < 1e-3, "smooth curve reproduced up to the smoother: {err}");
+    }
+
+    #[test]
+    fn buffered_accumulation_equals_row_by_row_across_flushes() {
+        let m = MeanCurveMechanism::new(MeanCurveSpec { points: 8, ..spec(CovKernel::Matern32, 1e-5) }).unwrap();
+        // Extreme rows (all mass at one point: the largest per-point contribution) more
+        // often than FLUSH_ROWS, plus ordinary and dropped rows.
+        let mut spike = vec![0.0; 8];
+        spike[3] = -1e9;
+        let rows: Vec<Vec<f64>> = (0..2 * FLUSH_ROWS + 5000)
+            .map(|i| match i % 5 {
+                0 => vec![f64::NAN; 8],
+                1 => (0..8).map(|k| (k as f64 * 0.3 + i as f64).sin()).collect(),
+                _ => spike.clone(),
+            })
+            .collect();
+        let mut acc = MeanAccumulation::new(&m);
+        let mut reference = m.empty_state();
+        for r in &rows {
+            acc.add(&m, r);
+            m.add(&mut reference, r);
+        }
+        assert_eq!(acc.state(), &reference);
+        assert_eq!(reference.count, rows.len() as u64 - rows.len().div_ceil(5) as u64);
+        // The spike clips to norm τ = 1: −sqrt(8) at point 3, in units, for every spike row
+        // (over 2^16 of them, so the buffer must have been flushed to stay exact).
+        let mut spikes = MeanAccumulation::new(&m);
+        let n = rows.iter().filter(|r| r[3] == -1e9).inspect(|r| spikes.add(&m, r)).count();
+        assert!(n > FLUSH_ROWS);
+        let one = m.contribution(&spike).unwrap()[3];
+        assert!((one as f64 * COEFF_UNIT + 8f64.sqrt()).abs() < 1e-9, "{one}");
+        assert_eq!(spikes.state().sums[3], one * n as i128);
+        assert!(spikes.state().sums.iter().enumerate().all(|(k, &v)| k == 3 || v == 0));
     }
 
     #[test]
