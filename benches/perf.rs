@@ -9,7 +9,8 @@
 //!
 //! Sections (`--only` takes a comma-separated subset):
 //! * `kde`: `private_kde` (through an analyst session, budget gate included) vs `sum(x)` vs
-//!   `count(*)` on the same Parquet file;
+//!   `count(*)` on the same Parquet file, and the per-row cost of the binning loop against a
+//!   plain sum and a bare histogram (one core, values in memory);
 //! * `peers`: KDEpy `FFTKDE` and statsmodels `KDEUnivariate(fft=True)` end to end on the same
 //!   file (`benches/peers.py`, run in a local virtual environment it creates; skipped with a
 //!   message when Python or the packages are not available);
@@ -34,7 +35,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use dpcurve::mechanism::calibration::Calibration;
 use dpcurve::mechanism::gp::GpSampler;
-use dpcurve::mechanism::kde::Grid;
+use dpcurve::mechanism::kde::{Grid, KdeAccumulation, KdeLayout};
 use dpcurve::mechanism::kde_release::{KdeMechanism, KdeSpec};
 use dpcurve::mechanism::mean_curve::Eigenbasis;
 use dpcurve::policy::Catalog;
@@ -265,6 +266,35 @@ async fn kde(o: &Options, report: &mut Report) -> Vec<(usize, PathBuf, f64)> {
         remove_catalog(&o.data, "kde");
     }
     medians
+}
+
+/// The per-row costs behind the KDE ratios, single-threaded on 10^7 values in memory: the
+/// statistic's binning loop against a plain sum and a bare histogram (one add per row).
+fn binning(report: &mut Report, reps: usize) {
+    let n = 10_000_000;
+    println!("\n# per-row costs, one core, {} values in memory (ns per row)", human(n));
+    let xs = dpcurve::datagen::mixture(n, 1000);
+    let grid = Grid { lo: -0.2, hi: 1.2, points: KDE_POINTS };
+    let layout = KdeLayout::new(grid, KDE_BANDWIDTH).unwrap();
+    let sum = time_ms(reps, || xs.iter().sum::<f64>());
+    let histogram = time_ms(reps, || {
+        let mut counts = vec![0u64; layout.state_len()];
+        let inv = (layout.state_len() - 1) as f64 / 3.0;
+        for &x in &xs {
+            counts[(((x + 1.0) * inv) as usize).min(layout.state_len() - 1)] += 1;
+        }
+        counts
+    });
+    let bin = time_ms(reps, || {
+        let mut acc = KdeAccumulation::new(&layout);
+        acc.add_all(&layout, &xs);
+        acc
+    });
+    for (name, t) in [("sum of f64", &sum), ("histogram, one add per row", &histogram), ("private_kde binning", &bin)] {
+        let ns = median(t) * 1e6 / n as f64;
+        println!("  {name:<34} {ns:>8.2} ns/row   {:.2}x the sum", median(t) / median(&sum));
+        report.add("per-row cost (1 core)", "1e7 in memory", name, median(t), &format!("{ns:.2} ns/row"));
+    }
 }
 
 /// Runs `benches/peers.py` on each file; prints KDEpy/statsmodels against private_kde.
@@ -520,6 +550,9 @@ async fn main() {
     let mut kde_runs = Vec::new();
     if o.wants("kde") || o.wants("peers") {
         kde_runs = kde(&o, &mut report).await;
+    }
+    if o.wants("kde") {
+        binning(&mut report, o.reps);
     }
     if o.wants("peers") {
         peers(&o, &mut report, &kde_runs);

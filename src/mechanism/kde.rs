@@ -305,6 +305,13 @@ impl KdeLayout {
     }
 }
 
+/// `x + ROUND_MAGIC` (1.5·2^52) rounds x to the nearest integer, which is then the low
+/// [`LOW_BITS`] of the sum's representation (valid for |x| < 2^51). Converting this way
+/// avoids both libm's floor/round (no SSE4.1 on the baseline target) and the saturating
+/// float-to-int casts, which dominated the binning loop.
+const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
+const LOW_BITS: u64 = (1 << 51) - 1;
+
 /// Linear binning of one value on bins `origin + j/inv_spacing`, `j < nbins`: the left bin
 /// `l` and the weights (in units of 2^-40) that go to bins `l` and `l + 1`; they sum to
 /// exactly `2^40`. `ok` is false (and the weights must be ignored) for NaN, ±inf and
@@ -314,10 +321,12 @@ fn linear_bin(x: f64, origin: f64, inv_spacing: f64, nbins: usize) -> (usize, i6
     let p = (x - origin) * inv_spacing;
     let ok = p >= 0.0 && p <= (nbins - 1) as f64;
     let p = if ok { p } else { 0.0 };
-    // p ≥ 0, so truncation is floor; a value on the last bin goes right with weight 1.
-    let l = (p as usize).min(nbins - 2);
-    let right = ((p - l as f64) * FIXED_ONE + 0.5) as i64;
-    (l, (1i64 << 40) - right, right, ok)
+    // l = the integer nearest p − 1/2, at most nbins − 2, so l ∈ [p − 1, p] and the
+    // fraction p − l ∈ [0, 1] (on a bin edge either neighbour gives the same weights).
+    let t = (p - 0.5).min((nbins - 2) as f64) + ROUND_MAGIC;
+    let l = t - ROUND_MAGIC; // exact
+    let right = ((p - l) * FIXED_ONE + ROUND_MAGIC).to_bits() & LOW_BITS;
+    ((t.to_bits() & LOW_BITS) as usize, (1i64 << 40) - right as i64, right as i64, ok)
 }
 
 /// Rows an [`KdeAccumulation`] buffers before flushing: one row adds at most 2^40 to an
