@@ -252,7 +252,7 @@ impl AggregateUDFImpl for PrivateMeanCurve {
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         Ok(vec![
             Arc::new(Field::new_list(
-                format_state_name(args.name, "coefficient_sums"),
+                format_state_name(args.name, "curve_sums"),
                 Field::new_list_field(fixed_point_type(), true),
                 true,
             )),
