@@ -335,9 +335,14 @@ fn peers(o: &Options, report: &mut Report, kde_runs: &[(usize, PathBuf, f64)]) {
             let times: Vec<f64> = v["ms"].as_array().unwrap().iter().filter_map(|t| t.as_f64()).collect();
             let (lo, hi) = min_max(&times);
             let m = median(&times);
-            let ratio = format!("{:.2} (private_kde is {:.2}x faster)", m / ours, m / ours);
+            let r = m / ours;
+            let ratio = if r >= 1.0 {
+                format!("private_kde {r:.2}x faster")
+            } else {
+                format!("private_kde {:.2}x slower", 1.0 / r)
+            };
             println!("  {name:<34} {m:>10.3} ms [{lo:.3}, {hi:.3}]   vs private_kde {ours:.3} ms: {ratio}");
-            report.add("peers", &format!("{} rows", human(*rows)), name, m, &format!("{:.2} vs private_kde", m / ours));
+            report.add("peers", &format!("{} rows", human(*rows)), name, m, &ratio);
             any = true;
         }
         if !any {
