@@ -167,58 +167,55 @@ fn human(n: usize) -> String {
 
 const CHUNK: usize = 1 << 20;
 
-/// `rows` draws of the Hall et al. mixture in one Float64 column `x`, written in chunks.
-fn mixture_file(dir: &Path, rows: usize) -> PathBuf {
-    let path = dir.join(format!("mixture-{}.parquet", human(rows)));
+/// Writes `rows` rows to `path` (once; reused afterwards) as one column `name` of type
+/// `data_type`, in chunks of at most `per_chunk` rows made by `chunk(rows, seed)`.
+fn generated_file(
+    path: PathBuf,
+    name: &str,
+    data_type: DataType,
+    rows: usize,
+    per_chunk: usize,
+    mut chunk: impl FnMut(usize, u64) -> ArrayRef,
+) -> PathBuf {
     if path.exists() {
         return path;
     }
     println!("  generating {} …", path.display());
-    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true)]));
+    let schema = Arc::new(Schema::new(vec![Field::new(name, data_type, true)]));
     let tmp = path.with_extension("tmp");
     let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), Arc::clone(&schema), None).unwrap();
-    let mut done = 0;
-    let mut chunk_seed = 1000;
+    let (mut done, mut seed) = (0, 1000);
     while done < rows {
-        let n = CHUNK.min(rows - done);
-        let x: ArrayRef = Arc::new(Float64Array::from(dpcurve::datagen::mixture(n, chunk_seed)));
-        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![x]).unwrap()).unwrap();
+        let n = per_chunk.min(rows - done);
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![chunk(n, seed)]).unwrap()).unwrap();
         done += n;
-        chunk_seed += 1;
+        seed += 1;
     }
     w.close().unwrap();
     std::fs::rename(&tmp, &path).unwrap();
     path
 }
 
+/// `rows` draws of the Hall et al. mixture in one Float64 column `x`.
+fn mixture_file(dir: &Path, rows: usize) -> PathBuf {
+    let path = dir.join(format!("mixture-{}.parquet", human(rows)));
+    generated_file(path, "x", DataType::Float64, rows, CHUNK, |n, seed| {
+        Arc::new(Float64Array::from(dpcurve::datagen::mixture(n, seed)))
+    })
+}
+
 /// `n` Karhunen–Loève curves of length `m` in one FixedSizeList column `c`.
 fn curves_file(dir: &Path, n: usize, m: usize) -> PathBuf {
     let path = dir.join(format!("curves-{}x{m}.parquet", human(n)));
-    if path.exists() {
-        return path;
-    }
-    println!("  generating {} …", path.display());
     let item = Arc::new(Field::new("item", DataType::Float64, true));
-    let schema = Arc::new(Schema::new(vec![Field::new("c", DataType::FixedSizeList(item, m as i32), true)]));
-    let tmp = path.with_extension("tmp");
-    let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), Arc::clone(&schema), None).unwrap();
-    let per_chunk = (CHUNK / m).max(1);
-    let (mut done, mut chunk_seed) = (0, 2000);
-    while done < n {
-        let k = per_chunk.min(n - done);
+    generated_file(path, "c", DataType::FixedSizeList(item, m as i32), n, (CHUNK / m).max(1), |k, seed| {
         let mut b = FixedSizeListBuilder::new(Float64Builder::new(), m as i32);
-        for c in dpcurve::datagen::karhunen_loeve_curves(k, m, chunk_seed) {
+        for c in dpcurve::datagen::karhunen_loeve_curves(k, m, seed + 1000) {
             b.values().append_slice(&c);
             b.append(true);
         }
-        let c: ArrayRef = Arc::new(b.finish());
-        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![c]).unwrap()).unwrap();
-        done += k;
-        chunk_seed += 1;
-    }
-    w.close().unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
-    path
+        Arc::new(b.finish())
+    })
 }
 
 /// A catalog with the file registered twice: `pub_t` (public) and `priv_t` (private, a

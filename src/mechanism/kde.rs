@@ -17,6 +17,8 @@
 
 use std::fmt;
 
+use super::sums::{BufferedSums, add_saturating};
+
 /// Fixed-point unit of the statistic: one row contributes `FIXED_ONE` in total.
 pub const FIXED_ONE: f64 = (1u64 << 40) as f64;
 /// Bin spacing is at most `h / BINS_PER_BANDWIDTH`; linear binning's worst-case error
@@ -254,9 +256,7 @@ impl KdeLayout {
 
     /// Adds another statistic of the same layout (exact, order-independent).
     pub fn merge(state: &mut [i128], other: &[i128]) {
-        for (a, b) in state.iter_mut().zip(other) {
-            *a = a.saturating_add(*b);
-        }
+        add_saturating(state, other);
     }
 
     /// The kernel sum `S(t_k)` on the grid, computed from the statistic.
@@ -329,40 +329,30 @@ fn linear_bin(x: f64, origin: f64, inv_spacing: f64, nbins: usize) -> (usize, i6
     ((t.to_bits() & LOW_BITS) as usize, (1i64 << 40) - right as i64, right as i64, ok)
 }
 
-/// Rows an [`KdeAccumulation`] buffers before flushing: one row adds at most 2^40 to an
+/// Rows a [`KdeAccumulation`] buffers before flushing: one row adds at most 2^40 to an
 /// entry, so 2^22 rows keep every buffered entry below 2^62 (no i64 overflow, ever).
 const FLUSH_ROWS: usize = 1 << 22;
 
-/// A statistic under accumulation: exact (saturating) i128 totals plus an i64 buffer
-/// that the hot loop adds to without overflow checks (see [`FLUSH_ROWS`]). The result is
-/// bit-identical to adding every value to the totals one by one.
+/// A statistic under accumulation ([`BufferedSums`]: the hot loop adds to an i64 buffer
+/// without overflow checks). Bit-identical to adding every value with [`KdeLayout::add`].
 #[derive(Debug, Clone)]
-pub struct KdeAccumulation {
-    totals: Vec<i128>,
-    pending: Vec<i64>,
-    pending_rows: usize,
-}
+pub struct KdeAccumulation(BufferedSums);
 
 impl KdeAccumulation {
     /// An empty statistic for `layout`.
     pub fn new(layout: &KdeLayout) -> Self {
-        let n = layout.state_len();
-        Self { totals: vec![0; n], pending: vec![0; n], pending_rows: 0 }
+        Self(BufferedSums::new(layout.state_len(), FLUSH_ROWS))
     }
 
     /// Adds values (non-finite ones and those more than 8h outside the grid are dropped).
     pub fn add_all(&mut self, layout: &KdeLayout, values: &[f64]) {
-        let mut rest = values;
-        while !rest.is_empty() {
-            if self.pending_rows >= FLUSH_ROWS {
-                self.flush();
-            }
-            let (now, later) = rest.split_at(rest.len().min(FLUSH_ROWS - self.pending_rows));
+        for chunk in values.chunks(FLUSH_ROWS) {
+            let pending = self.0.buffer(chunk.len());
             match &layout.mode {
                 Mode::Binned { origin, spacing, nbins, .. } => {
                     let (origin, inv, nbins) = (*origin, 1.0 / spacing, *nbins);
-                    let pending = &mut self.pending[..nbins];
-                    for &x in now {
+                    let pending = &mut pending[..nbins];
+                    for &x in chunk {
                         let (l, left, right, ok) = linear_bin(x, origin, inv, nbins);
                         let mask = -(ok as i64);
                         pending[l] += left & mask;
@@ -370,41 +360,27 @@ impl KdeAccumulation {
                     }
                 }
                 Mode::Exact => {
-                    let pending = &mut self.pending;
-                    for &x in now {
+                    for &x in chunk {
                         layout.add_exact(|k, w| pending[k] += w, x);
                     }
                 }
             }
-            self.pending_rows += now.len();
-            rest = later;
         }
     }
 
     /// Adds a statistic of the same layout (e.g. a partial state from another partition).
     pub fn merge(&mut self, other: &[i128]) {
-        KdeLayout::merge(&mut self.totals, other);
-    }
-
-    fn flush(&mut self) {
-        for (t, p) in self.totals.iter_mut().zip(self.pending.iter_mut()) {
-            *t = t.saturating_add(*p as i128);
-            *p = 0;
-        }
-        self.pending_rows = 0;
+        self.0.merge(other);
     }
 
     /// The statistic (flushes the buffer).
     pub fn totals(&mut self) -> &[i128] {
-        if self.pending_rows > 0 {
-            self.flush();
-        }
-        &self.totals
+        self.0.totals()
     }
 
     /// Heap bytes held.
     pub fn heap_size(&self) -> usize {
-        self.totals.capacity() * size_of::<i128>() + self.pending.capacity() * size_of::<i64>()
+        self.0.heap_size()
     }
 }
 

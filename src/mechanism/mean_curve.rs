@@ -28,6 +28,7 @@ use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::calibration::{self, Calibration, CalibrationError};
+use super::sums::{BufferedSums, add_saturating};
 
 /// Relative cut-off of kept eigenvalues (SPEC §3).
 pub const EIGEN_CUTOFF: f64 = 1e-12;
@@ -39,7 +40,7 @@ pub const COEFF_UNIT: f64 = 1.0 / (1u64 << 40) as f64;
 /// (≤ (m + 9)·2^-53 relative, below 2^-41.9 for m ≤ 2048): 2^-38 exceeds their sum.
 pub const CLIP_SLACK: f64 = 1.0 / (1u64 << 38) as f64;
 /// Rows a [`MeanAccumulation`] buffers in i64 before flushing: one row adds at most
-/// `τ·sqrt(m)/unit + 1 < 2^46` units to a point, so 2^16 rows stay below 2^62.
+/// `τ·sqrt(m)/unit + 1 < 2^46` units to a point (m ≤ 2048), so 2^16 rows stay below 2^62.
 const FLUSH_ROWS: usize = 1 << 16;
 /// Largest curve length accepted.
 pub const MAX_CURVE_LENGTH: usize = 2048;
@@ -238,9 +239,7 @@ pub struct MeanState {
 impl MeanState {
     /// Adds another state of the same mechanism.
     pub fn merge(&mut self, other: &MeanState) {
-        for (a, b) in self.sums.iter_mut().zip(&other.sums) {
-            *a = a.saturating_add(*b);
-        }
+        add_saturating(&mut self.sums, &other.sums);
         self.count = self.count.saturating_add(other.count);
     }
 }
@@ -441,59 +440,46 @@ impl MeanCurveMechanism {
     }
 }
 
-/// A statistic under accumulation: exact (saturating) i128 sums plus an i64 buffer that
-/// the per-row loop adds to without overflow checks (see [`FLUSH_ROWS`]). Bit-identical
-/// to [`MeanCurveMechanism::add`] row by row.
+/// A statistic under accumulation ([`BufferedSums`]: the per-row loop adds to an i64
+/// buffer without overflow checks) and the row count. Bit-identical to
+/// [`MeanCurveMechanism::add`] row by row.
 #[derive(Debug, Clone)]
 pub struct MeanAccumulation {
-    totals: MeanState,
-    pending: Vec<i64>,
-    pending_rows: usize,
+    sums: BufferedSums,
+    state: MeanState,
 }
 
 impl MeanAccumulation {
     /// An empty statistic for `mechanism`.
     pub fn new(mechanism: &MeanCurveMechanism) -> Self {
-        Self { totals: mechanism.empty_state(), pending: vec![0; mechanism.spec.points], pending_rows: 0 }
+        Self { sums: BufferedSums::new(mechanism.spec.points, FLUSH_ROWS), state: mechanism.empty_state() }
     }
 
     /// Adds one curve (see [`MeanCurveMechanism::add`]).
     #[inline]
     pub fn add(&mut self, mechanism: &MeanCurveMechanism, curve: &[f64]) {
-        if self.pending_rows >= FLUSH_ROWS {
-            self.flush();
-        }
-        let pending = &mut self.pending;
+        // A dropped row is counted against the buffer too (it only flushes earlier).
+        let pending = self.sums.buffer(1);
         if mechanism.clipped_units(curve, |k, u| pending[k] += u) {
-            self.pending_rows += 1;
-            self.totals.count = self.totals.count.saturating_add(1);
+            self.state.count = self.state.count.saturating_add(1);
         }
     }
 
     /// Adds a statistic of the same mechanism.
     pub fn merge(&mut self, other: &MeanState) {
-        self.totals.merge(other);
-    }
-
-    fn flush(&mut self) {
-        for (t, p) in self.totals.sums.iter_mut().zip(self.pending.iter_mut()) {
-            *t = t.saturating_add(*p as i128);
-            *p = 0;
-        }
-        self.pending_rows = 0;
+        self.sums.merge(&other.sums);
+        self.state.count = self.state.count.saturating_add(other.count);
     }
 
     /// The statistic (flushes the buffer).
     pub fn state(&mut self) -> &MeanState {
-        if self.pending_rows > 0 {
-            self.flush();
-        }
-        &self.totals
+        self.state.sums.copy_from_slice(self.sums.totals());
+        &self.state
     }
 
     /// Heap bytes held.
     pub fn heap_size(&self) -> usize {
-        self.totals.sums.capacity() * size_of::<i128>() + self.pending.capacity() * size_of::<i64>()
+        self.sums.heap_size() + self.state.sums.capacity() * size_of::<i128>()
     }
 }
 

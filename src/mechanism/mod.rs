@@ -12,6 +12,7 @@ pub mod kde;
 pub mod kde_release;
 pub mod mean_curve;
 pub mod rng;
+pub mod sums;
 
 pub use calibration::Calibration;
 pub use kde::{Grid, KdeLayout};
