@@ -22,7 +22,7 @@ use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Docu
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::mechanism::budget::{Budget, MAX_EPSILON};
+use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
 use crate::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec, NoiseSource};
@@ -59,9 +59,9 @@ pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<(KdeMec
     if !(bandwidth.is_finite() && bandwidth > 0.0) {
         return Err(p.error(format!("argument 'bandwidth' must be a finite number > 0, got {bandwidth}")));
     }
-    if !(epsilon.is_finite() && epsilon > 0.0 && epsilon <= MAX_EPSILON) {
+    if !(epsilon.is_finite() && epsilon >= MIN_EPSILON && epsilon <= MAX_EPSILON) {
         return Err(
-            p.error(format!("argument 'epsilon' must be a finite number > 0 (at most {MAX_EPSILON}), got {epsilon}"))
+            p.error(format!("argument 'epsilon' must be a finite number in [{MIN_EPSILON:e}, {MAX_EPSILON}] (one budget unit to the per-release maximum), got {epsilon}"))
         );
     }
     if !(delta > 0.0 && delta < 1.0) {
@@ -235,10 +235,8 @@ impl KdeAccumulator {
 
     fn release(&mut self) -> Result<ScalarValue> {
         let state = self.state.totals();
-        let release = match self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))? {
-            Some(mut rng) => self.mechanism.release(state, &mut rng),
-            None => self.mechanism.release_with_noise(state, &vec![0.0; self.mechanism.spec().grid.points]),
-        };
+        let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
+        let release = self.mechanism.release(state, rng.as_mut());
         let x = float_list(Some(release.x));
         let density = float_list(release.density);
         let mass: ArrayRef = Arc::new(Float64Array::from(vec![release.mass]));

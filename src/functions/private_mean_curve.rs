@@ -5,14 +5,14 @@
 //! private_mean_curve(curve, epsilon, delta
 //!     [, kernel => 'matern32', range => 0.2, penalty => 0.1, eta => 1, clip => …,
 //!        points => …, count_fraction => 0.1, calibration => 'analytic'])
-//!   -> {t: List<Float64>, mean: List<Float64>, n: Float64}
+//!   -> {t: List<Float64>, mean: List<Float64>, n: Int64}
 //! ```
 //! δ > 0 uses the Gaussian-process mechanism, δ = 0 the ICLP (pure ε) mechanism.
 
 use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StructArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, StructArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, UInt64Type};
 use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -23,7 +23,7 @@ use datafusion::logical_expr::{
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::mechanism::budget::{Budget, MAX_EPSILON};
+use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::mean_curve::{
     CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanState,
 };
@@ -80,9 +80,9 @@ pub fn mechanism_from_literals(
     let p = &PARAMS;
     let epsilon = p.required_float(values, "epsilon")?;
     let delta = p.required_float(values, "delta")?;
-    if !(epsilon.is_finite() && epsilon > 0.0 && epsilon <= MAX_EPSILON) {
+    if !(epsilon.is_finite() && epsilon >= MIN_EPSILON && epsilon <= MAX_EPSILON) {
         return Err(
-            p.error(format!("argument 'epsilon' must be a finite number > 0 (at most {MAX_EPSILON}), got {epsilon}"))
+            p.error(format!("argument 'epsilon' must be a finite number in [{MIN_EPSILON:e}, {MAX_EPSILON}] (one budget unit to the per-release maximum), got {epsilon}"))
         );
     }
     if !(0.0..1.0).contains(&delta) {
@@ -178,7 +178,7 @@ pub fn result_fields() -> Fields {
     Fields::from(vec![
         Field::new_list("t", Field::new_list_field(DataType::Float64, true), true),
         Field::new_list("mean", Field::new_list_field(DataType::Float64, true), true),
-        Field::new("n", DataType::Float64, true),
+        Field::new("n", DataType::Int64, true),
     ])
 }
 
@@ -351,11 +351,9 @@ impl Accumulator for MeanCurveAccumulator {
             return Ok(r.clone());
         }
         let state = self.state.state();
-        let release = match self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))? {
-            Some(mut rng) => self.mechanism.release(state, &mut rng),
-            None => self.mechanism.release_with_noise(state, &vec![0.0; self.mechanism.basis().lambda.len()], 0.0),
-        };
-        let n: ArrayRef = Arc::new(Float64Array::from(vec![release.n]));
+        let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
+        let release = self.mechanism.release(state, rng.as_mut());
+        let n: ArrayRef = Arc::new(Int64Array::from(vec![release.n]));
         let s = StructArray::try_new(
             result_fields(),
             vec![float_list(Some(release.t)), float_list(Some(release.mean)), n],

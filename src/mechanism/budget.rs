@@ -13,6 +13,8 @@ use std::fmt;
 pub const EPSILON_DIGITS: u32 = 12;
 /// Decimal digits of δ's fixed-point unit (1e-18).
 pub const DELTA_DIGITS: u32 = 18;
+/// Smallest ε of one release: one budget unit.
+pub const MIN_EPSILON: f64 = 1e-12;
 /// Largest ε of one release or one table budget (keeps units exact in an f64 and i64).
 pub const MAX_EPSILON: f64 = 1e3;
 
@@ -90,6 +92,14 @@ impl Budget {
         }
         if !(0.0..1.0).contains(&delta) {
             return Err(BudgetError(format!("delta must be in [0, 1), got {delta}")));
+        }
+        // Below one budget unit a release would be charged (and calibrated at) more than the
+        // query asked for: refuse instead of silently changing the privacy level.
+        if epsilon < MIN_EPSILON {
+            return Err(BudgetError(format!("epsilon must be at least 1e-12 (one budget unit), got {epsilon}")));
+        }
+        if delta > 0.0 && delta < 1e-18 {
+            return Err(BudgetError(format!("delta must be 0 or at least 1e-18 (one budget unit), got {delta}")));
         }
         Self::total(epsilon, delta)
     }
@@ -213,6 +223,11 @@ mod tests {
         assert!(Budget::charge(1.0, 1.0).is_err());
         assert!(Budget::charge(2e3, 0.0).is_err());
         assert!(Budget::total(-1.0, 0.0).is_err());
+        // Below one unit: refused, never charged (and calibrated) at more than was asked.
+        assert!(Budget::charge(1e-300, 1e-6).unwrap_err().to_string().contains("at least 1e-12"));
+        assert!(Budget::charge(9.9e-13, 0.0).is_err());
+        assert!(Budget::charge(1.0, 1e-19).unwrap_err().to_string().contains("at least 1e-18"));
+        assert_eq!(Budget::charge(1e-12, 1e-18).unwrap(), Budget { epsilon_units: 1, delta_units: 1 });
         assert_eq!(Budget::total(1.5, 1e-6).unwrap().to_string(), "ε = 1.5, δ = 0.000001");
         assert_eq!(Budget::ZERO.to_string(), "ε = 0, δ = 0");
         let a = Budget::total(1.0, 0.0).unwrap();

@@ -115,6 +115,10 @@ pub fn analytic_delta(sigma: f64, sensitivity: f64, epsilon: f64) -> f64 {
 
 /// Relative width of the final bracket of the σ search.
 const SIGMA_REL_TOL: f64 = 1e-12;
+/// Relative margin added to the analytic σ: the f64 evaluation of [`analytic_delta`]
+/// subtracts nearly equal numbers, so a bracket end that passes the test can lie up to a
+/// few 1e-12 (relative) below the true minimum; 1e-9 more is always on the safe side.
+const ANALYTIC_SIGMA_MARGIN: f64 = 1e-9;
 
 /// Smallest σ with `analytic_delta(σ) ≤ δ`, returned from the safe (upper) side of the
 /// bracket, so the returned σ always satisfies the condition.
@@ -140,7 +144,76 @@ pub fn analytic_sigma(sensitivity: f64, epsilon: f64, delta: f64) -> Result<f64,
             lo = mid;
         }
     }
-    Ok(hi * sensitivity)
+    Ok(hi * (1.0 + ANALYTIC_SIGMA_MARGIN) * sensitivity)
+}
+
+/// ln δ of the ρ-zCDP → (ε, δ)-DP conversion at order α > 1 (Canonne, Kamath & Steinke
+/// 2020, Prop. 12 / Cor. 13): `δ = exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α`. Every α > 1 gives
+/// a valid δ, so an imperfect choice of α only costs utility, never privacy.
+fn zcdp_log_delta_at(rho: f64, epsilon: f64, alpha: f64) -> f64 {
+    (alpha - 1.0) * (alpha * rho - epsilon) + alpha * (-1.0 / alpha).ln_1p() - (alpha - 1.0).ln()
+}
+
+/// ln of the smallest δ the conversion gives for ρ-zCDP at ε (α optimised by bisection
+/// on the derivative, as in the authors' reference code).
+pub fn zcdp_log_delta(rho: f64, epsilon: f64) -> f64 {
+    if !(rho > 0.0) {
+        return f64::NEG_INFINITY;
+    }
+    let (mut lo, mut hi) = (1.0 + 1e-9, (epsilon + 1.0) / (2.0 * rho) + 2.0);
+    for _ in 0..200 {
+        let alpha = 0.5 * (lo + hi);
+        let derivative = (2.0 * alpha - 1.0) * rho - epsilon + (-1.0 / alpha).ln_1p();
+        if derivative < 0.0 { lo = alpha } else { hi = alpha }
+    }
+    zcdp_log_delta_at(rho, epsilon, 0.5 * (lo + hi)).min(0.0)
+}
+
+/// Margin in ln δ for the f64 evaluation of [`zcdp_log_delta`] (its terms are O(100) at
+/// most, each computed to ~1e-15 relative).
+const ZCDP_LOG_MARGIN: f64 = 1e-9;
+
+/// The largest ρ whose zCDP guarantee implies (ε, δ)-DP, from the safe side: the computed
+/// ln δ is at least [`ZCDP_LOG_MARGIN`] below ln δ, and ρ is then lowered by 1e-9.
+/// `Classic` additionally caps ρ at the papers' `ε²/(4 ln(2/δ))` (σ = Δ·sqrt(2 ln(2/δ))/ε).
+pub fn zcdp_rho(calibration: Calibration, epsilon: f64, delta: f64) -> Result<f64, CalibrationError> {
+    check(1.0, epsilon, delta)?;
+    if calibration == Calibration::Classic && epsilon > 1.0 {
+        return Err(CalibrationError::ClassicNeedsSmallEpsilon(epsilon));
+    }
+    let target = delta.ln() - ZCDP_LOG_MARGIN;
+    let ok = |rho: f64| zcdp_log_delta(rho, epsilon) <= target;
+    // ρ ≤ ε always suffices as an upper bracket (δ(ρ = ε) ≥ 1/e·… > δ for δ < 0.1; else double).
+    let mut hi = epsilon.max(1e-300);
+    while ok(hi) {
+        hi *= 2.0;
+    }
+    let mut lo = hi / 2.0;
+    while !ok(lo) {
+        hi = lo;
+        lo /= 2.0;
+    }
+    while hi / lo - 1.0 > SIGMA_REL_TOL {
+        let mid = (lo * hi).sqrt();
+        if ok(mid) { lo = mid } else { hi = mid }
+    }
+    let mut rho = lo * (1.0 - 1e-9);
+    if calibration == Calibration::Classic {
+        rho = rho.min(epsilon * epsilon / (4.0 * (2.0 / delta).ln()));
+    }
+    Ok(rho)
+}
+
+/// σ of an exact discrete Gaussian mechanism with L2 sensitivity Δ at (ε, δ): `Δ/sqrt(2ρ)`
+/// with ρ from [`zcdp_rho`] (before the lattice's rounding of σ², which only adds noise).
+pub fn discrete_sigma(
+    calibration: Calibration,
+    sensitivity: f64,
+    epsilon: f64,
+    delta: f64,
+) -> Result<f64, CalibrationError> {
+    check(sensitivity, epsilon, delta)?;
+    Ok(sensitivity / (2.0 * zcdp_rho(calibration, epsilon, delta)?).sqrt())
 }
 
 /// The ε at which a Gaussian mechanism with `μ = Δ/σ` achieves δ (the inverse of
@@ -247,6 +320,43 @@ mod tests {
         let s = analytic_sigma(1.0, 0.7, 1e-6).unwrap();
         assert!((epsilon_for_mu(1.0 / s, 1e-6) - 0.7).abs() < 1e-6);
         assert_eq!(epsilon_for_mu(0.0, 1e-6), 0.0);
+    }
+
+    /// The authors' reference code (cdp2adp.py) gives cdp_delta(ρ=0.025, ε=1) = 1.33613e-6
+    /// and cdp_rho(ε=1, δ=1e-6) = 0.0243560; our conversion agrees and is on the safe side.
+    #[test]
+    fn zcdp_conversion_matches_the_reference_and_is_safe() {
+        let d = zcdp_log_delta(0.025, 1.0).exp();
+        assert!((d / 1.33613e-6 - 1.0).abs() < 1e-4, "{d}");
+        let rho = zcdp_rho(Calibration::Analytic, 1.0, 1e-6).unwrap();
+        assert!(zcdp_log_delta(rho, 1.0) <= (1e-6f64).ln(), "{rho}");
+        assert!((rho / 0.0243560 - 1.0).abs() < 1e-5, "{rho}");
+        assert!(zcdp_log_delta(rho * 1.0001, 1.0) > (1e-6f64).ln(), "tight: {rho}");
+        // σ for Δ = 1 (README "Privacy"): 4.5309 at (1, 1e-6), 7.6672 at (0.5, 1e-5).
+        assert!((discrete_sigma(Calibration::Analytic, 1.0, 1.0, 1e-6).unwrap() - 4.5309).abs() < 1e-3);
+        assert!((discrete_sigma(Calibration::Analytic, 1.0, 0.5, 1e-5).unwrap() - 7.6672).abs() < 1e-3);
+        // Discrete σ is larger than the continuous analytic σ, by a bounded overhead.
+        for (eps, delta) in [(1.0, 1e-6), (0.5, 1e-5), (0.1, 1e-9), (5.0, 1e-6)] {
+            let d = discrete_sigma(Calibration::Analytic, 1.0, eps, delta).unwrap();
+            let a = analytic_sigma(1.0, eps, delta).unwrap();
+            assert!(d > a && d < 1.3 * a, "({eps}, {delta}): {d} vs {a}");
+        }
+        // Classic: never less noise than the papers' formula, and refused for ε > 1.
+        let c = discrete_sigma(Calibration::Classic, 1.0, 0.5, 1e-5).unwrap();
+        assert!(c >= classic_sigma(1.0, 0.5, 1e-5).unwrap());
+        assert!(discrete_sigma(Calibration::Classic, 1.0, 2.0, 1e-5).is_err());
+        // Tiny ε (one budget unit) is calibrated, not refused.
+        assert!(discrete_sigma(Calibration::Analytic, 1.0, 1e-12, 1e-18).unwrap().is_finite());
+    }
+
+    /// Negative control: a conversion that dropped the (1 − 1/α)^α/(α − 1) factor would
+    /// claim too small a δ at the same ρ; the reference value tells them apart.
+    #[test]
+    fn zcdp_reference_value_detects_a_wrong_conversion() {
+        let (rho, eps) = (0.025f64, 1.0f64);
+        let alpha = 10.0f64;
+        let wrong = ((alpha - 1.0) * (alpha * rho - eps)).exp();
+        assert!((wrong / 1.33613e-6 - 1.0).abs() > 0.1);
     }
 
     #[test]

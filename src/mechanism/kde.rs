@@ -94,6 +94,23 @@ impl fmt::Display for KdeError {
 
 impl std::error::Error for KdeError {}
 
+/// Where a statistic's entries and the grid sit on one regular lattice (public).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatticeLayout {
+    /// Lattice step (a length).
+    pub unit: f64,
+    /// Statistic entry j sits at lattice index `entry_stride·j`.
+    pub entry_stride: usize,
+    /// Grid point k sits at lattice index `grid_stride·k + grid_offset`.
+    pub grid_stride: usize,
+    /// See `grid_stride`.
+    pub grid_offset: usize,
+    /// Lattice indices used by the statistic: `0..span`.
+    pub span: usize,
+    /// Largest total weight (in real units) one row adds to the statistic.
+    pub mass_per_row: f64,
+}
+
 /// How the statistic is laid out; see the module docs.
 #[derive(Debug, Clone, PartialEq)]
 enum Mode {
@@ -116,8 +133,13 @@ enum Mode {
         /// Largest lag (units) still summed; `max_lag·unit ≥ 8h`.
         max_lag: usize,
     },
-    /// One accumulator per grid point, exact kernel values.
-    Exact,
+    /// One accumulator per lattice point of step `dt` from `pad` points below `lo` to `pad`
+    /// points above `hi` (grid point k is entry `pad + k`), exact kernel values.
+    Exact {
+        /// Lattice points on each side of the grid (reach 2·8h: every value kept has all of
+        /// its within-8h lattice points inside the statistic).
+        pad: usize,
+    },
 }
 
 /// Public layout of the KDE statistic for a (grid, bandwidth) pair.
@@ -151,7 +173,7 @@ impl KdeLayout {
             let pad = (TRUNCATION_BANDWIDTHS * h / spacing).ceil();
             let nbins = g1 * r + 1.0 + 2.0 * pad;
             if nbins > MAX_BINS as f64 {
-                Mode::Exact
+                Mode::Exact { pad: (2.0 * TRUNCATION_BANDWIDTHS * h / dt).ceil() as usize + 2 }
             } else {
                 let (r, pad) = (r as usize, pad as usize);
                 Mode::Binned {
@@ -204,7 +226,7 @@ impl KdeLayout {
     pub fn state_len(&self) -> usize {
         match &self.mode {
             Mode::Binned { nbins, .. } => *nbins,
-            Mode::Exact => self.grid.points,
+            Mode::Exact { pad } => self.grid.points + 2 * pad,
         }
     }
 
@@ -225,25 +247,73 @@ impl KdeLayout {
                     state[l + 1] = state[l + 1].saturating_add(right as i128);
                 }
             }
-            Mode::Exact => self.add_exact(|k, w| state[k] = state[k].saturating_add(w as i128), x),
+            Mode::Exact { .. } => self.add_exact(|k, w| state[k] = state[k].saturating_add(w as i128), x),
         }
     }
 
-    /// The exact-mode weights of `x`: `round(K(t_k, x)·2^40)` for the grid points within 8h.
+    /// The exact-mode weights of `x`: `round(K(p_j, x)·2^40)` for the lattice points `p_j`
+    /// within 8h of x. Values farther than 8h outside `[lo, hi]` are dropped (row-wise).
     #[inline]
     fn add_exact(&self, mut add: impl FnMut(usize, i64), x: f64) {
+        let Mode::Exact { pad } = self.mode else { return };
         let h = self.bandwidth;
         let reach = TRUNCATION_BANDWIDTHS * h;
         let (lo, hi, dt) = (self.grid.lo, self.grid.hi, self.grid.step());
-        if !(x >= lo - reach - dt && x <= hi + reach + dt) {
+        if !(x >= lo - reach && x <= hi + reach) {
             return;
         }
-        let kmin = ((x - reach - lo) / dt).ceil().max(0.0) as usize;
-        let kmax = (((x + reach - lo) / dt).floor().max(-1.0) as i64).min(self.grid.points as i64 - 1);
-        for k in kmin as i64..=kmax {
-            let w = gaussian_kernel(self.grid.at(k as usize), x, h);
+        let origin = lo - pad as f64 * dt;
+        let last = self.state_len() as i64 - 1;
+        let kmin = (((x - reach - origin) / dt).ceil() as i64).max(0);
+        let kmax = (((x + reach - origin) / dt).floor() as i64).min(last);
+        for k in kmin..=kmax {
+            let w = gaussian_kernel(self.lattice_position(k as usize), x, h);
             // w ∈ [0, 1]: truncation of w·2^40 + 1/2 rounds to the nearest unit.
             add(k as usize, (w * FIXED_ONE + 0.5) as i64);
+        }
+    }
+
+    /// The position of statistic entry j on the real line (exact mode: lattice point j;
+    /// binned mode: bin j).
+    pub fn lattice_position(&self, j: usize) -> f64 {
+        match &self.mode {
+            Mode::Binned { origin, spacing, .. } => origin + j as f64 * spacing,
+            Mode::Exact { pad } => {
+                let k = j as i64 - *pad as i64;
+                if k >= 0 && k < self.grid.points as i64 {
+                    self.grid.at(k as usize)
+                } else {
+                    self.grid.lo + k as f64 * self.grid.step()
+                }
+            }
+        }
+    }
+
+    /// The lattice the statistic lives on: its step (a length), the lattice index of each
+    /// statistic entry (`entry_stride·j`), and of each grid point (`grid_stride·k +
+    /// grid_offset`). Every grid point and every bin is a lattice point.
+    pub fn lattice(&self) -> LatticeLayout {
+        match &self.mode {
+            Mode::Binned { unit, bin_step, grid_step, grid_offset, nbins, .. } => LatticeLayout {
+                unit: *unit,
+                entry_stride: *bin_step,
+                grid_stride: *grid_step,
+                grid_offset: *grid_offset,
+                span: (nbins - 1) * bin_step + 1,
+                mass_per_row: 1.0,
+            },
+            Mode::Exact { pad } => LatticeLayout {
+                unit: self.grid.step(),
+                entry_stride: 1,
+                grid_stride: 1,
+                grid_offset: *pad,
+                span: self.state_len(),
+                // Σ_j K(p_j, x) ≤ 2·Σ_{j≥0} exp(−j²s²/2) over lattice points, s = dt/h.
+                mass_per_row: {
+                    let s = self.grid.step() / self.bandwidth;
+                    2.0 * (0..200).map(|j| (-0.5 * (j as f64 * s).powi(2)).exp()).sum::<f64>() * (1.0 + 1e-12)
+                },
+            },
         }
     }
 
@@ -263,7 +333,7 @@ impl KdeLayout {
     pub fn sum_on_grid(&self, state: &[i128]) -> Vec<f64> {
         let w: Vec<f64> = state.iter().map(|&v| v as f64 / FIXED_ONE).collect();
         match &self.mode {
-            Mode::Exact => w,
+            Mode::Exact { pad } => w[*pad..*pad + self.grid.points].to_vec(),
             Mode::Binned { unit, bin_step, grid_step, grid_offset, nbins, max_lag, .. } => {
                 // The lag table is built here, once per release, not in every partial
                 // accumulator (which never needs it).
@@ -359,7 +429,7 @@ impl KdeAccumulation {
                         pending[l + 1] += right & mask;
                     }
                 }
-                Mode::Exact => {
+                Mode::Exact { .. } => {
                     for &x in chunk {
                         layout.add_exact(|k, w| pending[k] += w, x);
                     }

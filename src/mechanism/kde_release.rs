@@ -1,20 +1,47 @@
-//! The private KDE mechanism (SPEC §2): its privacy map (parameters → σ) and its release
-//! (exact kernel sum on the grid + σ·GP noise → normalised density curve).
+//! The private KDE mechanism (SPEC §2, §6): its privacy map and its release, as
+//! post-processing of an exact discrete Gaussian mechanism on lifted coordinates.
 //!
-//! The released value is `S̃ = S_D + σ·G` on the grid with Δ = 1 (adding or removing one
-//! value moves `S_D` by `K(·,x)`, of RKHS norm 1); everything after that — clamping,
-//! normalising, the mass estimate — is post-processing of `S̃` and costs nothing.
+//! The statistic `v` (bin weights, or exact kernel values in exact mode) lives on a regular
+//! lattice that holds every bin and every grid point ([`KdeLayout::lattice`]). Wrapped on a
+//! circle of m lattice points (m a power of two, padded so the kernel has decayed to
+//! exp(−50) at the wrap), the periodised kernel matrix is a circulant `C = Q Λ Qᵀ` with the
+//! real orthonormal DFT basis Q and the closed-form spectrum
+//! `λ_k = (h√(2π)/u)·Σ_n exp(−2π²(h/u)²(k/m + n)²)` (Poisson summation).
+//!
+//! * **Binned mode**: `w = Λ^{1/2} Qᵀ v`, keeping frequencies with `λ_k ≥ 1e-13·λ_0`. One row
+//!   moves v by `(1−θ)e_l + θe_{l+1}`, so `‖Δw‖² ≤ max diag(QΛQᵀ)·1² = (1/m)Σ_kept λ_k ≈ 1`.
+//!   The release `A w̃` with `A = P Q Λ^{1/2}` has mean `P C v`, the binned kernel sum.
+//! * **Exact mode** (tiny h, no bins): `w = Λ^{-1/2} Qᵀ v` (all frequencies; λ is bounded
+//!   below because the grid step exceeds 0.9h). One row adds the kernel's values at the
+//!   lattice points, whose Mahalanobis norm is ≤ ‖K_per(·,x)‖_H = 1 plus the rounding and
+//!   8h-truncation error; `A w̃` has mean v itself.
+//!
+//! `w` is computed in double-double from the exact integer statistic, rounded to `γℤ` and
+//! released with iid exact discrete Gaussian noise ([`LatticeMechanism`]); σ comes from the
+//! zCDP calibration. Everything after that — the inverse transform, clamping, normalising,
+//! the mass estimate — is post-processing.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use rand::Rng;
+use rustfft::{FftPlanner, num_complex::Complex};
 
 use super::calibration::{self, Calibration, CalibrationError};
-use super::gp::{self, GpPlanError, GpSampler};
-use super::kde::{Grid, KdeError, KdeLayout};
+use super::kde::{Grid, KdeError, KdeLayout, TRUNCATION_BANDWIDTHS};
+use super::lattice::{self, DD, LatticeError, LatticeMechanism, ROW_LIMIT};
 
-/// RKHS sensitivity of the kernel sum under adding or removing one row.
+/// RKHS sensitivity of the kernel sum under adding or removing one row (before the
+/// numerical slack the lifted coordinates add).
 pub const KDE_SENSITIVITY: f64 = 1.0;
+/// Binned mode keeps the frequencies with `λ_k ≥ SPECTRUM_CUTOFF·λ_0`; the dropped part of
+/// the kernel is below 1e-13 of its peak.
+pub const SPECTRUM_CUTOFF: f64 = 1e-13;
+/// Largest lattice (circle) size; larger configurations are refused at planning time.
+pub const MAX_LATTICE: usize = 1 << 22;
+/// Relative accuracy of the computed spectrum (f64 exponentials of arguments ≤ 750).
+const LAMBDA_REL_ERR: f64 = 1e-11;
 
 /// All public parameters of one `private_kde` release.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,8 +67,8 @@ pub enum MechanismError {
     Calibration(CalibrationError),
     /// Bandwidth, range or points.
     Kde(KdeError),
-    /// The noise cannot be generated on this grid.
-    Noise(GpPlanError),
+    /// The noise cannot be generated for these parameters.
+    Noise(String),
 }
 
 impl fmt::Display for MechanismError {
@@ -49,12 +76,18 @@ impl fmt::Display for MechanismError {
         match self {
             MechanismError::Calibration(e) => e.fmt(f),
             MechanismError::Kde(e) => e.fmt(f),
-            MechanismError::Noise(e) => e.fmt(f),
+            MechanismError::Noise(e) => f.write_str(e),
         }
     }
 }
 
 impl std::error::Error for MechanismError {}
+
+impl From<LatticeError> for MechanismError {
+    fn from(e: LatticeError) -> Self {
+        MechanismError::Noise(e.0)
+    }
+}
 
 /// One private KDE release.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,27 +101,151 @@ pub struct KdeRelease {
     pub mass: f64,
 }
 
+/// The lifted basis of a (grid, bandwidth) pair: public, data-independent, cached.
+#[derive(Debug)]
+pub struct KdeBasis {
+    /// Circle size (power of two).
+    m: usize,
+    /// Highest frequency kept.
+    kmax: usize,
+    /// Per real coordinate: the factor applied to the orthonormal DFT coordinate (`√λ` in
+    /// binned mode, `1/√λ` in exact mode).
+    lift: Vec<f64>,
+    /// Per real coordinate: `√λ`, the factor of the post-processing map A.
+    synth: Vec<f64>,
+    /// Proven L2 sensitivity of the lifted coordinates, before floating-point slack.
+    stat_sensitivity: f64,
+    /// Bound on the floating-point error of computing w for one table (≤ ROW_LIMIT rows).
+    float_error: f64,
+}
+
+/// The spectrum of the periodised lattice kernel at frequency k of a circle of m points
+/// with `r = h/u` (bandwidth over lattice step), by Poisson summation.
+fn spectrum(k: usize, m: usize, r: f64) -> f64 {
+    let f = k as f64 / m as f64;
+    let n_max = (6.2 / r).ceil() as i64 + 1;
+    let c = 2.0 * std::f64::consts::PI * std::f64::consts::PI * r * r;
+    let sum: f64 = (-n_max..=n_max).map(|n| (-c * (f + n as f64).powi(2)).exp()).sum();
+    r * (2.0 * std::f64::consts::PI).sqrt() * sum
+}
+
+impl KdeBasis {
+    fn build(layout: &KdeLayout) -> Result<Self, MechanismError> {
+        let lat = layout.lattice();
+        let h = layout.bandwidth();
+        let r = h / lat.unit;
+        // Circle: the used span plus 10h, so wrapped kernel terms are ≤ K(10h) = e^-50.
+        let need = lat.span as f64 + (10.0 * r).ceil() + 1.0;
+        if !(need <= MAX_LATTICE as f64) {
+            return Err(MechanismError::Noise(format!(
+                "the grid and bandwidth need a lattice of {need:.0} points for the noise \
+                 (at most {MAX_LATTICE}); use a larger bandwidth or a narrower range"
+            )));
+        }
+        let m = (need as usize).next_power_of_two().max(16);
+        let lambda0 = spectrum(0, m, r);
+        let binned = layout.is_binned();
+        let kmax = if binned {
+            (0..=m / 2).take_while(|&k| spectrum(k, m, r) >= SPECTRUM_CUTOFF * lambda0).last().unwrap_or(0)
+        } else {
+            m / 2
+        };
+        let (mut lift, mut synth) = (Vec::new(), Vec::new());
+        let mut min_lambda = f64::INFINITY;
+        for k in 0..=kmax {
+            let l = spectrum(k, m, r);
+            min_lambda = min_lambda.min(l);
+            let copies = if k == 0 || 2 * k == m { 1 } else { 2 };
+            for _ in 0..copies {
+                lift.push(if binned { l.sqrt() } else { 1.0 / l.sqrt() });
+                synth.push(l.sqrt());
+            }
+        }
+        if !(min_lambda > 0.0 && min_lambda.is_finite()) {
+            return Err(MechanismError::Noise("the kernel spectrum underflows on this lattice".into()));
+        }
+        let max_lift = lift.iter().cloned().fold(0.0, f64::max);
+        let stat_sensitivity = if binned {
+            // max diag of Q·diag(lift²)·Qᵀ = (1/m)·Σ over all frequencies of lift² = Σ over
+            // real coordinates of lift²/m·(m/2·2/m…): each real coordinate's basis vector has
+            // squared entries ≤ 2/m (1/m for k = 0 and m/2), so the diagonal is
+            // Σ_c lift_c²·q_c(j)² ≤ (1/m)·(lift_0² + 2·Σ_{k≥1} lift_k²).
+            let mut diag = 0.0;
+            let mut c = 0;
+            for k in 0..=kmax {
+                let w = if k == 0 || 2 * k == m { 1.0 } else { 2.0 };
+                diag += w * lift[c] * lift[c];
+                c += if k == 0 || 2 * k == m { 1 } else { 2 };
+            }
+            (diag / m as f64 * (1.0 + 1e-12)).sqrt()
+        } else {
+            // ‖C^{-1/2}·k_x‖ ≤ sqrt(K_per(x,x)) ≤ sqrt(1 + 2e^-50) for the exact periodised
+            // kernel; the computed spectrum is within LAMBDA_REL_ERR; the stored values
+            // differ from k_x by the 2^-41 rounding of ≤ (2·8h/dt + 2) entries and the
+            // kernel beyond 8h (≤ 1e-13 in norm).
+            let entries = 2.0 * TRUNCATION_BANDWIDTHS * h / lat.unit + 2.0;
+            let e = entries.sqrt() * 2f64.powi(-41) + 1e-13;
+            (1.0 + LAMBDA_REL_ERR) * ((1.0 + 1e-15f64).sqrt() + e * max_lift)
+        };
+        // ‖fl(w) − w‖ ≤ max lift · (DFT error + 2 dd ops) · ‖v‖₂, ‖v‖₂ ≤ ‖v‖₁ ≤ rows·mass.
+        let float_error =
+            max_lift * (lattice::dft_relative_error(m) + 2.0 * lattice::DD_OP_ERR) * ROW_LIMIT * lat.mass_per_row;
+        Ok(Self { m, kmax, lift, synth, stat_sensitivity, float_error })
+    }
+
+    fn cached(layout: &KdeLayout) -> Result<Arc<Self>, MechanismError> {
+        type Key = (u64, u64, usize, u64);
+        static CACHE: Mutex<Option<HashMap<Key, Arc<KdeBasis>>>> = Mutex::new(None);
+        let g = layout.grid();
+        let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, layout.bandwidth().to_bits());
+        if let Some(b) = CACHE.lock().expect("kde basis cache").get_or_insert_with(HashMap::new).get(&key) {
+            return Ok(Arc::clone(b));
+        }
+        let basis = Arc::new(Self::build(layout)?);
+        let mut guard = CACHE.lock().expect("kde basis cache");
+        let map = guard.get_or_insert_with(HashMap::new);
+        if map.len() >= 32 {
+            map.clear();
+        }
+        Ok(Arc::clone(map.entry(key).or_insert(basis)))
+    }
+
+    /// Number of lifted coordinates.
+    pub fn dim(&self) -> usize {
+        self.lift.len()
+    }
+
+    /// Circle size m.
+    pub fn circle(&self) -> usize {
+        self.m
+    }
+}
+
 /// The private KDE mechanism for fixed public parameters.
 #[derive(Debug, Clone)]
 pub struct KdeMechanism {
     spec: KdeSpec,
     layout: KdeLayout,
-    sigma: f64,
+    basis: Arc<KdeBasis>,
+    lattice: LatticeMechanism,
 }
 
 impl KdeMechanism {
-    /// The privacy map: validates every parameter and returns σ for Δ = 1.
+    /// The privacy map: validates every parameter and returns the noise standard deviation
+    /// of one lifted coordinate (≈ σ of the released kernel sum).
     pub fn sigma_for(spec: &KdeSpec) -> Result<f64, MechanismError> {
-        Ok(Self::new(spec.clone())?.sigma)
+        Ok(Self::new(spec.clone())?.sigma())
     }
 
-    /// Validates the parameters (including that noise can be generated on this grid).
+    /// Validates the parameters and fixes the basis, the lattice and the noise.
     pub fn new(spec: KdeSpec) -> Result<Self, MechanismError> {
         let layout = KdeLayout::new(spec.grid, spec.bandwidth).map_err(MechanismError::Kde)?;
-        let sigma = calibration::sigma(spec.calibration, KDE_SENSITIVITY, spec.epsilon, spec.delta)
-            .map_err(MechanismError::Calibration)?;
-        gp::check_plan(spec.grid.points, spec.grid.step() / spec.bandwidth).map_err(MechanismError::Noise)?;
-        Ok(KdeMechanism { spec, layout, sigma })
+        let rho =
+            calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
+        let basis = KdeBasis::cached(&layout)?;
+        let sensitivity = basis.stat_sensitivity + 2.0 * basis.float_error;
+        let lattice = LatticeMechanism::gaussian(sensitivity, basis.dim(), rho)?;
+        Ok(KdeMechanism { spec, layout, basis, lattice })
     }
 
     /// The parameters.
@@ -101,40 +258,76 @@ impl KdeMechanism {
         &self.layout
     }
 
-    /// Noise scale σ.
+    /// The lifted basis.
+    pub fn basis(&self) -> &KdeBasis {
+        &self.basis
+    }
+
+    /// The discrete mechanism on the lifted coordinates.
+    pub fn lattice(&self) -> &LatticeMechanism {
+        &self.lattice
+    }
+
+    /// Noise standard deviation of a lifted coordinate (≈ σ of the released kernel sum).
     pub fn sigma(&self) -> f64 {
-        self.sigma
+        self.lattice.noise_sd()
     }
 
-    /// The sampler for this grid (built on demand: it is only needed at release time).
-    pub fn sampler(&self) -> GpSampler {
-        GpSampler::new(self.spec.grid.points, self.spec.grid.step() / self.spec.bandwidth)
-            .expect("checked in KdeMechanism::new")
+    /// Proven L2 sensitivity of the lifted coordinates (before floating-point and rounding
+    /// slack), ≈ [`KDE_SENSITIVITY`].
+    pub fn stat_sensitivity(&self) -> f64 {
+        self.basis.stat_sensitivity
     }
 
-    /// Releases the statistic: kernel sum on the grid, plus σ·GP noise, then normalised.
-    pub fn release<R: Rng + ?Sized>(&self, state: &[i128], rng: &mut R) -> KdeRelease {
-        self.post_process(&self.noisy_sum(state, rng))
-    }
-
-    /// The private part of a release: `S̃ = S_D + σ·G` on the grid. Everything else is
-    /// post-processing of this vector, so privacy audits look at it.
-    pub fn noisy_sum<R: Rng + ?Sized>(&self, state: &[i128], rng: &mut R) -> Vec<f64> {
-        self.add_noise(state, &self.sampler().sample(rng))
-    }
-
-    /// The release for a given unit-scale noise vector (zero noise is the test hook).
-    pub fn release_with_noise(&self, state: &[i128], unit_noise: &[f64]) -> KdeRelease {
-        self.post_process(&self.add_noise(state, unit_noise))
-    }
-
-    /// `S_D + σ·unit_noise` on the grid, for a unit-scale noise vector from [`Self::sampler`].
-    pub fn add_noise(&self, state: &[i128], unit_noise: &[f64]) -> Vec<f64> {
-        let mut s = self.layout.sum_on_grid(state);
-        for (v, z) in s.iter_mut().zip(unit_noise) {
-            *v += self.sigma * z;
+    /// The lifted coordinates `w` of a statistic, in double-double.
+    pub fn lifted(&self, state: &[i128]) -> Vec<DD> {
+        let lat = self.layout.lattice();
+        let mut v = vec![DD::default(); self.basis.m];
+        for (j, &units) in state.iter().enumerate() {
+            if units != 0 {
+                v[j * lat.entry_stride] = DD::from_i128(units).scale_pow2(-40);
+            }
         }
-        s
+        let coords = lattice::real_dft_coordinates(&v, self.basis.kmax);
+        coords.iter().zip(&self.basis.lift).map(|(c, &l)| c.mul_f64(l)).collect()
+    }
+
+    /// `A·w̃`: the kernel sum on the grid for (noisy) lifted coordinates. Post-processing.
+    pub fn curve_from_lifted(&self, w: &[f64]) -> Vec<f64> {
+        let m = self.basis.m;
+        let mut y = vec![Complex::new(0.0, 0.0); m];
+        let (inv_m, inv_2m) = (1.0 / (m as f64).sqrt(), 1.0 / (2.0 * m as f64).sqrt());
+        let mut c = 0;
+        for k in 0..=self.basis.kmax {
+            if k == 0 || 2 * k == m {
+                y[k] = Complex::new(self.basis.synth[c] * w[c] * inv_m, 0.0);
+                c += 1;
+            } else {
+                let s = self.basis.synth[c] * inv_2m;
+                y[k] = Complex::new(s * w[c], -s * w[c + 1]);
+                y[m - k] = y[k].conj();
+                c += 2;
+            }
+        }
+        FftPlanner::new().plan_fft_inverse(m).process(&mut y);
+        let lat = self.layout.lattice();
+        (0..self.spec.grid.points).map(|k| y[k * lat.grid_stride + lat.grid_offset].re).collect()
+    }
+
+    /// The private part of a release: the noisy lifted coordinates on the lattice (exact
+    /// discrete Gaussian noise). `rng = None` is the noiseless test hook.
+    pub fn noisy_lifted<R: Rng + ?Sized>(&self, state: &[i128], rng: Option<&mut R>) -> Vec<f64> {
+        self.lattice.release(&self.lifted(state), rng)
+    }
+
+    /// The noisy kernel sum `S̃` on the grid (post-processing of [`Self::noisy_lifted`]).
+    pub fn noisy_sum<R: Rng + ?Sized>(&self, state: &[i128], rng: Option<&mut R>) -> Vec<f64> {
+        self.curve_from_lifted(&self.noisy_lifted(state, rng))
+    }
+
+    /// Releases the statistic: noisy lifted coordinates, then the normalised curve.
+    pub fn release<R: Rng + ?Sized>(&self, state: &[i128], rng: Option<&mut R>) -> KdeRelease {
+        self.post_process(&self.noisy_sum(state, rng))
     }
 
     /// Post-processing of the released noisy sum `S̃` (free, SPEC §0).
@@ -181,10 +374,16 @@ mod tests {
 
     #[test]
     fn privacy_map_uses_unit_sensitivity() {
-        let s = KdeMechanism::sigma_for(&spec()).unwrap();
-        assert!((s - 4.2247).abs() < 5e-4);
-        let classic = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, ..spec() });
-        assert!((classic.unwrap() - 5.3868).abs() < 1e-3);
+        let m = KdeMechanism::new(spec()).unwrap();
+        assert!(m.layout().is_binned());
+        // Δ of the lifted coordinates is 1 up to the (1 + e^-50) periodisation and slack.
+        assert!((m.stat_sensitivity() - 1.0).abs() < 1e-9, "{}", m.stat_sensitivity());
+        // σ = 4.5309 (discrete zCDP calibration at ε = 1, δ = 1e-6), rounded up on the
+        // lattice by at most a factor 1 + 1/σ_L.
+        let s = m.sigma();
+        assert!(s >= 4.53087 && s < 4.53089, "{s}");
+        let classic = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, ..spec() }).unwrap();
+        assert!(classic >= 5.38677 && classic < 5.3868, "{classic}");
         let bad = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, epsilon: 2.0, ..spec() });
         assert!(matches!(bad, Err(MechanismError::Calibration(CalibrationError::ClassicNeedsSmallEpsilon(_)))));
     }
@@ -195,7 +394,7 @@ mod tests {
         let xs: Vec<f64> = (0..400).map(|i| 0.3 + 0.4 * (i as f64 / 399.0)).collect();
         let mut st = m.layout().empty_state();
         m.layout().add_all(&mut st, &xs);
-        let r = m.release_with_noise(&st, &vec![0.0; 201]);
+        let r = m.release::<rand::rngs::ChaCha20Rng>(&st, None);
         let d = r.density.unwrap();
         assert!((trapezoid(&d, 0.005) - 1.0).abs() < 1e-12);
         // All 400 points lie ≥ 0.2 = 4h inside [0, 1], so their mass is almost entirely inside.
@@ -206,7 +405,7 @@ mod tests {
     fn too_little_mass_gives_null_density_not_an_error() {
         let m = KdeMechanism::new(spec()).unwrap();
         let st = m.layout().empty_state();
-        let r = m.release_with_noise(&st, &vec![0.0; 201]);
+        let r = m.release::<rand::rngs::ChaCha20Rng>(&st, None);
         assert_eq!(r.density, None);
         assert_eq!(r.mass, 0.0);
         // Negative noisy sums (possible with an empty table) are handled the same way.

@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex};
 
 use nalgebra::{DMatrix, SymmetricEigen};
 use rand::Rng;
-use rand_distr::{Distribution, StandardNormal};
 
-use super::calibration::{self, Calibration, CalibrationError};
+use super::calibration::{self, Calibration};
+use super::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
 use super::sums::{BufferedSums, add_saturating};
 
 /// Relative cut-off of kept eigenvalues (SPEC §3).
@@ -106,6 +106,10 @@ pub struct Eigenbasis {
     pub lambda: Vec<f64>,
     /// `v_j` (length m each), orthonormal in the discrete L² inner product.
     pub vectors: Vec<Vec<f64>>,
+    /// Upper bound on the operator norm of `[v_1 … v_J]/√m` as stored (1 up to round-off):
+    /// `sqrt(1 + ‖VᵀV/m − I‖_F + rounding of that computation)`. Sensitivities use it, so
+    /// the privacy claim is about the vectors actually used, not ideal ones.
+    pub norm_bound: f64,
 }
 
 type CacheKey = (CovKernel, u64, usize);
@@ -132,7 +136,19 @@ impl Eigenbasis {
             lambda.push(l);
             vectors.push(eig.eigenvectors.column(j).iter().map(|u| u * scale).collect());
         }
-        Eigenbasis { m, lambda, vectors }
+        let norm_bound = Self::operator_norm_bound(m, &vectors);
+        Eigenbasis { m, lambda, vectors, norm_bound }
+    }
+
+    fn operator_norm_bound(m: usize, vectors: &[Vec<f64>]) -> f64 {
+        let j = vectors.len();
+        let v = DMatrix::from_fn(m, j, |k, c| vectors[c][k]);
+        let gram = v.transpose() * &v / m as f64;
+        let off = (gram - DMatrix::<f64>::identity(j, j)).norm();
+        // Each Gram entry is a sum of m products of entries ≤ √m in size, divided by m:
+        // its f64 error is ≤ (m + 2)·u·(Σ|v_i v_j|/m) ≤ (m + 2)·u·‖v_i‖‖v_j‖/m·m ≈ (m + 2)·u.
+        let rounding = j as f64 * (m as f64 + 2.0) * f64::EPSILON;
+        (1.0 + off + rounding).sqrt()
     }
 
     /// The eigenpairs for (kernel, ρ, m), computed once per process and reused.
@@ -251,8 +267,8 @@ pub struct MeanRelease {
     pub t: Vec<f64>,
     /// The private mean curve.
     pub mean: Vec<f64>,
-    /// The noisy count that normalised it.
-    pub n: f64,
+    /// The noisy count that normalised it: an integer (discrete Laplace noise).
+    pub n: i64,
 }
 
 /// The mechanism for fixed public parameters.
@@ -261,8 +277,11 @@ pub struct MeanCurveMechanism {
     spec: MeanCurveSpec,
     basis: Arc<Eigenbasis>,
     smoother: Vec<f64>,
+    /// Per kept j: `s_j/√λ_j`, the whitening factor of the lifted coordinates.
+    whiten: Vec<f64>,
     sensitivity: f64,
-    sigma: f64,
+    lattice: LatticeMechanism,
+    count: LatticeMechanism,
 }
 
 impl MeanCurveMechanism {
@@ -298,21 +317,35 @@ impl MeanCurveMechanism {
                 p / (p + spec.penalty)
             })
             .collect();
+        // Lifted coordinates w_j = (s_j/√λ_j)·⟨T, v_j⟩ (whitened: the noise is iid in them).
         // One row changes the summed curve by g with ‖g‖ ≤ τ·(1 + CLIP_SLACK) (rounding and
-        // clipping error included), and the smoothed sum by Σ_j s_j⟨g, v_j⟩ v_j.
-        let norm_bound = spec.clip * (1.0 + CLIP_SLACK);
+        // clipping error included), so ‖Δw‖₂ ≤ τ'·max_j s_j/√λ_j·‖V‖ and
+        // ‖Δw‖₁ ≤ τ'·sqrt(Σ_j s_j²/λ_j)·‖V‖ (Cauchy–Schwarz), ‖V‖ = the basis' norm bound.
+        let whiten: Vec<f64> = smoother.iter().zip(&basis.lambda).map(|(s, l)| s / l.sqrt()).collect();
+        let norm_bound = spec.clip * (1.0 + CLIP_SLACK) * basis.norm_bound;
         let eps_t = spec.epsilon * (1.0 - spec.count_fraction);
-        let (sensitivity, sigma) = if spec.delta > 0.0 {
-            let delta_h =
-                norm_bound * smoother.iter().zip(&basis.lambda).map(|(s, l)| s / l.sqrt()).fold(0.0, f64::max);
-            let sigma = calibration::sigma(spec.calibration, delta_h, eps_t, spec.delta)
-                .map_err(|e: CalibrationError| MeanCurveError(e.to_string()))?;
-            (delta_h, sigma)
+        let err = |e: &dyn fmt::Display| MeanCurveError(e.to_string());
+        // Floating-point error of one coordinate for a table of ≤ ROW_LIMIT rows: the dd dot
+        // product of m terms has error ≤ (m + 2)·DD_OP_ERR·Σ_k |v_jk·T_k| with
+        // Σ_k |T_k| ≤ rows·m·τ·(1 + CLIP_SLACK) (each clipped value is ≤ τ√m, |v_jk| ≤ √m)
+        // after scaling by 1/m.
+        let m = spec.points as f64;
+        let per_coordinate =
+            |w: f64| w * (m + 2.0) * lattice::DD_OP_ERR * m.sqrt() * ROW_LIMIT * spec.clip * (1.0 + CLIP_SLACK) * 1.01;
+        let (sensitivity, lattice) = if spec.delta > 0.0 {
+            let delta_h = norm_bound * whiten.iter().cloned().fold(0.0, f64::max);
+            let float = whiten.iter().map(|&w| per_coordinate(w).powi(2)).sum::<f64>().sqrt();
+            let rho = calibration::zcdp_rho(spec.calibration, eps_t, spec.delta).map_err(|e| err(&e))?;
+            let lattice = LatticeMechanism::gaussian(delta_h + 2.0 * float, whiten.len(), rho).map_err(|e| err(&e))?;
+            (delta_h, lattice)
         } else {
-            let delta_1 = norm_bound * smoother.iter().zip(&basis.lambda).map(|(s, l)| s * s / l).sum::<f64>().sqrt();
-            (delta_1, std::f64::consts::SQRT_2 * delta_1 / eps_t)
+            let delta_1 = norm_bound * whiten.iter().map(|w| w * w).sum::<f64>().sqrt();
+            let float: f64 = whiten.iter().map(|&w| per_coordinate(w)).sum();
+            let lattice = LatticeMechanism::laplace(delta_1 + 2.0 * float, whiten.len(), eps_t).map_err(|e| err(&e))?;
+            (delta_1, lattice)
         };
-        Ok(Self { spec, basis, smoother, sensitivity, sigma })
+        let count = LatticeMechanism::integer_laplace(spec.epsilon * spec.count_fraction).map_err(|e| err(&e))?;
+        Ok(Self { spec, basis, smoother, whiten, sensitivity, lattice, count })
     }
 
     /// Parameters.
@@ -335,9 +368,20 @@ impl MeanCurveMechanism {
         self.sensitivity
     }
 
-    /// Noise scale σ of the coefficient sum.
+    /// Noise scale σ of the coefficient sum (per unit of `sqrt(λ_j)`): the standard
+    /// deviation of one lifted coordinate's noise.
     pub fn sigma(&self) -> f64 {
-        self.sigma
+        self.lattice.noise_sd()
+    }
+
+    /// The discrete mechanism on the lifted (whitened) coordinates.
+    pub fn lattice(&self) -> &LatticeMechanism {
+        &self.lattice
+    }
+
+    /// The discrete Laplace mechanism of the count (integer lattice, sensitivity 1).
+    pub fn count_mechanism(&self) -> &LatticeMechanism {
+        &self.count
     }
 
     /// ε spent on the count.
@@ -406,35 +450,36 @@ impl MeanCurveMechanism {
         self.basis.coefficients(&total).iter().zip(&self.smoother).map(|(c, s)| s * c).collect()
     }
 
-    /// Unit-scale noise coefficients: `sqrt(λ_j)·ξ_j` (Gaussian) or `sqrt(λ_j)·ℓ_j` with
-    /// unit-variance Laplace `ℓ_j` (ICLP, δ = 0).
-    pub fn noise_coefficients<R: Rng + ?Sized>(&self, rng: &mut R) -> Vec<f64> {
+    /// The lifted coordinates `w_j = (s_j/√λ_j)·⟨T, v_j⟩` of a statistic, in double-double
+    /// from the exact fixed-point sums.
+    pub fn lifted(&self, state: &MeanState) -> Vec<DD> {
+        let m = self.spec.points;
+        let t: Vec<DD> = state.sums.iter().map(|&v| DD::from_i128(v)).collect();
+        let unit = self.spec.clip * COEFF_UNIT / m as f64;
         self.basis
-            .lambda
+            .vectors
             .iter()
-            .map(|l| {
-                let z = if self.spec.delta > 0.0 { StandardNormal.sample(rng) } else { unit_laplace(rng) };
-                l.sqrt() * z
+            .zip(&self.whiten)
+            .map(|(v, &w)| {
+                let dot = t.iter().zip(v).fold(DD::default(), |acc, (tk, &vk)| acc.add(tk.mul_f64(vk)));
+                dot.mul_f64(unit).mul_f64(w)
             })
             .collect()
     }
 
-    /// Releases the mean curve.
-    pub fn release<R: Rng + ?Sized>(&self, state: &MeanState, rng: &mut R) -> MeanRelease {
-        let noise = self.noise_coefficients(rng);
-        let count_noise = laplace(rng, 1.0 / self.count_epsilon());
-        self.release_with_noise(state, &noise, count_noise)
+    /// Releases the mean curve; `rng = None` is the noiseless test hook.
+    pub fn release<R: Rng + ?Sized>(&self, state: &MeanState, mut rng: Option<&mut R>) -> MeanRelease {
+        let w = self.lattice.release(&self.lifted(state), rng.as_deref_mut());
+        let n = self.count.release(&[DD::from_i128(state.count as i128)], rng)[0] as i64;
+        self.post_process(&w, n)
     }
 
-    /// The release for given unit-scale coefficient noise and count noise.
-    pub fn release_with_noise(&self, state: &MeanState, unit_noise: &[f64], count_noise: f64) -> MeanRelease {
-        let n = state.count as f64 + count_noise;
-        let coeffs: Vec<f64> = self
-            .sum_coefficients(state)
-            .iter()
-            .zip(unit_noise)
-            .map(|(t, z)| (t + self.sigma * z) / n.max(1.0))
-            .collect();
+    /// The mean curve from released lifted coordinates and the released count
+    /// (post-processing: the smoothed sum's coefficients are `T̃_j = √λ_j·w̃_j`; the mean
+    /// is `T̃/max(ñ, 1)`).
+    pub fn post_process(&self, w: &[f64], n: i64) -> MeanRelease {
+        let d = n.max(1) as f64;
+        let coeffs: Vec<f64> = w.iter().zip(&self.basis.lambda).map(|(w, l)| w * l.sqrt() / d).collect();
         let m = self.spec.points;
         MeanRelease { t: (0..m).map(|k| k as f64 / (m - 1) as f64).collect(), mean: self.basis.synthesize(&coeffs), n }
     }
@@ -483,22 +528,12 @@ impl MeanAccumulation {
     }
 }
 
-/// A Laplace draw with variance 1 (scale 1/√2).
-pub fn unit_laplace<R: Rng + ?Sized>(rng: &mut R) -> f64 {
-    laplace(rng, std::f64::consts::FRAC_1_SQRT_2)
-}
-
-/// A Laplace(0, b) draw by inversion of a uniform in (−1/2, 1/2).
-pub fn laplace<R: Rng + ?Sized>(rng: &mut R, b: f64) -> f64 {
-    let u: f64 = rand::RngExt::random::<f64>(rng) - 0.5;
-    -b * u.signum() * (1.0 - 2.0 * u.abs()).max(f64::MIN_POSITIVE).ln()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand::rngs::ChaCha20Rng;
+    use rand_distr::{Distribution, StandardNormal};
 
     fn spec(kernel: CovKernel, delta: f64) -> MeanCurveSpec {
         MeanCurveSpec {
@@ -609,6 +644,18 @@ mod tests {
         }
     }
 
+    /// Unit-scale noise of the smoothed sum's coefficients: `sqrt(λ_j)·z_j/σ` for the
+    /// lattice noise `z_j` (in real units).
+    fn lifted_noise(m: &MeanCurveMechanism, rng: &mut ChaCha20Rng) -> Vec<f64> {
+        let sd = m.sigma();
+        m.lattice()
+            .to_real(&m.lattice().noise(rng))
+            .iter()
+            .zip(&m.basis().lambda)
+            .map(|(z, l)| l.sqrt() * z / sd)
+            .collect()
+    }
+
     #[test]
     fn gaussian_noise_has_covariance_sigma_squared_c() {
         let m = MeanCurveMechanism::new(spec(CovKernel::Matern32, 1e-5)).unwrap();
@@ -618,7 +665,7 @@ mod tests {
         let pairs = [(0usize, 0usize), (30, 30), (30, 31), (10, 20), (59, 59)];
         let mut sums = [0.0; 5];
         for _ in 0..n {
-            let z = b.synthesize(&m.noise_coefficients(&mut rng));
+            let z = b.synthesize(&lifted_noise(&m, &mut rng));
             for (s, &(i, j)) in sums.iter_mut().zip(&pairs) {
                 *s += z[i] * z[j];
             }
@@ -643,7 +690,7 @@ mod tests {
         let n = 40_000;
         let (mut abs, mut sq) = (0.0, 0.0);
         for _ in 0..n {
-            let noise = m.noise_coefficients(&mut rng);
+            let noise = lifted_noise(&m, &mut rng);
             // Recover component 3 from the curve, as an analyst would.
             let curve = b.synthesize(&noise);
             let l = inner(&curve, &b.vectors[3]) / b.lambda[3].sqrt();
@@ -693,8 +740,8 @@ mod tests {
         let [mut a, b] = parts;
         a.merge(&b);
         assert_eq!(a, whole);
-        let r = m.release_with_noise(&whole, &vec![0.0; m.basis().lambda.len()], 0.0);
-        assert_eq!(r.n, 10.0);
+        let r = m.release::<ChaCha20Rng>(&whole, None);
+        assert_eq!(r.n, 10);
         let err = r.mean.iter().zip(&curve).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(err < 1e-3, "smooth curve reproduced up to the smoother: {err}");
     }

@@ -1,5 +1,5 @@
 //! Pure mathematics of the private releases: calibration, kernels and grids, the KDE
-//! sufficient statistic, Gaussian-process samplers, randomness. No DataFusion, no I/O.
+//! sufficient statistic, lifted coordinates and exact discrete samplers, randomness. No DataFusion, no I/O.
 //!
 //! Every mechanism is a pair: a *privacy map* from public parameters to a noise scale
 //! (a plain function tested against reference values) and a *release* from a statistic,
@@ -7,11 +7,12 @@
 
 pub mod budget;
 pub mod calibration;
-pub mod gp;
 pub mod kde;
 pub mod kde_release;
+pub mod lattice;
 pub mod mean_curve;
 pub mod rng;
+pub mod samplers;
 pub mod sums;
 
 pub use calibration::Calibration;
