@@ -1,46 +1,30 @@
-//! Privacy checks of the `private_kde` mechanism through its real code path:
-//! containment of neighbour differences (SPEC §1 numerics), the sampled noise's
-//! distribution, and an empirical privacy audit on neighbouring datasets — each with a
-//! negative control showing it would catch a mistake.
+//! Privacy checks of the `private_kde` mechanism through its real code path (SPEC §1, §6):
+//! the neighbour difference of the lifted coordinates against the calibrated sensitivity
+//! (binned, `bin_step > 1` and exact mode), accuracy of the lattice kernel sum, the
+//! released noise's covariance, an empirical privacy audit, and the floating-point attack
+//! regression — each with a negative control showing it would catch a mistake.
 
 use dpcurve::datagen::mixture;
 use dpcurve::mechanism::calibration::epsilon_for_mu;
-use dpcurve::mechanism::gp::GUARANTEED_NUGGET;
 use dpcurve::mechanism::kde::gaussian_kernel;
+use dpcurve::mechanism::lattice::DD;
 use dpcurve::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec};
-use nalgebra::{Cholesky, DMatrix, DVector, Dyn};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
+use rand_distr::{Distribution, StandardNormal};
 
 fn spec(grid: Grid, bandwidth: f64, epsilon: f64, delta: f64) -> KdeSpec {
     KdeSpec { grid, bandwidth, epsilon, delta, calibration: Calibration::Analytic, nonneg: true }
 }
 
-/// Cholesky factor of `K_grid + τ·I` for the Gaussian kernel on `grid`.
-fn kernel_cholesky(grid: &Grid, h: f64, tau: f64) -> Cholesky<f64, Dyn> {
-    let xs = grid.xs();
-    let k = DMatrix::from_fn(grid.points, grid.points, |i, j| {
-        gaussian_kernel(xs[i], xs[j], h) + if i == j { tau } else { 0.0 }
-    });
-    k.cholesky().expect("K + τI is positive definite")
+fn state_of(m: &KdeMechanism, values: &[f64]) -> Vec<i128> {
+    let mut st = m.layout().empty_state();
+    m.layout().add_all(&mut st, values);
+    st
 }
 
-/// Mahalanobis norm `sqrt(gᵀ (K + τI)⁻¹ g)`.
-fn mahalanobis(chol: &Cholesky<f64, Dyn>, g: &[f64]) -> f64 {
-    let g = DVector::from_column_slice(g);
-    let w = chol.solve(&g);
-    g.dot(&w).max(0.0).sqrt()
-}
-
-/// `S(D ∪ {x}) − S(D)` on the grid, computed exactly as a release computes it.
-fn neighbour_difference(layout: &KdeLayout, base: &[f64], x: f64) -> Vec<f64> {
-    let mut d = layout.empty_state();
-    layout.add_all(&mut d, base);
-    let mut d2 = d.clone();
-    layout.add(&mut d2, x);
-    let a = layout.sum_on_grid(&d);
-    let b = layout.sum_on_grid(&d2);
-    b.iter().zip(&a).map(|(b, a)| b - a).collect()
+fn l2_diff(a: &[DD], b: &[DD]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x.sub(*y).to_f64().powi(2)).sum::<f64>().sqrt()
 }
 
 /// Adversarial added points for a grid: on grid points, mid-way between them, at and
@@ -66,91 +50,108 @@ fn adversarial_points(grid: &Grid, h: f64) -> Vec<f64> {
     v
 }
 
-const CONTAINMENT_SLACK: f64 = 1e-3;
+/// The four statistic layouts: bins finer than the grid (bin_step = 1), grid finer than the
+/// bins (bin_step > 1), a wide kernel, and exact mode (no bins).
+fn cases() -> [(Grid, f64, &'static str); 4] {
+    [
+        (Grid { lo: 0.0, hi: 1.0, points: 200 }, 0.02, "bin_step = 1"),
+        (Grid { lo: -0.5, hi: 1.5, points: 2048 }, 0.05, "bin_step > 1"),
+        (Grid { lo: 0.0, hi: 1.0, points: 1001 }, 0.3, "bin_step > 1"),
+        (Grid { lo: 0.0, hi: 1000.0, points: 65_536 }, 0.01, "exact"),
+    ]
+}
+
+fn assert_mode(layout: &KdeLayout, mode: &str) {
+    match mode {
+        "exact" => assert!(!layout.is_binned(), "expected exact mode"),
+        "bin_step = 1" => assert!(layout.is_binned() && layout.lattice().entry_stride == 1, "expected bin_step = 1"),
+        _ => assert!(layout.is_binned() && layout.lattice().entry_stride > 1, "expected bin_step > 1"),
+    }
+}
 
 #[test]
-fn neighbour_differences_are_contained_in_the_noise_ellipsoid() {
-    // Δ = 1, so every neighbour difference must have Mahalanobis norm ≤ 1 + 1e-3 against
-    // K_grid + τI, where τ is the nugget the samplers guarantee (covariance ⪰ σ²(K + τI)).
-    let base = mixture(20_000, 11);
-    let cases = [
-        (Grid { lo: 0.0, hi: 1.0, points: 200 }, 0.02), // bins finer than the grid
-        (Grid { lo: -0.5, hi: 1.5, points: 400 }, 0.05), // grid finer than the bins
-        (Grid { lo: 0.0, hi: 1.0, points: 101 }, 0.3),  // wide kernel: very singular K
-        (Grid { lo: 0.0, hi: 1.0, points: 300 }, 1e-4), // exact mode
-    ];
-    for (grid, h) in cases {
-        let layout = KdeLayout::new(grid, h).unwrap();
-        let chol = kernel_cholesky(&grid, h, GUARANTEED_NUGGET);
+fn lifted_neighbour_differences_stay_within_the_calibrated_sensitivity() {
+    for (grid, h, mode) in cases() {
+        let m = KdeMechanism::new(spec(grid, h, 1.0, 1e-6)).unwrap();
+        assert_mode(m.layout(), mode);
+        let base: Vec<f64> = mixture(5_000, 11).iter().map(|v| grid.lo + v * (grid.hi - grid.lo)).collect();
+        let d0 = state_of(&m, &base);
+        let w0 = m.lifted(&d0);
+        let r0 = m.lattice().round(&w0);
         let mut worst = 0.0f64;
         for x in adversarial_points(&grid, h) {
-            let g = neighbour_difference(&layout, &base, x);
-            let m = mahalanobis(&chol, &g);
-            worst = worst.max(m);
-            assert!(m <= 1.0 + CONTAINMENT_SLACK, "grid {grid:?} h={h} x={x}: norm {m}");
+            let mut d1 = d0.clone();
+            m.layout().add(&mut d1, x);
+            let w1 = m.lifted(&d1);
+            let norm = l2_diff(&w1, &w0);
+            worst = worst.max(norm);
+            assert!(norm <= m.stat_sensitivity(), "{mode} x={x}: ‖Δw‖ = {norm} > {}", m.stat_sensitivity());
+            // After rounding to the lattice: within the sensitivity the noise is calibrated for.
+            let r1 = m.lattice().round(&w1);
+            let rounded = r1.iter().zip(&r0).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+            assert!(rounded * m.lattice().gamma() <= m.lattice().sensitivity(), "{mode} x={x}: rounded {rounded}");
         }
-        // The check is not vacuous: an interior point's difference has norm close to 1.
-        assert!(worst > 0.9, "grid {grid:?} h={h}: worst norm only {worst}");
+        // Not vacuous: an interior point's difference is close to the bound.
+        assert!(worst > 0.9 * m.stat_sensitivity(), "{mode}: worst ‖Δw‖ only {worst}");
+        // Negative control: a row counted twice (a double-counting bug) is caught.
+        let x = grid.at(grid.points / 3) + 0.37 * grid.step();
+        let mut d2 = d0.clone();
+        m.layout().add(&mut d2, x);
+        m.layout().add(&mut d2, x);
+        assert!(l2_diff(&m.lifted(&d2), &w0) > m.stat_sensitivity(), "{mode}: double count not detected");
     }
 }
 
+/// The noiseless release (lattice kernel sum, rounded lifted coordinates) agrees with the
+/// exact KDE sum to 1e-3 of its maximum in every mode.
 #[test]
-fn containment_holds_with_the_smallest_nugget_the_spec_allows() {
-    // A stricter version on a moderate grid: τ = 1e-9 (SPEC §1's minimum).
-    let grid = Grid { lo: 0.0, hi: 1.0, points: 128 };
-    let h = 0.05;
-    let layout = KdeLayout::new(grid, h).unwrap();
-    let chol = kernel_cholesky(&grid, h, 1e-9);
-    let base = mixture(1_000, 12);
-    for x in adversarial_points(&grid, h) {
-        let m = mahalanobis(&chol, &neighbour_difference(&layout, &base, x));
-        assert!(m <= 1.0 + CONTAINMENT_SLACK, "x={x}: norm {m}");
+fn lattice_kernel_sum_is_within_1e_3_of_the_exact_kde() {
+    for (grid, h, mode) in cases() {
+        let m = KdeMechanism::new(spec(grid, h, 1.0, 1e-6)).unwrap();
+        assert_mode(m.layout(), mode);
+        let n = if mode == "exact" { 300 } else { 3_000 };
+        let xs: Vec<f64> = mixture(n, 12).iter().map(|v| grid.lo + v * (grid.hi - grid.lo)).collect();
+        let got = m.noisy_sum::<ChaCha20Rng>(&state_of(&m, &xs), None);
+        // The exact sum at a subset of grid points (all of them for small grids).
+        let stride = (grid.points / 2000).max(1);
+        let idx: Vec<usize> = (0..grid.points).step_by(stride).collect();
+        let want: Vec<f64> =
+            idx.iter().map(|&k| xs.iter().map(|&x| gaussian_kernel(grid.at(k), x, h)).sum::<f64>()).collect();
+        let peak = want.iter().cloned().fold(0.0, f64::max);
+        let err = idx.iter().zip(&want).map(|(&k, w)| (got[k] - w).abs()).fold(0.0, f64::max);
+        assert!(err < 1e-3 * peak, "{mode}: max error {err} vs peak {peak}");
     }
 }
 
-/// Negative control: the same metric flags a kernel truncated at 4h (the failure the
-/// SPEC measured), so the containment test would catch a truncation bug.
-#[test]
-fn containment_check_catches_a_kernel_truncated_at_4h() {
-    let grid = Grid { lo: 0.0, hi: 1.0, points: 128 };
-    let h = 0.05;
-    let chol = kernel_cholesky(&grid, h, 1e-9);
-    let x = grid.at(40) + 0.37 * grid.step();
-    let truncated: Vec<f64> =
-        grid.xs().iter().map(|&t| if (t - x).abs() <= 4.0 * h { gaussian_kernel(t, x, h) } else { 0.0 }).collect();
-    let m = mahalanobis(&chol, &truncated);
-    assert!(m > 1.0 + CONTAINMENT_SLACK, "truncated kernel not detected: {m}");
-}
-
-/// The released noisy sum has mean S_D and covariance σ²(K + τI) at a few grid points;
-/// noise scaled by 1/√2 is detected by the same test.
+/// The released noisy sum has mean S_D and covariance ≈ σ²·K at a few grid points; noise
+/// scaled by 1/√2 is detected by the same test.
 #[test]
 fn released_noise_has_the_calibrated_covariance() {
     let grid = Grid { lo: 0.0, hi: 1.0, points: 256 };
     let h = 0.04;
     let m = KdeMechanism::new(spec(grid, h, 1.0, 1e-6)).unwrap();
     let sigma = m.sigma();
-    assert!((sigma - 4.2247).abs() < 5e-4);
-    let mut state = m.layout().empty_state();
-    m.layout().add_all(&mut state, &mixture(500, 13));
-    let exact = m.layout().sum_on_grid(&state);
-    let sampler = m.sampler();
+    assert!((sigma - 4.5309).abs() < 1e-3, "σ = {sigma}");
+    let state = state_of(&m, &mixture(500, 13));
+    let exact = m.noisy_sum::<ChaCha20Rng>(&state, None);
+    // The deterministic part of the release path once; then per draw the real sampler and
+    // the real post-processing map.
+    let rounded = m.lattice().round(&m.lifted(&state));
     let mut rng = ChaCha20Rng::seed_from_u64(0x5eed);
     let n = 20_000;
     let pairs = [(0usize, 0usize), (100, 100), (100, 101), (100, 105), (40, 52), (255, 255)];
     let mut sums = [0.0; 6];
     let mut mean = [0.0; 3];
-    for _ in 0..n / 2 {
-        let (a, b) = sampler.sample_pair(&mut rng);
-        for z in [a, b] {
-            let y = m.add_noise(&state, &z);
-            let e: Vec<f64> = y.iter().zip(&exact).map(|(y, s)| y - s).collect();
-            for (s, &(i, j)) in sums.iter_mut().zip(&pairs) {
-                *s += e[i] * e[j];
-            }
-            for (mm, k) in mean.iter_mut().zip([0, 128, 255]) {
-                *mm += e[k];
-            }
+    for _ in 0..n {
+        let z = m.lattice().noise(&mut rng);
+        let k: Vec<i128> = rounded.iter().zip(&z).map(|(a, b)| a + b).collect();
+        let y = m.curve_from_lifted(&m.lattice().to_real(&k));
+        let e: Vec<f64> = y.iter().zip(&exact).map(|(y, s)| y - s).collect();
+        for (s, &(i, j)) in sums.iter_mut().zip(&pairs) {
+            *s += e[i] * e[j];
+        }
+        for (mm, k) in mean.iter_mut().zip([0, 128, 255]) {
+            *mm += e[k];
         }
     }
     let nf = n as f64;
@@ -160,7 +161,7 @@ fn released_noise_has_the_calibrated_covariance() {
     let xs = grid.xs();
     let se = (2.0 / nf).sqrt() * sigma * sigma;
     for (s, &(i, j)) in sums.iter().zip(&pairs) {
-        let want = sigma * sigma * (gaussian_kernel(xs[i], xs[j], h) + if i == j { 1e-6 } else { 0.0 });
+        let want = sigma * sigma * gaussian_kernel(xs[i], xs[j], h);
         let got = s / nf;
         assert!((got - want).abs() < 5.0 * se, "cov[{i},{j}] {got} vs {want}");
         if i == j {
@@ -170,40 +171,31 @@ fn released_noise_has_the_calibrated_covariance() {
     }
 }
 
-/// Estimates the privacy of the released noisy sums on neighbouring datasets D and
-/// D ∪ {x}. For Gaussian outputs the optimal test statistic is
-/// `T = ⟨(K+τI)⁻¹ g, y⟩` with g the mean difference; its standardised mean shift μ̂
-/// gives, through the Gaussian trade-off curve, a lower bound on ε at the claimed δ.
-/// Returns the lower bound on ε from μ̂ − 3·SE.
+/// Estimates the privacy of the released lifted coordinates on neighbouring datasets D and
+/// D ∪ {x}. The noise is iid in them, so the optimal test statistic is the projection on
+/// the mean difference; its standardised shift μ̂ gives, through the Gaussian trade-off
+/// curve, a lower bound on ε at the claimed δ. Returns (ε lower bound from μ̂ − 3·SE, μ̂).
 fn audit_epsilon_lower_bound(noise_scale: f64, seed: u64) -> (f64, f64) {
     let grid = Grid { lo: 0.0, hi: 1.0, points: 128 };
     let h = 0.03;
     let (eps, delta) = (1.0, 1e-5);
     let m = KdeMechanism::new(spec(grid, h, eps, delta)).unwrap();
-    let base = mixture(300, 14);
-    let mut d0 = m.layout().empty_state();
-    m.layout().add_all(&mut d0, &base);
+    let d0 = state_of(&m, &mixture(300, 14));
     let mut d1 = d0.clone();
     m.layout().add(&mut d1, grid.at(64) + 0.41 * grid.step());
-
-    let chol = kernel_cholesky(&grid, h, GUARANTEED_NUGGET);
-    let g: Vec<f64> = m.layout().sum_on_grid(&d1).iter().zip(m.layout().sum_on_grid(&d0)).map(|(a, b)| a - b).collect();
-    let w = chol.solve(&DVector::from_column_slice(&g));
-
-    let sampler = m.sampler();
+    let lat = m.lattice();
+    let (r0, r1) = (lat.round(&m.lifted(&d0)), lat.round(&m.lifted(&d1)));
+    let dir: Vec<f64> = r1.iter().zip(&r0).map(|(a, b)| (a - b) as f64).collect();
+    let norm = dir.iter().map(|v| v * v).sum::<f64>().sqrt();
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let n = 20_000;
     let mut stats = [Vec::with_capacity(n), Vec::with_capacity(n)];
-    for side in 0..2 {
-        let state = if side == 0 { &d0 } else { &d1 };
-        while stats[side].len() < n {
-            let (a, b) = sampler.sample_pair(&mut rng);
-            for z in [a, b] {
-                // `noise_scale` ≠ 1 simulates a calibration bug (negative control).
-                let z: Vec<f64> = z.iter().map(|v| v * noise_scale).collect();
-                let y = m.add_noise(state, &z);
-                stats[side].push(w.dot(&DVector::from_column_slice(&y)));
-            }
+    for (side, r) in [&r0, &r1].into_iter().enumerate() {
+        for _ in 0..n {
+            // The real sampler; `noise_scale` ≠ 1 simulates a calibration bug.
+            let z = lat.noise(&mut rng);
+            let t: f64 = r.iter().zip(&z).zip(&dir).map(|((a, z), d)| (*a as f64 + noise_scale * *z as f64) * d).sum();
+            stats[side].push(t / norm * lat.gamma());
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -221,8 +213,8 @@ fn empirical_audit_epsilon_lower_bound_stays_below_the_claim() {
     let claimed_mu =
         1.0 / KdeMechanism::sigma_for(&spec(Grid { lo: 0.0, hi: 1.0, points: 128 }, 0.03, 1.0, 1e-5)).unwrap();
     assert!(eps_lb <= 1.0, "ε lower bound {eps_lb} exceeds the claimed ε = 1 (μ̂ = {mu}, claimed μ = {claimed_mu})");
-    // The audit is sensitive: the estimate is close to the claimed μ (the added point
-    // is interior, so its difference has norm ≈ Δ).
+    // The audit is sensitive: the estimate is close to the claimed μ (the added point is
+    // interior, so its difference has norm ≈ Δ).
     assert!(mu > 0.8 * claimed_mu, "μ̂ = {mu} far below {claimed_mu}");
 }
 
@@ -230,4 +222,69 @@ fn empirical_audit_epsilon_lower_bound_stays_below_the_claim() {
 fn empirical_audit_detects_noise_scaled_by_one_over_root_two() {
     let (eps_lb, mu) = audit_epsilon_lower_bound(std::f64::consts::FRAC_1_SQRT_2, 102);
     assert!(eps_lb > 1.0, "σ/√2 not detected: ε lower bound {eps_lb} (μ̂ = {mu})");
+}
+
+/// Whether `y` can be `fl(σ·z)` for some double z: the only outputs a float Gaussian
+/// sampler can produce where the statistic is exactly 0 (Mironov 2012).
+fn float_product_possible(y: f64, sigma: f64) -> bool {
+    let mut z = y / sigma;
+    for _ in 0..8 {
+        z = z.next_down();
+    }
+    (0..16).any(|_| {
+        z = z.next_up();
+        sigma * z == y
+    })
+}
+
+/// SPEC §6 attack regression (`nonneg => false`): for neighbouring inputs D0 and
+/// D1 = D0 ∪ {x}, every output released on D1 must also be possible on D0. The released
+/// curve is post-processing of the lattice vector `w̃ = round(w) + γ·z` with z ∈ ℤ^dim of
+/// full support, so `w̃ − round(w_D0)` must be a lattice vector — checked for many
+/// releases through the real path. The old design (float statistic + float Gaussian
+/// noise) is the failing control: where S_D0 = 0 its outputs must be `fl(σ·z)`, and with
+/// the extra row they fall in the holes between such values.
+#[test]
+fn attack_regression_no_release_is_impossible_under_the_neighbour() {
+    let grid = Grid { lo: 0.0, hi: 1.0, points: 512 };
+    let h = 0.02;
+    let m = KdeMechanism::new(KdeSpec { nonneg: false, ..spec(grid, h, 1.0, 1e-6) }).unwrap();
+    let base: Vec<f64> = mixture(100, 15).iter().map(|v| 0.3 * v).collect();
+    let x = 0.8;
+    let (d0, mut d1) = (state_of(&m, &base), state_of(&m, &base));
+    m.layout().add(&mut d1, x);
+    let r0 = m.lattice().round(&m.lifted(&d0));
+    let gamma = m.lattice().gamma();
+    let mut rng = ChaCha20Rng::seed_from_u64(77);
+    for _ in 0..200 {
+        let w = m.noisy_lifted(&d1, Some(&mut rng));
+        for (v, b) in w.iter().zip(&r0) {
+            let k = v / gamma;
+            assert!(k.fract() == 0.0 && k.abs() < 2f64.powi(100), "output off the lattice: {v}");
+            // The noise this output needs under D0 is an integer: in the support of N_ℤ.
+            let _needed: i128 = k as i128 - b;
+        }
+    }
+    // Failing control: the old float release at grid points where S_D0 = 0 (farther than
+    // 8h from every D0 row) and S_D1 > 0.
+    let sigma = 4.2247; // the old analytic σ at (1, 1e-6)
+    let affected: Vec<f64> = grid.xs().into_iter().filter(|t| *t > 0.3 + 8.0 * h && (t - x).abs() < 6.0 * h).collect();
+    assert!(affected.len() > 50);
+    let releases = 200;
+    let (mut flagged_d1, mut flagged_d0) = (0, 0);
+    for _ in 0..releases {
+        let mut d1_hit = false;
+        let mut d0_hit = false;
+        for &t in &affected {
+            let z: f64 = StandardNormal.sample(&mut rng);
+            let y1 = gaussian_kernel(t, x, h) + sigma * z;
+            d1_hit |= !float_product_possible(y1, sigma);
+            let z: f64 = StandardNormal.sample(&mut rng);
+            d0_hit |= !float_product_possible(0.0 + sigma * z, sigma);
+        }
+        flagged_d1 += d1_hit as usize;
+        flagged_d0 += d0_hit as usize;
+    }
+    assert_eq!(flagged_d0, 0, "the impossibility check has false positives");
+    assert!(flagged_d1 > releases * 9 / 10, "old float sampler flagged in only {flagged_d1}/{releases} releases");
 }

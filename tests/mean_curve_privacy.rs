@@ -1,13 +1,16 @@
 //! Empirical privacy audits of `private_mean_curve`'s two mechanisms on neighbouring
-//! datasets, through the real release path, each with a σ/√2 negative control; and the
-//! containment check of SPEC §1 on the smoothed neighbour difference.
+//! datasets, through the real release path (lifted coordinates, lattice rounding, the exact
+//! samplers), each with a σ/√2 negative control; the neighbour-difference bound of the
+//! lifted coordinates (SPEC §6); and the count attack regression with the old float
+//! Laplace sampler as its failing control.
 
 use dpcurve::datagen::karhunen_loeve_curves;
 use dpcurve::mechanism::Calibration;
 use dpcurve::mechanism::calibration::epsilon_for_mu;
-use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanState, inner};
-use rand::SeedableRng;
+use dpcurve::mechanism::lattice::DD;
+use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanState};
 use rand::rngs::ChaCha20Rng;
+use rand::{Rng, SeedableRng};
 
 fn spec(kernel: CovKernel, range: f64, penalty: f64, delta: f64) -> MeanCurveSpec {
     MeanCurveSpec {
@@ -41,8 +44,8 @@ fn neighbours(m: &MeanCurveMechanism) -> (MeanState, MeanState, usize) {
     (d0, d1, j)
 }
 
-/// Draws releases (count noise held at 0 so the audit isolates the curve mechanism) and
-/// returns the j*-th coefficient of `n·mean` — the released noisy sum `T̃_j*`.
+/// Draws the j-th released lifted coordinate `w̃_j = round(w_j) + γ·z_j` (real sampler;
+/// `scale` ≠ 1 simulates a calibration bug). The curve and count are post-processing.
 fn coefficient_samples(
     m: &MeanCurveMechanism,
     state: &MeanState,
@@ -52,14 +55,9 @@ fn coefficient_samples(
     seed: u64,
 ) -> Vec<f64> {
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let count = state.count as f64;
-    (0..n)
-        .map(|_| {
-            let noise: Vec<f64> = m.noise_coefficients(&mut rng).iter().map(|z| z * scale).collect();
-            let r = m.release_with_noise(state, &noise, 0.0);
-            inner(&r.mean, &m.basis().vectors[j]) * count.max(1.0)
-        })
-        .collect()
+    let lat = m.lattice();
+    let rounded = lat.round(&m.lifted(state))[j] as f64;
+    (0..n).map(|_| (rounded + scale * lat.noise_coordinate(&mut rng) as f64) * lat.gamma()).collect()
 }
 
 /// Gaussian mechanism: the standardised shift μ̂ of the optimal statistic gives an ε lower
@@ -104,7 +102,7 @@ fn iclp_audit(scale: f64, seed: u64) -> f64 {
     let n = 200_000;
     let a = coefficient_samples(&m, &d0, j, scale, n, seed);
     let b = coefficient_samples(&m, &d1, j, scale, n, seed + 1);
-    let unit = |s: &MeanState| m.sum_coefficients(s)[j];
+    let unit = |s: &MeanState| m.lifted(s)[j].to_f64();
     let (ta, tb) = (unit(&d0), unit(&d1));
     let threshold = ta.max(tb);
     let above = |v: &[f64], t: f64| v.iter().filter(|x| **x > t).count() as f64 / v.len() as f64;
@@ -128,26 +126,109 @@ fn iclp_mechanism_audit_detects_noise_scaled_by_one_over_root_two() {
     assert!(eps_lb > 0.9, "σ/√2 not detected: ε lower bound {eps_lb}");
 }
 
-/// SPEC §1 containment for the smoothed difference: through the real code path, the
-/// change one row makes has Mahalanobis norm (in the noise's metric, kept span) at most
-/// Δ·(1 + 1e-3), for every kernel, rough and smooth rows, and clipped extremes.
+fn norms(a: &[DD], b: &[DD]) -> (f64, f64) {
+    let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x.sub(*y).to_f64()).collect();
+    (d.iter().map(|v| v * v).sum::<f64>().sqrt(), d.iter().map(|v| v.abs()).sum())
+}
+
+/// SPEC §6: through the real code path, the change one row makes to the lifted (whitened)
+/// coordinates is within the sensitivity the calibration used — L2 for the Gaussian
+/// mechanism, L1 for ICLP — for every kernel, rough and smooth rows, and clipped extremes;
+/// and after rounding, within the lattice mechanism's total. A double-counted row is caught.
 #[test]
-fn smoothed_neighbour_differences_are_contained() {
+fn lifted_neighbour_differences_are_within_the_sensitivity() {
     for kernel in [CovKernel::Gaussian, CovKernel::Matern52, CovKernel::Matern32, CovKernel::Exponential] {
-        let m = MeanCurveMechanism::new(spec(kernel, 0.1, 0.01, 1e-5)).unwrap();
-        let (d0, _, _) = neighbours(&m);
-        let mut rows = karhunen_loeve_curves(50, 64, 10);
-        rows.push(vec![1e6; 64]);
-        rows.push((0..64).map(|k| if k % 2 == 0 { 3.0 } else { -3.0 }).collect());
-        rows.extend(m.basis().vectors.iter().take(20).map(|v| v.iter().map(|x| x * 7.0).collect::<Vec<f64>>()));
-        for r in rows {
-            let mut d1 = d0.clone();
-            m.add(&mut d1, &r);
-            let a = m.sum_coefficients(&d0);
-            let b = m.sum_coefficients(&d1);
-            let norm =
-                a.iter().zip(&b).zip(&m.basis().lambda).map(|((x, y), l)| (y - x).powi(2) / l).sum::<f64>().sqrt();
-            assert!(norm <= m.sensitivity() * (1.0 + 1e-3), "{kernel:?}: {norm} > {}", m.sensitivity());
+        for delta in [1e-5, 0.0] {
+            let m = MeanCurveMechanism::new(spec(kernel, 0.1, 0.01, delta)).unwrap();
+            let (d0, _, _) = neighbours(&m);
+            let w0 = m.lifted(&d0);
+            let r0 = m.lattice().round(&w0);
+            let mut rows = karhunen_loeve_curves(50, 64, 10);
+            rows.push(vec![1e6; 64]);
+            rows.push((0..64).map(|k| if k % 2 == 0 { 3.0 } else { -3.0 }).collect());
+            rows.extend(m.basis().vectors.iter().take(20).map(|v| v.iter().map(|x| x * 7.0).collect::<Vec<f64>>()));
+            let pick = |(l2, l1): (f64, f64)| if delta > 0.0 { l2 } else { l1 };
+            let mut worst = 0.0f64;
+            let mut worst_row = &rows[0];
+            for r in &rows {
+                let mut d1 = d0.clone();
+                m.add(&mut d1, r);
+                let w1 = m.lifted(&d1);
+                let norm = pick(norms(&w1, &w0));
+                if norm > worst {
+                    (worst, worst_row) = (norm, r);
+                }
+                assert!(norm <= m.sensitivity(), "{kernel:?} δ={delta}: {norm} > {}", m.sensitivity());
+                let r1 = m.lattice().round(&w1);
+                let dk: Vec<f64> = r1.iter().zip(&r0).map(|(a, b)| (a - b) as f64 * m.lattice().gamma()).collect();
+                let rounded = if delta > 0.0 {
+                    dk.iter().map(|v| v * v).sum::<f64>().sqrt()
+                } else {
+                    dk.iter().map(|v| v.abs()).sum()
+                };
+                assert!(rounded <= m.lattice().sensitivity(), "{kernel:?} δ={delta}: rounded {rounded}");
+            }
+            if delta > 0.0 {
+                // The worst direction attains the bound (not vacuous).
+                assert!(worst > 0.999 * m.sensitivity(), "{kernel:?}: worst {worst} vs {}", m.sensitivity());
+            }
+            // Negative control: the worst row counted twice exceeds the bound in both norms
+            // (for ICLP a row along the L1 maximiser, coefficients ∝ s_j/√λ_j, is added too).
+            let b = m.basis();
+            let w: Vec<f64> = m.smoother().iter().zip(&b.lambda).map(|(s, l)| s / l.sqrt()).collect();
+            let l1_max: Vec<f64> = b.synthesize(&w).iter().map(|v| 1e3 * v).collect();
+            let row = if delta > 0.0 { worst_row } else { &l1_max };
+            let mut d2 = d0.clone();
+            m.add(&mut d2, row);
+            m.add(&mut d2, row);
+            assert!(pick(norms(&m.lifted(&d2), &w0)) > m.sensitivity(), "{kernel:?}: double count not detected");
         }
     }
+}
+
+/// The old count release: `count + Laplace(b)` in f64 from a 53-bit uniform (inversion).
+fn old_float_laplace(rng: &mut ChaCha20Rng, b: f64) -> f64 {
+    let u = (rng.next_u64() >> 11) as f64 * 2f64.powi(-53) - 0.5;
+    old_laplace_from(u, b)
+}
+
+fn old_laplace_from(u: f64, b: f64) -> f64 {
+    -b * u.signum() * (1.0 - 2.0 * u.abs()).max(f64::MIN_POSITIVE).ln()
+}
+
+/// Whether the old sampler can output `y` for a count of 0: some 53-bit uniform maps to
+/// exactly y (the inversion is monotone, so the candidates are a few around the inverse).
+fn old_output_possible_at_zero(y: f64, b: f64) -> bool {
+    let u = y.signum() * (1.0 - (-y.abs() / b).exp()) / 2.0;
+    let k = ((u + 0.5) * 2f64.powi(53)).round() as i64;
+    (k - 64..=k + 64).any(|k| old_laplace_from(k as f64 * 2f64.powi(-53) - 0.5, b) == y)
+}
+
+/// SPEC §6 attack regression for the count: with a table filtered to one person (count 1)
+/// against the same table without them (count 0), no released `n` may be impossible
+/// under the other count. The released n is an integer with discrete Laplace noise of full
+/// support on ℤ. The old f64 sampler is the failing control: most of its outputs at count
+/// 1 are values it can never produce at count 0 (Mironov 2012).
+#[test]
+fn count_attack_regression_no_release_is_impossible_under_the_neighbour() {
+    let m = MeanCurveMechanism::new(spec(CovKernel::Matern32, 0.2, 0.05, 1e-5)).unwrap();
+    let count = m.count_mechanism();
+    let mut rng = ChaCha20Rng::seed_from_u64(9);
+    for _ in 0..2_000 {
+        let y = count.release(&[DD::from_i128(1)], Some(&mut rng))[0];
+        assert!(y.fract() == 0.0 && y.abs() < 1e15, "the released count is an integer: {y}");
+        // Needed noise under count 0 is y − 0 ∈ ℤ: in the discrete Laplace's support.
+    }
+    // Through the whole release: n is an integer.
+    let (d0, _, _) = neighbours(&m);
+    let r = m.release(&d0, Some(&mut rng));
+    assert!((r.n - 100).abs() < 1000, "n = {}", r.n);
+    // Failing control: the old sampler at ε_n = 0.1 (b = 10).
+    let b = 10.0;
+    let releases = 1_000;
+    let at_one =
+        (0..releases).filter(|_| !old_output_possible_at_zero(1.0 + old_float_laplace(&mut rng, b), b)).count();
+    let at_zero = (0..releases).filter(|_| !old_output_possible_at_zero(old_float_laplace(&mut rng, b), b)).count();
+    assert_eq!(at_zero, 0, "the impossibility check has false positives");
+    assert!(at_one > releases / 2, "old float sampler flagged in only {at_one}/{releases} releases");
 }

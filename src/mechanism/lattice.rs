@@ -405,14 +405,17 @@ impl LatticeMechanism {
             .collect()
     }
 
+    /// One noise draw (one coordinate), in lattice units.
+    pub fn noise_coordinate<R: Rng + ?Sized>(&self, rng: &mut R) -> i128 {
+        match self.noise {
+            Noise::Gaussian(dg) => dg.sample(rng),
+            Noise::Laplace { num, den } => discrete_laplace(rng, num, den),
+        }
+    }
+
     /// One noise draw per coordinate, in lattice units.
     pub fn noise<R: Rng + ?Sized>(&self, rng: &mut R) -> Vec<i128> {
-        (0..self.dim)
-            .map(|_| match self.noise {
-                Noise::Gaussian(dg) => dg.sample(rng),
-                Noise::Laplace { num, den } => discrete_laplace(rng, num, den),
-            })
-            .collect()
+        (0..self.dim).map(|_| self.noise_coordinate(rng)).collect()
     }
 
     /// The release: `round(w) + noise` on the lattice, as f64 values (post-processing starts
