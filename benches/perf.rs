@@ -16,11 +16,13 @@
 //!   message when Python or the packages are not available);
 //! * `mean`: `private_mean_curve` (warm eigen cache) vs `count(c)` over the same list column;
 //! * `eigen`: cold vs warm `private_mean_curve` at m = 100, 500, 1000;
-//! * `gp`: the Gaussian-process sampler, circulant embedding vs Cholesky, with scaling exponents;
+//! * `noise`: the exact discrete samplers (samples/s) and the parts of a release (lifted
+//!   coordinates in double-double, noise, synthesis) for `private_kde` at G = 256…16384 and
+//!   `private_mean_curve` at m = 100, 1000;
 //! * `gate`: per-query cost of the budget gate, ledger on disk (fsync) vs in memory (tmpfs).
 //!
 //! Options: `--rows LIST` (default 1e6,1e7), `--curves LIST` (default 1e5), `--reps N`
-//! (default 7), `--cholesky-max G` (default 4096), `--data DIR` (default `target/bench-data`;
+//! (default 7), `--data DIR` (default `target/bench-data`;
 //! generated files are reused), `--python PATH` (default `python3`).
 //! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
 //! of them alike; a ratio's spread is the range of the per-round ratios.
@@ -34,10 +36,10 @@ use datafusion::arrow::array::{ArrayRef, FixedSizeListBuilder, Float64Array, Flo
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use dpcurve::mechanism::calibration::Calibration;
-use dpcurve::mechanism::gp::GpSampler;
 use dpcurve::mechanism::kde::{Grid, KdeAccumulation, KdeLayout};
 use dpcurve::mechanism::kde_release::{KdeMechanism, KdeSpec};
-use dpcurve::mechanism::mean_curve::Eigenbasis;
+use dpcurve::mechanism::lattice::LatticeMechanism;
+use dpcurve::mechanism::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec};
 use dpcurve::policy::Catalog;
 use dpcurve::{Admin, AnalystSession, SessionOptions};
 use rand::SeedableRng;
@@ -51,7 +53,6 @@ struct Options {
     reps: usize,
     only: Option<Vec<String>>,
     data: PathBuf,
-    cholesky_max: usize,
     python: String,
 }
 
@@ -69,7 +70,6 @@ impl Options {
             reps: 7,
             only: None,
             data: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target").join("bench-data"),
-            cholesky_max: 4096,
             python: "python3".into(),
         };
         let mut args = std::env::args().skip(1);
@@ -82,7 +82,6 @@ impl Options {
                 "--reps" => o.reps = parse_count(&value()),
                 "--only" => o.only = Some(value().split(',').map(|s| s.trim().to_string()).collect()),
                 "--data" => o.data = PathBuf::from(value()),
-                "--cholesky-max" => o.cholesky_max = parse_count(&value()),
                 "--python" => o.python = value(),
                 other => panic!("unknown option {other} (see the header of benches/perf.rs)"),
             }
@@ -426,69 +425,91 @@ fn time_ms<T>(reps: usize, mut f: impl FnMut() -> T) -> Vec<f64> {
         .collect()
 }
 
-fn gp(o: &Options, report: &mut Report) {
-    println!("\n# Gaussian-process noise on G grid points (unit range, h = 1/50 of it)");
-    println!(
-        "  {:>6} | {:>14} {:>14} {:>14} | {:>14} {:>14}",
-        "G", "circ. build", "circ. sample", "KDE release", "Chol. build", "Chol. sample"
-    );
+fn noise(o: &Options, report: &mut Report) {
+    let reps = o.reps.max(20);
     let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(1);
-    let (mut circ_build, mut circ_sample, mut chol_build, mut chol_sample) = (vec![], vec![], vec![], vec![]);
-    for g in [256usize, 512, 1024, 2048, 4096, 8192, 16384] {
-        let s = 50.0 / (g - 1) as f64;
-        let reps = o.reps.max(20);
-        let build = median(&time_ms(reps, || GpSampler::new(g, s).unwrap()));
-        let sampler = GpSampler::new(g, s).unwrap();
-        assert!(sampler.is_circulant());
-        let sample = median(&time_ms(reps, || sampler.sample(&mut rng)));
-        // A whole private_kde release at this grid size (noise + post-processing) from an
-        // empty statistic: what a query pays beyond the scan.
-        let spec = KdeSpec {
-            grid: Grid { lo: 0.0, hi: 1.0, points: g },
-            bandwidth: 1.0 / 50.0,
-            epsilon: 1.0,
-            delta: 1e-6,
-            calibration: Calibration::Analytic,
-            nonneg: true,
-        };
-        let mech = KdeMechanism::new(spec).unwrap();
-        let state = mech.layout().empty_state();
-        let release = median(&time_ms(reps, || mech.release(&state, &mut rng)));
-        circ_build.push((g, build));
-        circ_sample.push((g, sample));
-        let (cb, cs) = if g <= o.cholesky_max {
-            let creps = if g >= 4096 { 2 } else { 5 };
-            let b = median(&time_ms(creps, || GpSampler::cholesky_for_benchmarks(g, s)));
-            let chol = GpSampler::cholesky_for_benchmarks(g, s);
-            let smp = median(&time_ms(creps.max(5), || chol.sample(&mut rng)));
-            chol_build.push((g, b));
-            chol_sample.push((g, smp));
-            (format!("{b:.3} ms"), format!("{smp:.3} ms"))
-        } else {
-            ("not run".into(), "not run".into())
-        };
-        println!("  {g:>6} | {build:>11.3} ms {sample:>11.3} ms {release:>11.3} ms | {cb:>14} {cs:>14}");
-        report.add("gp", &format!("G = {g}"), "circulant sample", sample, "");
-        report.add("gp", &format!("G = {g}"), "private_kde release (build + sample + post-processing)", release, "");
-        if let (Some(b), Some(c)) = (chol_build.last().filter(|x| x.0 == g), chol_sample.last().filter(|x| x.0 == g)) {
-            report.add("gp", &format!("G = {g}"), "Cholesky sample", c.1, &format!("{:.1}x circulant", c.1 / sample));
-            report.add("gp", &format!("G = {g}"), "Cholesky factorisation", b.1, "");
-        }
+    // The exact samplers alone, at the scales real releases use.
+    println!("\n# exact discrete samplers (integer arithmetic, ChaCha20 bits)");
+    let kde = KdeMechanism::new(kde_spec(1024)).unwrap();
+    let count = LatticeMechanism::integer_laplace(0.1).unwrap();
+    let iclp = LatticeMechanism::laplace(1.0, 100, 0.9).unwrap();
+    for (name, lat, draws) in [
+        ("discrete Gaussian, KDE release at (1, 1e-6)", kde.lattice(), 20_000),
+        ("discrete Laplace, count at ε = 0.1", &count, 20_000),
+        ("discrete Laplace, ICLP coordinate", &iclp, 20_000),
+    ] {
+        let t = median(&time_ms(5, || (0..draws).map(|_| lat.noise_coordinate(&mut rng)).fold(0i128, |a, b| a ^ b)));
+        let per_s = draws as f64 / (t / 1e3);
+        println!(
+            "  {name:<45} {:>8.0} ns/sample  {:>10.3e} samples/s  (σ_L = 2^{:.1})",
+            t * 1e6 / draws as f64,
+            per_s,
+            (lat.noise_sd() / lat.gamma()).log2()
+        );
+        report.add("noise", name, "one sample", t / draws as f64, &format!("{per_s:.2e} samples/s"));
     }
     println!(
-        "  scaling exponents (time ∝ G^k): circulant build {:.2}, circulant sample {:.2}, Cholesky build {}, Cholesky sample {}",
-        exponent(&circ_build),
-        exponent(&circ_sample),
-        if chol_build.len() > 1 { format!("{:.2}", exponent(&chol_build)) } else { "-".into() },
-        if chol_sample.len() > 1 { format!("{:.2}", exponent(&chol_sample)) } else { "-".into() },
+        "\n# private_kde release on G grid points (unit range, h = 1/50 of it): lifted coordinates (double-double FFT), exact noise, synthesis"
     );
-    if let (Some(last), true) = (chol_build.last(), chol_build.len() > 1) {
-        let k = exponent(&chol_build);
+    println!(
+        "  {:>6} {:>8} {:>6} | {:>12} {:>12} {:>12} {:>12} | {:>12}",
+        "G", "m", "dim", "basis", "lift (dd)", "noise", "synthesis", "release"
+    );
+    for g in [256usize, 1024, 4096, 16384] {
+        let spec = kde_spec(g);
+        let basis = median(&time_ms(1, || KdeMechanism::new(spec.clone()).unwrap()));
+        let mech = KdeMechanism::new(spec).unwrap();
+        let state = mech.layout().empty_state();
+        let lift = median(&time_ms(reps, || mech.lifted(&state)));
+        let w = mech.lattice().round(&mech.lifted(&state));
+        let noise = median(&time_ms(reps, || mech.lattice().noise(&mut rng)));
+        let real = mech.lattice().to_real(&w);
+        let synth = median(&time_ms(reps, || mech.post_process(&mech.curve_from_lifted(&real))));
+        let release = median(&time_ms(reps, || mech.release(&state, Some(&mut rng))));
+        let (m, dim) = (mech.basis().circle(), mech.basis().dim());
         println!(
-            "  Cholesky factorisation extrapolated to G = 16384: {:.0} s (not run above --cholesky-max {})",
-            last.1 * (16384.0 / last.0 as f64).powf(k) / 1e3,
-            o.cholesky_max
+            "  {g:>6} {m:>8} {dim:>6} | {basis:>9.3} ms {lift:>9.3} ms {noise:>9.3} ms {synth:>9.3} ms | {release:>9.3} ms"
         );
+        report.add(
+            "noise",
+            &format!("private_kde G = {g}"),
+            "whole release (lift + noise + synthesis)",
+            release,
+            &format!("m = {m}, dim = {dim}"),
+        );
+    }
+    println!(
+        "\n# private_mean_curve release (matern32, range 0.2, penalty 0.1): whitened coordinates in double-double, exact noise"
+    );
+    for points in [100usize, 1000] {
+        let m = MeanCurveMechanism::new(MeanCurveSpec {
+            points,
+            kernel: CovKernel::Matern32,
+            range: 0.2,
+            penalty: 0.1,
+            eta: 1.0,
+            clip: 1.0,
+            epsilon: 1.0,
+            delta: 1e-6,
+            count_fraction: 0.1,
+            calibration: Calibration::Analytic,
+        })
+        .unwrap();
+        let state = m.empty_state();
+        let release = median(&time_ms(reps, || m.release(&state, Some(&mut rng))));
+        println!("  m = {points:>5}: {} kept eigenpairs, release {release:.3} ms", m.basis().lambda.len());
+        report.add("noise", &format!("private_mean_curve m = {points}"), "whole release", release, "");
+    }
+}
+
+fn kde_spec(g: usize) -> KdeSpec {
+    KdeSpec {
+        grid: Grid { lo: 0.0, hi: 1.0, points: g },
+        bandwidth: 1.0 / 50.0,
+        epsilon: 1.0,
+        delta: 1e-6,
+        calibration: Calibration::Analytic,
+        nonneg: true,
     }
 }
 
@@ -565,8 +586,8 @@ async fn main() {
     if o.wants("eigen") {
         eigen(&o, &mut report).await;
     }
-    if o.wants("gp") {
-        gp(&o, &mut report);
+    if o.wants("noise") {
+        noise(&o, &mut report);
     }
     if o.wants("gate") {
         gate(&o, &mut report).await;

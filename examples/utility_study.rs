@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use dpcurve::cli::plot::{Panel, Series, svg_panels};
 use dpcurve::datagen::{karhunen_loeve_curves, true_mean};
 use dpcurve::mechanism::Calibration;
-use dpcurve::mechanism::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec, inner, laplace};
+use dpcurve::mechanism::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec, inner};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
 
@@ -64,10 +64,17 @@ fn error(
         for c in &rep[..n] {
             m.add(&mut state, c);
         }
-        let r = m.release(&state, &mut rng);
+        let r = m.release(&state, Some(&mut rng));
         total += l2(&r.mean, &truth);
     }
     total / data.len() as f64
+}
+
+/// A Laplace(0, b) draw by inversion (utility simulation of a baseline only: dpcurve's
+/// releases use the exact discrete samplers).
+fn laplace(rng: &mut ChaCha20Rng, b: f64) -> f64 {
+    let u: f64 = rand::RngExt::random::<f64>(rng) - 0.5;
+    -b * u.signum() * (1.0 - 2.0 * u.abs()).max(f64::MIN_POSITIVE).ln()
 }
 
 /// The ICLP paper's baseline: project onto the first K eigenfunctions (no smoothing) and add

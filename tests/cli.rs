@@ -114,7 +114,7 @@ fn demo_writes_data_and_image_and_draws_both_curves() {
     let out_dir = dir.str("demo");
     let (code, out, err) = dpcurve(&["demo", "--dir", &out_dir], None);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("σ = 8.0576"), "{out}");
+    assert!(out.contains("σ = 8.6766"), "{out}");
     assert!(out.contains("* private") && out.contains("o non-private KDE"), "{out}");
     assert!(dir.path("demo/mixture.parquet").exists());
     let svg = std::fs::read_to_string(dir.path("demo/kde.svg")).unwrap();

@@ -142,7 +142,10 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ("private_kde(x, epsilon => 1, delta => 1e-6, lo => 0, hi => 1)", "missing required argument 'bandwidth'"),
         ("private_kde(DISTINCT x, 0.1, 1, 1e-6, 0, 1)", "DISTINCT is not supported"),
         ("private_kde(x, 0.1, 1, 1e-6, 0, 1 ORDER BY x)", "ORDER BY inside the call is not supported"),
-        ("private_kde(x, 1e6, 1, 1e-6, 0, 1, 65536)", "the bandwidth is too wide for a grid of 65536 points"),
+        (
+            "private_kde(x, 1e6, 1, 1e-6, 0, 1, 65536)",
+            "the bandwidth is too wide for a grid of 65536 points: the noise needs",
+        ),
     ];
     for (call, want) in cases {
         let sql = format!("SELECT {call} FROM t");

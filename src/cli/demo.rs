@@ -177,8 +177,8 @@ pub async fn run(dir: &Path) -> Result<()> {
         });
     }
     println!(
-        "\nnoise: Gaussian process with the kernel's covariance, σ = {sigma:.4} on the unnormalised kernel sum \
-         (sensitivity Δ = 1, analytic calibration)"
+        "\nnoise: exact discrete Gaussian on the kernel sum's Fourier coefficients (a Gaussian process with the \
+         kernel's covariance), σ = {sigma:.4} on the unnormalised kernel sum (sensitivity Δ = 1, zCDP calibration)"
     );
     println!("the same σ protects one row in both queries; with fewer rows the signal is smaller, so the noise shows.");
 

@@ -38,8 +38,11 @@ pub const KDE_SENSITIVITY: f64 = 1.0;
 /// Binned mode keeps the frequencies with `λ_k ≥ SPECTRUM_CUTOFF·λ_0`; the dropped part of
 /// the kernel is below 1e-13 of its peak.
 pub const SPECTRUM_CUTOFF: f64 = 1e-13;
-/// Largest lattice (circle) size; larger configurations are refused at planning time.
+/// Largest double-double transform (the circle over the statistic's entries); larger
+/// configurations are refused at planning time.
 pub const MAX_LATTICE: usize = 1 << 22;
+/// Largest circle of lattice points (the f64 synthesis of the curve runs on it).
+pub const MAX_CIRCLE: usize = 1 << 24;
 /// Relative accuracy of the computed spectrum (f64 exponentials of arguments ≤ 750).
 const LAMBDA_REL_ERR: f64 = 1e-11;
 
@@ -104,8 +107,10 @@ pub struct KdeRelease {
 /// The lifted basis of a (grid, bandwidth) pair: public, data-independent, cached.
 #[derive(Debug)]
 pub struct KdeBasis {
-    /// Circle size (power of two).
+    /// Circle size: `stride·2^p` lattice points.
     m: usize,
+    /// Statistic entries sit every `stride` lattice points; the transform has `m/stride` points.
+    stride: usize,
     /// Highest frequency kept.
     kmax: usize,
     /// Per real coordinate: the factor applied to the orthonormal DFT coordinate (`√λ` in
@@ -122,11 +127,20 @@ pub struct KdeBasis {
 /// The spectrum of the periodised lattice kernel at frequency k of a circle of m points
 /// with `r = h/u` (bandwidth over lattice step), by Poisson summation.
 fn spectrum(k: usize, m: usize, r: f64) -> f64 {
-    let f = k as f64 / m as f64;
-    let n_max = (6.2 / r).ceil() as i64 + 1;
-    let c = 2.0 * std::f64::consts::PI * std::f64::consts::PI * r * r;
-    let sum: f64 = (-n_max..=n_max).map(|n| (-c * (f + n as f64).powi(2)).exp()).sum();
-    r * (2.0 * std::f64::consts::PI).sqrt() * sum
+    if r >= 1.0 {
+        let f = k as f64 / m as f64;
+        // Poisson summation: fast for wide kernels (n up to 6.2/r + 1 ≤ 8 terms).
+        let n_max = (6.2 / r).ceil() as i64 + 1;
+        let c = 2.0 * std::f64::consts::PI * std::f64::consts::PI * r * r;
+        let sum: f64 = (-n_max..=n_max).map(|n| (-c * (f + n as f64).powi(2)).exp()).sum();
+        r * (2.0 * std::f64::consts::PI).sqrt() * sum
+    } else {
+        // The DFT's definition for narrow kernels: K(j·u) = exp(−j²/(2r²)) < e^-745 beyond
+        // |j| = 39r, so at most 80 terms (and exactly 1 for r → 0).
+        let j_max = (39.0 * r).ceil() as u64 + 1;
+        let angle = |j: u64| 2.0 * std::f64::consts::PI * ((j * k as u64) % m as u64) as f64 / m as f64;
+        1.0 + 2.0 * (1..=j_max).map(|j| (-((j * j) as f64) / (2.0 * r * r)).exp() * angle(j).cos()).sum::<f64>()
+    }
 }
 
 impl KdeBasis {
@@ -134,15 +148,28 @@ impl KdeBasis {
         let lat = layout.lattice();
         let h = layout.bandwidth();
         let r = h / lat.unit;
-        // Circle: the used span plus 10h, so wrapped kernel terms are ≤ K(10h) = e^-50.
-        let need = lat.span as f64 + (10.0 * r).ceil() + 1.0;
+        let stride = lat.entry_stride;
+        // Circle: the used span plus 10h, so wrapped kernel terms are ≤ K(10h) = e^-50; a
+        // multiple of the entries' stride, with a power-of-two number of entry positions.
+        let need = (lat.span as f64 + (10.0 * r).ceil() + 1.0) / stride as f64;
+        let too_big = |what: &str| {
+            MechanismError::Noise(format!(
+                "the bandwidth is too wide for a grid of {} points: the noise needs {what}; use fewer \
+                 points, a smaller bandwidth or a narrower range",
+                layout.grid().points
+            ))
+        };
         if !(need <= MAX_LATTICE as f64) {
-            return Err(MechanismError::Noise(format!(
-                "the grid and bandwidth need a lattice of {need:.0} points for the noise \
-                 (at most {MAX_LATTICE}); use a larger bandwidth or a narrower range"
+            return Err(too_big(&format!("a transform of {need:.0} points (at most {MAX_LATTICE})")));
+        }
+        let m_entries = (need.ceil() as usize).next_power_of_two().max(16);
+        if m_entries.saturating_mul(stride) > MAX_CIRCLE {
+            return Err(too_big(&format!(
+                "a circle of {} lattice points (at most {MAX_CIRCLE})",
+                m_entries as f64 * stride as f64
             )));
         }
-        let m = (need as usize).next_power_of_two().max(16);
+        let m = m_entries * stride;
         let lambda0 = spectrum(0, m, r);
         let binned = layout.is_binned();
         let kmax = if binned {
@@ -150,6 +177,9 @@ impl KdeBasis {
         } else {
             m / 2
         };
+        if stride > 1 && kmax >= m_entries {
+            return Err(MechanismError::Noise("internal: the kept spectrum exceeds the bin sublattice".into()));
+        }
         let (mut lift, mut synth) = (Vec::new(), Vec::new());
         let mut min_lambda = f64::INFINITY;
         for k in 0..=kmax {
@@ -190,7 +220,7 @@ impl KdeBasis {
         // ‖fl(w) − w‖ ≤ max lift · (DFT error + 2 dd ops) · ‖v‖₂, ‖v‖₂ ≤ ‖v‖₁ ≤ rows·mass.
         let float_error =
             max_lift * (lattice::dft_relative_error(m) + 2.0 * lattice::DD_OP_ERR) * ROW_LIMIT * lat.mass_per_row;
-        Ok(Self { m, kmax, lift, synth, stat_sensitivity, float_error })
+        Ok(Self { m, stride, kmax, lift, synth, stat_sensitivity, float_error })
     }
 
     fn cached(layout: &KdeLayout) -> Result<Arc<Self>, MechanismError> {
@@ -281,14 +311,13 @@ impl KdeMechanism {
 
     /// The lifted coordinates `w` of a statistic, in double-double.
     pub fn lifted(&self, state: &[i128]) -> Vec<DD> {
-        let lat = self.layout.lattice();
-        let mut v = vec![DD::default(); self.basis.m];
+        let mut v = vec![DD::default(); self.basis.m / self.basis.stride];
         for (j, &units) in state.iter().enumerate() {
             if units != 0 {
-                v[j * lat.entry_stride] = DD::from_i128(units).scale_pow2(-40);
+                v[j] = DD::from_i128(units).scale_pow2(-40);
             }
         }
-        let coords = lattice::real_dft_coordinates(&v, self.basis.kmax);
+        let coords = lattice::real_dft_coordinates(&v, self.basis.stride, self.basis.kmax);
         coords.iter().zip(&self.basis.lift).map(|(c, &l)| c.mul_f64(l)).collect()
     }
 

@@ -132,6 +132,25 @@ impl DD {
         DD { hi, lo }
     }
 
+    /// Square root of a positive value (one Newton correction of the f64 root).
+    pub fn sqrt(self) -> DD {
+        let x = self.hi.sqrt();
+        let r = self.sub(DD::from_f64(x).mul_f64(x));
+        let (hi, lo) = quick_two_sum(x, r.hi / (2.0 * x));
+        DD { hi, lo }
+    }
+
+    /// Reciprocal (two Newton corrections of the f64 reciprocal).
+    pub fn recip(self) -> DD {
+        let mut y = DD::from_f64(1.0 / self.hi);
+        for _ in 0..2 {
+            // y ← y + y·(1 − a·y)
+            let e = DD::from_f64(1.0).sub(self.mul(y));
+            y = y.add(y.mul(e));
+        }
+        y
+    }
+
     /// Division by a small integer (for Taylor coefficients; one Newton correction).
     fn div_f64(self, b: f64) -> DD {
         let q1 = self.hi / b;
@@ -239,18 +258,19 @@ pub fn dd_fft(x: &[DD]) -> Vec<(DD, DD)> {
     a
 }
 
-/// Orthonormal real-DFT coordinates of a real vector of length m (power of two ≥ 8), for
-/// the frequencies `0..=kmax` (kmax ≤ m/2): `[a_0, a_1, b_1, …, a_kmax, b_kmax]` where
-/// `a_0 = F_0/√m`, `a_k = √(2/m)·Re F_k`, `b_k = −√(2/m)·Im F_k` (and `a_{m/2} = F_{m/2}/√m`
-/// with no `b`). These are the coefficients of x in the basis `1/√m`, `√(2/m)·cos(2πjk/m)`,
-/// `√(2/m)·sin(2πjk/m)`, `(−1)^j/√m`.
-pub fn real_dft_coordinates(x: &[DD], kmax: usize) -> Vec<DD> {
-    let m = x.len();
+/// Orthonormal real-DFT coordinates, for the frequencies `0..=kmax` (kmax ≤ m/2), of a real
+/// vector of length `m = stride·x.len()` that is zero except at multiples of `stride`, where it
+/// takes the values `x` (`x.len()` a power of two ≥ 8; `kmax < x.len()` when stride > 1).
+/// Returns `[a_0, a_1, b_1, …, a_kmax, b_kmax]` where `a_0 = F_0/√m`,
+/// `a_k = √(2/m)·Re F_k`, `b_k = −√(2/m)·Im F_k` (and `a_{m/2} = F_{m/2}/√m` with no `b`):
+/// the coefficients in the basis `1/√m`, `√(2/m)·cos(2πjk/m)`, `√(2/m)·sin(2πjk/m)`,
+/// `(−1)^j/√m`. The DFT of length m of such a vector is the DFT of length `x.len()` of x,
+/// taken at `k mod x.len()`.
+pub fn real_dft_coordinates(x: &[DD], stride: usize, kmax: usize) -> Vec<DD> {
+    let m = x.len() * stride;
+    assert!(kmax <= m / 2 && (stride == 1 || kmax < x.len()), "frequency out of range");
     let f = dd_fft(x);
-    let inv_sqrt_m = DD::from_f64(1.0).scale_pow2(-(m.trailing_zeros() as i32) / 2);
-    // 1/√m exactly when log2 m is even; otherwise 1/√m = √2 · 2^-(log2 m + 1)/2.
-    let inv_sqrt_m =
-        if m.trailing_zeros() % 2 == 0 { inv_sqrt_m } else { SQRT_2.scale_pow2(-(m.trailing_zeros() as i32 + 1) / 2) };
+    let inv_sqrt_m = DD::from_f64(m as f64).sqrt().recip();
     let sqrt_2_over_m = SQRT_2.mul(inv_sqrt_m);
     let mut out = Vec::with_capacity(2 * kmax + 1);
     for (k, (re, im)) in f.iter().enumerate().take(kmax + 1) {
@@ -490,7 +510,7 @@ mod tests {
         for m in [16usize, 32, 1024] {
             let mut x = vec![DD::default(); m];
             x[3] = DD::from_f64(1.0);
-            let c = real_dft_coordinates(&x, m / 2);
+            let c = real_dft_coordinates(&x, 1, m / 2);
             assert_eq!(c.len(), real_coordinate_count(m, m / 2));
             let norm2 = c.iter().fold(DD::default(), |a, v| a.add(v.mul(*v)));
             assert!(norm2.sub(DD::from_f64(1.0)).to_f64().abs() < 1e-28, "m={m}: {norm2:?}");
@@ -498,6 +518,37 @@ mod tests {
             assert!((c[1].to_f64() - (2.0 / m as f64).sqrt() * t.cos()).abs() < 1e-15);
             assert!((c[2].to_f64() - (2.0 / m as f64).sqrt() * t.sin()).abs() < 1e-15);
         }
+    }
+
+    /// A strided vector's coordinates equal those of the full vector (compressed FFT).
+    #[test]
+    fn strided_coordinates_match_the_full_transform() {
+        let (n, stride) = (16usize, 3usize);
+        let x: Vec<DD> = (0..n).map(|j| DD::from_f64((j * j % 7) as f64 - 2.5)).collect();
+        let mut full = vec![DD::default(); n * stride];
+        for (j, v) in x.iter().enumerate() {
+            full[j * stride] = *v;
+        }
+        // Direct f64 coordinates of the full (non power-of-two) vector.
+        let m = n * stride;
+        let got = real_dft_coordinates(&x, stride, 5);
+        for k in 0..=5usize {
+            let (mut a, mut b) = (0.0, 0.0);
+            for (j, v) in full.iter().enumerate() {
+                let t = 2.0 * std::f64::consts::PI * (j * k) as f64 / m as f64;
+                a += v.hi * t.cos();
+                b += v.hi * t.sin();
+            }
+            let s = if k == 0 { (1.0 / m as f64).sqrt() } else { (2.0 / m as f64).sqrt() };
+            let idx = if k == 0 { 0 } else { 2 * k - 1 };
+            assert!((got[idx].to_f64() - s * a).abs() < 1e-12, "k={k}");
+            if k > 0 {
+                assert!((got[idx + 1].to_f64() - s * b).abs() < 1e-12, "k={k}");
+            }
+        }
+        let r = DD::from_f64(3.0).sqrt();
+        assert!(r.mul(r).sub(DD::from_f64(3.0)).to_f64().abs() < 1e-30);
+        assert!(DD::from_f64(3.0).recip().mul_f64(3.0).sub(DD::from_f64(1.0)).to_f64().abs() < 1e-30);
     }
 
     #[test]

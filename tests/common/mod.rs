@@ -128,13 +128,13 @@ pub fn write_curves(path: &Path, curves: &[Option<Vec<f64>>], kind: ListKind) {
     w.close().unwrap();
 }
 
-/// The (t, mean, n) of a one-row `private_mean_curve` result in column 0.
-pub fn mean_result(batches: &[RecordBatch]) -> (Vec<f64>, Vec<f64>, f64) {
+/// The (t, mean, n) of a one-row `private_mean_curve` result in column 0 (n is an integer).
+pub fn mean_result(batches: &[RecordBatch]) -> (Vec<f64>, Vec<f64>, i64) {
     let b = batches.iter().find(|b| b.num_rows() == 1).unwrap();
     let s = b.column(0).as_struct();
     let list = |name: &str| {
         s.column_by_name(name).unwrap().as_list::<i32>().value(0).as_primitive::<Float64Type>().values().to_vec()
     };
-    let n = s.column_by_name("n").unwrap().as_primitive::<Float64Type>().value(0);
+    let n = s.column_by_name("n").unwrap().as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0);
     (list("t"), list("mean"), n)
 }
