@@ -30,6 +30,8 @@ pub const TRUNCATION_BANDWIDTHS: f64 = 8.0;
 pub const MAX_BINS: usize = 1 << 20;
 /// Largest grid accepted.
 pub const MAX_POINTS: usize = 65_536;
+/// Largest bandwidth relative to the grid's range.
+pub const MAX_BANDWIDTH_OVER_RANGE: f64 = 16_777_216.0;
 /// Kernel lag tables longer than this are replaced by evaluating exp() on the fly.
 const MAX_TAPS: usize = 1 << 20;
 
@@ -76,6 +78,8 @@ pub enum KdeError {
     Range(f64, f64),
     /// Points must be in [2, MAX_POINTS].
     Points(i64),
+    /// The bandwidth is more than [`MAX_BANDWIDTH_OVER_RANGE`] times hi − lo.
+    BandwidthTooWide(f64, f64),
 }
 
 impl fmt::Display for KdeError {
@@ -83,8 +87,13 @@ impl fmt::Display for KdeError {
         match self {
             KdeError::Bandwidth(h) => write!(f, "bandwidth must be a finite number > 0, got {h}"),
             KdeError::Range(lo, hi) => {
-                write!(f, "lo and hi must be finite with lo < hi, got lo = {lo}, hi = {hi}")
+                write!(f, "lo and hi must be finite with lo < hi and a finite hi − lo, got lo = {lo}, hi = {hi}")
             }
+            KdeError::BandwidthTooWide(h, range) => write!(
+                f,
+                "bandwidth must be at most {MAX_BANDWIDTH_OVER_RANGE:e} times hi − lo = {range}, got {h} \
+                 (the kernel would be flat across the grid)"
+            ),
             KdeError::Points(p) => {
                 write!(f, "points must be an integer in [2, {MAX_POINTS}], got {p}")
             }
@@ -156,11 +165,18 @@ impl KdeLayout {
         if !(bandwidth.is_finite() && bandwidth > 0.0) {
             return Err(KdeError::Bandwidth(bandwidth));
         }
-        if !(grid.lo.is_finite() && grid.hi.is_finite() && grid.lo < grid.hi) {
+        // hi − lo must itself be finite (lo = −1e308, hi = 1e308 is not), and so must the
+        // grid step: every derived quantity below is then finite.
+        if !(grid.lo.is_finite() && grid.hi.is_finite() && grid.lo < grid.hi && (grid.hi - grid.lo).is_finite()) {
             return Err(KdeError::Range(grid.lo, grid.hi));
         }
         if !(2..=MAX_POINTS).contains(&grid.points) {
             return Err(KdeError::Points(grid.points as i64));
+        }
+        // A bandwidth more than 2^24 times the range (or a grid step below 2^-24 of it) would
+        // make lattice indices overflow; such a kernel is flat across the grid anyway.
+        if !(bandwidth <= MAX_BANDWIDTH_OVER_RANGE * (grid.hi - grid.lo)) {
+            return Err(KdeError::BandwidthTooWide(bandwidth, grid.hi - grid.lo));
         }
         let h = bandwidth;
         let dt = grid.step();
@@ -596,6 +612,10 @@ mod tests {
         assert_eq!(KdeLayout::new(grid(0.0, 1.0, 10), 0.0), Err(KdeError::Bandwidth(0.0)));
         assert!(matches!(KdeLayout::new(grid(1.0, 1.0, 10), 0.1), Err(KdeError::Range(..))));
         assert!(matches!(KdeLayout::new(grid(0.0, f64::INFINITY, 10), 0.1), Err(KdeError::Range(..))));
+        // hi − lo overflows: refused, not an infinite step.
+        assert!(matches!(KdeLayout::new(grid(-1e308, 1e308, 10), 0.1), Err(KdeError::Range(..))));
+        assert!(matches!(KdeLayout::new(grid(0.0, 1.0, 512), 5e15), Err(KdeError::BandwidthTooWide(..))));
+        assert!(KdeLayout::new(grid(0.0, 1.0, 512), 1e7).is_ok());
         assert_eq!(KdeLayout::new(grid(0.0, 1.0, 1), 0.1), Err(KdeError::Points(1)));
         assert_eq!(KdeLayout::new(grid(0.0, 1.0, 65_537), 0.1), Err(KdeError::Points(65_537)));
     }

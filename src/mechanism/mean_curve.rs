@@ -14,10 +14,12 @@
 //! sensitivity (as OpenDP adds its rounding distance), so the privacy claim holds for the
 //! statistic actually computed.
 //!
-//! Release: a noisy count (Laplace, ε_n = count_fraction·ε) and the noisy coefficient sum:
-//! Gaussian process noise `Σ_j sqrt(λ_j)·ξ_j·v_j` scaled by σ from §1 (δ > 0), or ICLP
-//! noise `Σ_j sqrt(λ_j)·ℓ_j·v_j` with unit-variance Laplace `ℓ_j` and `σ = √2·Δ₁/ε_T`
-//! (δ = 0). The mean is `T̃ / max(ñ, 1)`.
+//! Release (SPEC §6): the smoothed sum is released through its whitened coordinates
+//! `w_j = s_j·⟨T, v_j⟩/√λ_j`, computed in double-double from the exact fixed-point sums,
+//! rounded to a lattice and given iid exact discrete Gaussian noise (δ > 0, zCDP
+//! calibration; the curve then carries the GP noise `σ·Σ_j sqrt(λ_j)·ξ_j·v_j`) or discrete
+//! Laplace noise (δ = 0, ICLP, pure ε); the count is an integer with discrete Laplace noise
+//! of scale 1/ε_n. The mean `T̃ / max(ñ, 1)` is post-processing.
 
 use std::collections::HashMap;
 use std::fmt;
