@@ -129,6 +129,14 @@ rejects! {
     a_lateral_join_cannot_release_once_per_outer_row:
         "SELECT * FROM (VALUES (0), (1)) v(k) CROSS JOIN LATERAL (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] AS m FROM p WHERE g = v.k)" => "[rule no-group-by]";
     explain_analyze_is_refused: "EXPLAIN ANALYZE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-explain-analyze]";
+    explain_format_tree_is_refused:
+        "EXPLAIN FORMAT TREE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-physical-explain]";
+    explain_format_graphviz_is_refused:
+        "EXPLAIN FORMAT GRAPHVIZ SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-physical-explain]";
+    a_private_release_in_a_recursive_term_is_refused:
+        "WITH RECURSIVE r(i, m) AS (SELECT 0, 0.0 UNION ALL SELECT i + 1, (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] FROM p) FROM r WHERE i < 200) SELECT i, m FROM r" => "[rule no-recursion]";
+    a_private_release_in_a_recursive_static_term_is_refused:
+        "WITH RECURSIVE r(i, m) AS (SELECT 0, private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] FROM p UNION ALL SELECT i + 1, m FROM r WHERE i < 3) SELECT * FROM r" => "[rule no-recursion]";
     create_external_table_is_refused:
         "CREATE EXTERNAL TABLE leak STORED AS PARQUET LOCATION '/tmp/p.parquet'" => "DDL not supported";
     create_view_is_refused: "CREATE VIEW v AS SELECT x FROM p" => "DDL not supported";
@@ -285,6 +293,14 @@ async fn public_tables_stay_ordinary_and_can_sit_above_private_aggregates() {
     assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
     // A private aggregate over a public table is free.
     s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM pub_t").await.unwrap();
+    // Recursion and physical EXPLAIN formats stay available on public tables (the rules
+    // no-recursion and no-physical-explain are about private tables only).
+    let b = s
+        .query("WITH RECURSIVE r(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM r WHERE i < 9) SELECT count(*) FROM r")
+        .await
+        .unwrap();
+    assert_eq!(b[0].column(0).as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0), 10);
+    s.query("EXPLAIN FORMAT TREE SELECT avg(x) FROM pub_t").await.unwrap();
     assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
     // Budgets are visible to analysts.
     let b = s

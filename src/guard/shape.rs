@@ -13,12 +13,15 @@
 //! | `no-group-by` | GROUP BY over a private table (not supported yet) |
 //! | `row-wise-only` | anything but filters and projections between the table and the aggregate: joins, unions, DISTINCT, LIMIT, ORDER BY, UNNEST, … |
 //! | `no-explain-analyze` | EXPLAIN ANALYZE of a query reading a private table (it prints row counts) |
+//! | `no-physical-explain` | EXPLAIN formats other than the (logical-only) default on a private table: `FORMAT TREE` renders the physical plan, whose file groups reveal file sizes |
+//! | `no-recursion` | a private table read inside `WITH RECURSIVE`: the recursive term re-runs, so one charge could buy many releases |
 //!
 //! The cost is one charge per private aggregate call left in the optimized plan, on the
 //! private table it reads: a CTE referenced twice is two calls; a call the optimizer
 //! removed costs nothing.
 
 use datafusion::catalog::default_table_source::source_as_provider;
+use datafusion::common::format::ExplainFormat;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::expr::AggregateFunction;
@@ -103,6 +106,25 @@ fn visit(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
             ),
             None => Ok(()),
         },
+        LogicalPlan::RecursiveQuery(r) => match find_private_scan(plan) {
+            Some(t) => plan_err!(
+                "[rule no-recursion] recursive query '{}' reads private table '{t}': its recursive term \
+                 is evaluated repeatedly, so one charge would buy many releases; read the private \
+                 table outside WITH RECURSIVE",
+                r.name
+            ),
+            None => other_inputs(plan, charges),
+        },
+        LogicalPlan::Explain(e) if !matches!(e.explain_format, ExplainFormat::Indent) => {
+            match find_private_scan(&e.plan) {
+                Some(t) => plan_err!(
+                    "[rule no-physical-explain] EXPLAIN FORMAT {} is refused on private table '{t}': \
+                     it renders the physical plan, which shows file sizes; use plain EXPLAIN",
+                    e.explain_format
+                ),
+                None => other_inputs(plan, charges),
+            }
+        }
         LogicalPlan::Analyze(a) => match find_private_scan(&a.input) {
             Some(t) => plan_err!(
                 "[rule no-explain-analyze] EXPLAIN ANALYZE is refused on private table '{t}': its \
@@ -110,8 +132,12 @@ fn visit(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
             ),
             None => visit(&a.input, charges),
         },
-        other => other.inputs().into_iter().try_for_each(|c| visit(c, charges)),
+        other => other_inputs(other, charges),
     }
+}
+
+fn other_inputs(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
+    plan.inputs().into_iter().try_for_each(|c| visit(c, charges))
 }
 
 fn check_private_aggregate(agg: &Aggregate, charges: &mut Vec<Charge>) -> Result<()> {
