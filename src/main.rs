@@ -2,6 +2,14 @@
 
 #[tokio::main]
 async fn main() {
+    // Like other command-line tools, end quietly when the reader of our output goes away
+    // (`dpcurve … | head`): Rust ignores SIGPIPE by default, which turns the next write
+    // into a panic. Restoring the default action makes the process end on that signal.
+    #[cfg(unix)]
+    // SAFETY: setting a signal disposition to SIG_DFL before any other thread writes output.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     std::process::exit(dpcurve::cli::main(args).await);
 }

@@ -221,3 +221,34 @@ fn mean_curve_example_sql_file_runs() {
     assert!(out.contains("t,mean") && out.contains("n_estimate"), "{out}");
     assert!(out.lines().filter(|l| l.starts_with("0.") || l.starts_with("1.")).count() >= 100, "{out}");
 }
+
+/// `dpcurve … | true`: when the reader of the output is gone, the process ends quietly
+/// (SIGPIPE's default action) — never with a panic on the broken pipe. The pipe's read end is
+/// closed before the process starts, so every write fails.
+#[test]
+fn a_closed_output_pipe_ends_the_process_without_a_panic() {
+    let dir = TempDir::new("cli-pipe");
+    let v: Vec<Option<f64>> = mixture(100, 3).into_iter().map(Some).collect();
+    write_x(&dir.path("p.parquet"), &v);
+    let cat = dir.str("catalog.db");
+    let (code, _, err) = dpcurve(&["admin", "--catalog", &cat, "register", "t", &dir.str("p.parquet")], None);
+    assert_eq!(code, 0, "{err}");
+    for args in [
+        vec!["admin", "--catalog", &cat, "list"],
+        vec!["sql", "-c", "SELECT * FROM unnest(range(0, 1000))"],
+        vec!["help"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_ne!(out.status.code(), Some(101), "{args:?}: exit by panic");
+    }
+}
