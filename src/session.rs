@@ -62,6 +62,8 @@ pub struct QueryOutput {
 struct Engine {
     ctx: SessionContext,
     options: SQLOptions,
+    /// Queries only (analyst sessions): every statement is planned before any runs.
+    queries_only: bool,
 }
 
 impl Engine {
@@ -92,10 +94,11 @@ impl Engine {
         }
         let allow = opts.allow_statements;
         let options = SQLOptions::new().with_allow_ddl(allow).with_allow_dml(allow).with_allow_statements(allow);
-        Self { ctx, options }
+        Self { ctx, options, queries_only: !allow }
     }
 
-    /// Parses all statements, then plans and runs them in order.
+    /// Parses all statements, then plans and runs them in order (in analyst sessions: plans
+    /// all of them before running the first).
     async fn run(&self, sql: &str) -> Result<Vec<QueryOutput>> {
         let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
         let params = all_params();
@@ -103,6 +106,24 @@ impl Engine {
             named_args::normalize_statement(stmt, &params)?;
         }
         let mut out = Vec::with_capacity(statements.len());
+        if self.queries_only {
+            // Analyst sessions (queries only): plan every statement — guard and pricing
+            // included — before executing any, so a refusal of statement k cannot come after
+            // statements 1…k−1 were paid for and their results discarded.
+            let mut planned = Vec::with_capacity(statements.len());
+            for stmt in statements {
+                let (plan, state) = self.plan(stmt).await?;
+                let df = DataFrame::new(state, plan);
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                let task = Arc::new(df.task_ctx());
+                planned.push((schema, df.create_physical_plan().await?, task));
+            }
+            for (schema, physical, task) in planned {
+                let batches = datafusion::physical_plan::collect(physical, task).await?;
+                out.push(QueryOutput { schema, batches });
+            }
+            return Ok(out);
+        }
         for stmt in statements {
             let (plan, state) = self.plan(stmt).await?;
             let df = match plan {

@@ -277,6 +277,26 @@ async fn policy_bounds_are_the_default_grid_and_other_columns_still_need_them() 
     assert_eq!(f.spent("p"), Budget::total(0.2, 2e-6).unwrap());
 }
 
+/// `SQL1; SQL2` where SQL2 is refused: nothing runs, nothing is charged (every statement is
+/// planned and guarded before the first executes); two valid statements are charged twice.
+#[tokio::test]
+async fn a_refused_later_statement_stops_the_whole_string_before_anything_is_charged() {
+    let f = fixture("multi", (5.0, 1e-4)).await;
+    let s = f.analyst().await;
+    for sql in [
+        format!("SELECT {KDE} FROM p; SELECT x FROM p"),
+        format!("SELECT {KDE} FROM p; SELECT {KDE} FROM p; SELECT count(*) FROM p"),
+        format!("SELECT {KDE} FROM p; SELECT private_kde(x, 0, 1, 1e-6, 0, 1) FROM p"),
+    ] {
+        assert!(s.sql(&sql).await.is_err(), "{sql}");
+        assert_eq!(f.spent("p"), Budget::ZERO, "{sql}: charged although a statement was refused");
+        assert_eq!(f.releases(), 0);
+    }
+    let out = s.sql(&format!("SELECT {KDE} FROM p; SELECT {KDE} FROM p")).await.unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(f.spent("p"), Budget::total(0.2, 2e-6).unwrap());
+}
+
 #[tokio::test]
 async fn public_tables_stay_ordinary_and_can_sit_above_private_aggregates() {
     let f = fixture("public", (5.0, 1e-4)).await;
