@@ -189,18 +189,24 @@ impl Catalog {
         }
         let not_catalog =
             |why: String| PolicyError::Catalog(format!("{} is not a usable dpcurve catalog: {why}", path.display()));
+        if exists {
+            // Validate an existing file through a read-only connection first: a file that is
+            // not a dpcurve catalog (of this format) is refused without a single byte of it —
+            // journal mode, header, size — being changed.
+            let ro =
+                Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                    .map_err(|e| not_catalog(e.to_string()))?;
+            ro.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+            Self::validate(&ro).map_err(|e| match e {
+                PolicyError::Catalog(m) => not_catalog(m),
+                other => other,
+            })?;
+        }
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
             | if create { OpenFlags::SQLITE_OPEN_CREATE } else { OpenFlags::empty() };
         let conn = Connection::open_with_flags(path, flags).map_err(|e| not_catalog(e.to_string()))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
-        // Reading the header is where a non-database file is detected.
-        let check: String = conn
-            .query_row("PRAGMA quick_check", [], |r| r.get(0))
-            .map_err(|e| not_catalog(format!("{e} (the file is corrupted or is not a catalog)")))?;
-        if check != "ok" {
-            return Err(not_catalog(format!("integrity check failed: {check}")));
-        }
         let mode: String =
             conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(|e| not_catalog(e.to_string()))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -215,25 +221,21 @@ impl Catalog {
         Ok(catalog)
     }
 
-    fn init_or_check(&self, create: bool) -> Result<(), PolicyError> {
-        let mut conn = self.conn.lock().expect("catalog lock");
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(storage)?;
-        let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0)).map_err(storage)?;
+    /// Checks, without writing, that `conn` holds an intact dpcurve catalog of this format.
+    fn validate(conn: &Connection) -> Result<(), PolicyError> {
+        // Reading the header is where a non-database file is detected.
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| PolicyError::Catalog(format!("{e} (the file is corrupted or is not a catalog)")))?;
+        if check != "ok" {
+            return Err(PolicyError::Catalog(format!("integrity check failed: {check}")));
+        }
+        let objects: i64 = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0)).map_err(storage)?;
         if objects == 0 {
-            if !create {
-                return Err(PolicyError::Catalog("the file is empty".into()));
-            }
-            tx.execute_batch(SCHEMA).map_err(storage)?;
-            tx.execute(
-                "INSERT INTO meta VALUES ('format', ?1), ('version', ?2)",
-                params![FORMAT_NAME, FORMAT_VERSION.to_string()],
-            )
-            .map_err(storage)?;
-            tx.commit().map_err(storage)?;
-            return Ok(());
+            return Err(PolicyError::Catalog("the file is empty (not a catalog); choose a new path".into()));
         }
         let meta = |key: &str| -> Result<Option<String>, PolicyError> {
-            tx.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(|_| {
+            conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(|_| {
                 PolicyError::Catalog("it has no dpcurve metadata (another application's database?)".into())
             })
         };
@@ -249,6 +251,28 @@ impl Catalog {
             )));
         }
         Ok(())
+    }
+
+    fn init_or_check(&self, create: bool) -> Result<(), PolicyError> {
+        let mut conn = self.conn.lock().expect("catalog lock");
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(storage)?;
+        let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0)).map_err(storage)?;
+        if objects == 0 {
+            // A file this process just created (existing files were validated read-only).
+            if !create {
+                return Err(PolicyError::Catalog("the file is empty".into()));
+            }
+            tx.execute_batch(SCHEMA).map_err(storage)?;
+            tx.execute(
+                "INSERT INTO meta VALUES ('format', ?1), ('version', ?2)",
+                params![FORMAT_NAME, FORMAT_VERSION.to_string()],
+            )
+            .map_err(storage)?;
+            tx.commit().map_err(storage)?;
+            return Ok(());
+        }
+        drop(tx);
+        Self::validate(&conn)
     }
 
     /// Benchmarks only: commit without fsync (`synchronous = OFF`) to measure what
@@ -625,8 +649,19 @@ mod tests {
 
         let foreign = temp("foreign");
         Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE x (a INTEGER)").unwrap();
+        let before = std::fs::read(&foreign).unwrap();
         let e = Catalog::open(&foreign).unwrap_err().to_string();
         assert!(e.contains("no dpcurve metadata"), "{e}");
+        let e = Catalog::create_or_open(&foreign).unwrap_err().to_string();
+        assert!(e.contains("no dpcurve metadata"), "{e}");
+        // Refused files are not modified: not switched to WAL, not grown.
+        assert_eq!(std::fs::read(&foreign).unwrap(), before, "a foreign database was modified");
+        let empty = temp("empty");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(Catalog::open(&empty).unwrap_err().to_string().contains("the file is empty"));
+        assert!(Catalog::create_or_open(&empty).unwrap_err().to_string().contains("the file is empty"));
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "an empty file grew");
+        assert!(std::fs::read(&garbage).unwrap().iter().all(|b| *b == b'x'));
 
         let old = temp("old");
         drop(Catalog::create_or_open(&old).unwrap());
