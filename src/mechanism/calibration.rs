@@ -192,8 +192,16 @@ pub fn zcdp_rho(calibration: Calibration, epsilon: f64, delta: f64) -> Result<f6
     while !ok(lo) {
         hi = lo;
         lo /= 2.0;
+        // ε so small that ρ underflows (subnormal ε): no finite noise scale exists.
+        if lo < 1e-290 {
+            return Err(CalibrationError::Epsilon(epsilon));
+        }
     }
-    while hi / lo - 1.0 > SIGMA_REL_TOL {
+    // At most ~60 halvings of the log-width reach the tolerance; the cap is a backstop.
+    for _ in 0..400 {
+        if hi / lo - 1.0 <= SIGMA_REL_TOL {
+            break;
+        }
         let mid = (lo * hi).sqrt();
         if ok(mid) { lo = mid } else { hi = mid }
     }
@@ -345,8 +353,10 @@ mod tests {
         let c = discrete_sigma(Calibration::Classic, 1.0, 0.5, 1e-5).unwrap();
         assert!(c >= classic_sigma(1.0, 0.5, 1e-5).unwrap());
         assert!(discrete_sigma(Calibration::Classic, 1.0, 2.0, 1e-5).is_err());
-        // Tiny ε (one budget unit) is calibrated, not refused.
+        // Tiny ε (one budget unit) is calibrated, not refused; a subnormal ε is an error, not a hang.
         assert!(discrete_sigma(Calibration::Analytic, 1.0, 1e-12, 1e-18).unwrap().is_finite());
+        assert!(matches!(zcdp_rho(Calibration::Analytic, 5e-324, 1e-6), Err(CalibrationError::Epsilon(_))));
+        assert!(matches!(zcdp_rho(Calibration::Analytic, 1e-300, 0.5), Err(CalibrationError::Epsilon(_))));
     }
 
     /// Negative control: a conversion that dropped the (1 − 1/α)^α/(α − 1) factor would
