@@ -307,10 +307,19 @@ impl Admin {
         Ok(provider.schema())
     }
 
-    /// Registers a Parquet file or directory as a public table (checks it is readable).
+    /// Registers a Parquet file or directory as a public table (checks it is readable). The
+    /// location is stored as a canonical absolute path (symbolic links resolved), so sessions
+    /// started anywhere read the same files and aliases of a private table's files are
+    /// recognised (SPEC §5.2).
     pub async fn register(&self, name: &str, location: &str) -> std::result::Result<(), PolicyError> {
-        Self::schema_of(location).await?;
-        self.catalog.register_table(name, location)
+        let canonical = std::fs::canonicalize(location)
+            .map_err(|e| PolicyError::Invalid(format!("cannot read {location}: {e}")))?;
+        let canonical = canonical
+            .to_str()
+            .ok_or_else(|| PolicyError::Invalid(format!("{location} is not a UTF-8 path")))?
+            .to_string();
+        Self::schema_of(&canonical).await?;
+        self.catalog.register_table(name, &canonical)
     }
 
     /// Makes a table private with a total budget (ε ≥ 0, 0 ≤ δ ≤ 1).

@@ -145,6 +145,44 @@ rejects! {
     set_is_refused: "SET datafusion.explain.logical_plan_only = false" => "Statement not supported";
 }
 
+/// SPEC §5.2: no table may reach a private table's files under another name — the same
+/// path, a symbolic link to it, a relative spelling, or a directory holding it — and no file
+/// is private twice (a second budget). Locations are stored canonical and absolute.
+#[tokio::test]
+async fn aliases_of_a_private_file_are_refused_at_registration() {
+    let f = fixture("alias", (1.0, 1e-5)).await;
+    let p = f.dir.str("p.parquet");
+    let link = f.dir.path("link.parquet");
+    std::os::unix::fs::symlink(f.dir.path("p.parquet"), &link).unwrap();
+    let relative = {
+        let cwd = std::env::current_dir().unwrap();
+        let up = cwd.components().count() - 1;
+        format!("{}{}", "../".repeat(up), p.trim_start_matches('/'))
+    };
+    for (name, location) in [
+        ("same_path", p.clone()),
+        ("symlink", link.to_string_lossy().into_owned()),
+        ("relative", relative),
+        ("directory", f.dir.0.to_string_lossy().into_owned()),
+    ] {
+        let err = f.admin.register(name, &location).await.unwrap_err().to_string();
+        assert!(err.contains("reaches the files of private table 'p'"), "{name}: {err}");
+    }
+    // A public table registered before the file went private blocks making the other private
+    // (no second budget, no public alias of a private file).
+    write_x(&f.dir.path("r.parquet"), &[Some(0.5)]);
+    f.admin.register("r1", &f.dir.str("r.parquet")).await.unwrap();
+    f.admin.register("r2", &format!("{}/./r.parquet", f.dir.str(""))).await.unwrap();
+    let err = f.admin.make_private("r1", 1.0, 0.0).unwrap_err().to_string();
+    assert!(err.contains("shares files with table 'r2'"), "{err}");
+    // Stored canonical: the spelled './' is gone.
+    let r2 = f.admin.tables().unwrap().into_iter().find(|t| t.name == "r2").unwrap();
+    assert_eq!(r2.location, f.dir.path("r.parquet").canonicalize().unwrap().to_string_lossy());
+    // Ordinary, unrelated files still register.
+    write_x(&f.dir.path("other.parquet"), &[Some(0.5)]);
+    f.admin.register("other", &f.dir.str("other.parquet")).await.unwrap();
+}
+
 #[tokio::test]
 async fn reading_a_private_file_by_path_is_refused() {
     let f = fixture("path", (1.0, 1e-5)).await;

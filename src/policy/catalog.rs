@@ -165,6 +165,13 @@ CREATE TABLE releases (
 );
 ";
 
+/// Whether two locations reach common files: equal paths, or one is a directory holding the
+/// other (compared by path components, so `/a/b` does not hold `/a/bc`).
+pub fn locations_overlap(a: &str, b: &str) -> bool {
+    let (a, b) = (Path::new(a), Path::new(b));
+    a.starts_with(b) || b.starts_with(a)
+}
+
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 impl Catalog {
@@ -298,6 +305,15 @@ impl Catalog {
         Ok(out)
     }
 
+    /// (name, location, private) of every registered table.
+    fn locations(tx: &rusqlite::Transaction<'_>) -> Result<Vec<(String, String, bool)>, PolicyError> {
+        let mut stmt = tx.prepare("SELECT name, location, private FROM tables").map_err(storage)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)? == 1)))
+            .map_err(storage)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(storage)
+    }
+
     fn require_table(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<bool, PolicyError> {
         tx.query_row("SELECT private FROM tables WHERE name = ?1", [name], |r| r.get::<_, i64>(0))
             .optional()
@@ -306,10 +322,26 @@ impl Catalog {
             .ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))
     }
 
-    /// Registers a Parquet location under a name, as a public table.
+    /// Registers a Parquet location under a name, as a public table. The location must not
+    /// reach a private table's files (SPEC §5.2): not the same path, not a directory holding
+    /// them, not a file inside a private directory. Callers pass canonical absolute paths
+    /// ([`crate::Admin::register`] resolves them), so aliases through symbolic links and
+    /// relative paths compare equal.
     pub fn register_table(&self, name: &str, location: &str) -> Result<(), PolicyError> {
         validate_name(name)?;
         self.with_tx(|tx| {
+            let all = Self::locations(tx)?;
+            if all.iter().any(|(n, _, _)| n == name) {
+                return Err(PolicyError::Invalid(format!("a table named '{name}' is already registered")));
+            }
+            for (other, loc, private) in all {
+                if private && locations_overlap(location, &loc) {
+                    return Err(PolicyError::Invalid(format!(
+                        "location {location} reaches the files of private table '{other}' ({loc}): a table \
+                         may not read a private table's files except through its policy"
+                    )));
+                }
+            }
             let n = tx
                 .execute(
                     &format!("INSERT OR IGNORE INTO tables (name, location, private, registered_at) VALUES (?1, ?2, 0, {NOW})"),
@@ -331,6 +363,16 @@ impl Catalog {
                 return Err(PolicyError::Invalid(format!(
                     "table '{name}' is already private; use raise-budget to add budget"
                 )));
+            }
+            let all = Self::locations(tx)?;
+            let mine = all.iter().find(|(n, _, _)| n == name).map(|(_, l, _)| l.clone()).unwrap_or_default();
+            for (other, loc, _) in &all {
+                if other != name && locations_overlap(&mine, loc) {
+                    return Err(PolicyError::Invalid(format!(
+                        "table '{name}' ({mine}) shares files with table '{other}' ({loc}): a private table's \
+                         files must be reachable through it alone (remove or re-register '{other}' first)"
+                    )));
+                }
             }
             tx.execute("UPDATE tables SET private = 1 WHERE name = ?1", [name]).map_err(storage)?;
             tx.execute(
@@ -596,7 +638,7 @@ mod tests {
         let p = temp("atomic");
         let c = Catalog::create_or_open(&p).unwrap();
         for (t, e) in [("a", 1.0), ("b", 0.05)] {
-            c.register_table(t, "/x").unwrap();
+            c.register_table(t, &format!("/data/{t}.parquet")).unwrap();
             c.make_private(t, b(e, 1e-5)).unwrap();
         }
         let cost = Budget::charge(0.1, 1e-6).unwrap();
@@ -609,6 +651,15 @@ mod tests {
             assert_eq!(t.policy.unwrap().spent, Budget::ZERO);
         }
         assert!(c.release_log(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn locations_overlap_by_path_components() {
+        assert!(locations_overlap("/d/p.parquet", "/d/p.parquet"));
+        assert!(locations_overlap("/d", "/d/p.parquet"));
+        assert!(locations_overlap("/d/sub/p.parquet", "/d"));
+        assert!(!locations_overlap("/d/p.parquet", "/d/p.parquet2"));
+        assert!(!locations_overlap("/data/a", "/data/ab"));
     }
 
     #[test]
