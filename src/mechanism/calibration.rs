@@ -177,6 +177,24 @@ const ZCDP_LOG_MARGIN: f64 = 1e-9;
 /// ln δ is at least [`ZCDP_LOG_MARGIN`] below ln δ, and ρ is then lowered by 1e-9.
 /// `Classic` additionally caps ρ at the papers' `ε²/(4 ln(2/δ))` (σ = Δ·sqrt(2 ln(2/δ))/ε).
 pub fn zcdp_rho(calibration: Calibration, epsilon: f64, delta: f64) -> Result<f64, CalibrationError> {
+    // Every accumulator of a query (each partition and the final one) calibrates again:
+    // keep the last results (public values only) instead of re-running the bisections.
+    type Key = (Calibration, u64, u64);
+    static CACHE: std::sync::Mutex<Vec<(Key, f64)>> = std::sync::Mutex::new(Vec::new());
+    let key = (calibration, epsilon.to_bits(), delta.to_bits());
+    if let Some((_, rho)) = CACHE.lock().expect("rho cache").iter().find(|(k, _)| *k == key) {
+        return Ok(*rho);
+    }
+    let rho = zcdp_rho_uncached(calibration, epsilon, delta)?;
+    let mut cache = CACHE.lock().expect("rho cache");
+    if cache.len() >= 64 {
+        cache.remove(0);
+    }
+    cache.push((key, rho));
+    Ok(rho)
+}
+
+fn zcdp_rho_uncached(calibration: Calibration, epsilon: f64, delta: f64) -> Result<f64, CalibrationError> {
     check(1.0, epsilon, delta)?;
     if calibration == Calibration::Classic && epsilon > 1.0 {
         return Err(CalibrationError::ClassicNeedsSmallEpsilon(epsilon));
