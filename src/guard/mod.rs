@@ -22,6 +22,7 @@ use crate::functions::{PrivateCall, is_private, plan_private_call};
 use crate::policy::{Catalog, Charge};
 
 pub mod bounds;
+pub mod expressions;
 pub mod gate;
 pub mod shape;
 
@@ -111,6 +112,9 @@ impl PrivacyPlanner {
     pub fn check(&self, logical_plan: &LogicalPlan) -> Result<(LogicalPlan, Vec<Charge>)> {
         let plan = apply_default_bounds(logical_plan.clone(), &self.defaults()?)?;
         private_calls(&plan)?;
+        // Only total, cheap expressions on private rows (SPEC §5.1); this rewrites CAST to
+        // TRY_CAST and integer division to its total form.
+        let plan = expressions::make_total(plan)?;
         let charges = shape::check_and_price(&plan)?;
         Ok((plan, charges))
     }
