@@ -25,7 +25,7 @@ use datafusion::prelude::ParquetReadOptions;
 use datafusion::sql::parser::DFParser;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
-use crate::functions::{all_params, named_args, private_udafs};
+use crate::functions::{Permits, all_params, named_args, private_udafs};
 use crate::guard::{PrivacyPlanner, QueryText};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
@@ -79,6 +79,7 @@ impl Engine {
             config.options_mut().execution.collect_statistics = false;
             config.options_mut().explain.logical_plan_only = true;
         }
+        let ledger_session = ledger.is_some();
         let planner = match ledger {
             Some(l) => PrivacyPlanner::with_ledger(l),
             None => PrivacyPlanner::default(),
@@ -89,7 +90,9 @@ impl Engine {
             .with_query_planner(Arc::new(planner))
             .build();
         let ctx = SessionContext::new_with_state(state);
-        for udaf in private_udafs(opts.noise) {
+        // Catalog sessions: releases need a permit from the budget gate (SPEC §5.1).
+        let permits = if ledger_session { Permits::Denied } else { Permits::Free };
+        for udaf in private_udafs(opts.noise, permits) {
             ctx.register_udaf(udaf);
         }
         let allow = opts.allow_statements;

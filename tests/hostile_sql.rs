@@ -659,3 +659,38 @@ async fn the_allowlist_is_total_on_extreme_values() {
         );
     }
 }
+
+/// One charge, one release (SPEC §5.1): the gate grants each priced call one permit per
+/// execution; a private subtree executed again below the gate, or without the gate, has no
+/// permit and fails before any noise is drawn.
+#[tokio::test]
+async fn a_private_subtree_reexecuted_below_the_gate_cannot_release() {
+    let n = neighbour(true).await;
+    let s = &n.session;
+    let sql = format!(
+        "SELECT private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32), private_kde(x, 0.2, {KDE_EPS}, 1e-9, 0, 1, 32) FROM people"
+    );
+    let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+    assert_eq!(plan.name(), "BudgetGateExec");
+    let below = Arc::clone(plan.children()[0]);
+    // Below the gate, before any execution: nothing was paid, so nothing may be released.
+    let err = datafusion::physical_plan::collect(Arc::clone(&below), s.task_ctx_for_tests()).await.unwrap_err();
+    assert!(err.to_string().contains("no release permit"), "{err}");
+    assert_eq!(n.spent(), Budget::ZERO);
+    // Through the gate: one debit for the two calls, one release each.
+    let plan = datafusion::physical_plan::execution_plan::reset_plan_states(plan).unwrap();
+    let below = Arc::clone(plan.children()[0]);
+    datafusion::physical_plan::collect(Arc::clone(&plan), s.task_ctx_for_tests()).await.unwrap();
+    let two = kde_price().checked_add(&kde_price()).unwrap();
+    assert_eq!(n.spent(), two);
+    // The paid execution's private subtree run a second time: refused, not released.
+    let again = datafusion::physical_plan::execution_plan::reset_plan_states(Arc::clone(&below)).unwrap();
+    let err = datafusion::physical_plan::collect(again, s.task_ctx_for_tests()).await.unwrap_err();
+    assert!(err.to_string().contains("no release permit"), "{err}");
+    assert_eq!(n.spent(), two, "nothing is charged below the gate");
+    assert_eq!(n.admin.release_log(None).unwrap().len(), 2, "one log entry per paid call");
+    // Negative control: the gate itself, executed again, pays again and releases again.
+    let again = datafusion::physical_plan::execution_plan::reset_plan_states(plan).unwrap();
+    datafusion::physical_plan::collect(again, s.task_ctx_for_tests()).await.unwrap();
+    assert_eq!(n.spent(), two.checked_add(&two).unwrap());
+}

@@ -3,6 +3,7 @@
 
 pub mod named_args;
 pub mod params;
+pub mod permits;
 pub mod private_kde;
 pub mod private_mean_curve;
 
@@ -16,6 +17,7 @@ use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
+pub use permits::{PermitSlot, Permits};
 pub use private_kde::PrivateKde;
 pub use private_mean_curve::PrivateMeanCurve;
 
@@ -33,9 +35,24 @@ pub fn all_params() -> [&'static params::FunctionParams; 2] {
     [&private_kde::PARAMS, &private_mean_curve::PARAMS]
 }
 
-/// All private aggregate UDFs, drawing noise from `noise`.
-pub fn private_udafs(noise: NoiseSource) -> Vec<AggregateUDF> {
-    vec![PrivateKde::udaf(noise), PrivateMeanCurve::udaf(noise)]
+/// All private aggregate UDFs, drawing noise from `noise`, with `permits` (catalog
+/// sessions: [`Permits::Denied`] until the guard assigns each call a slot).
+pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> {
+    vec![
+        AggregateUDF::from(PrivateKde::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateMeanCurve::new(noise).with_permits(permits)),
+    ]
+}
+
+/// The same private aggregate with other permits, or None if `func` is not private.
+pub fn with_permits(func: &AggregateUDF, permits: Permits) -> Option<AggregateUDF> {
+    if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {
+        return Some(AggregateUDF::from(f.clone_with(permits)));
+    }
+    if let Some(f) = func.inner().downcast_ref::<PrivateMeanCurve>() {
+        return Some(AggregateUDF::from(f.clone_with(permits)));
+    }
+    None
 }
 
 /// If `func` is a private aggregate, validates its literal arguments (planning time) and

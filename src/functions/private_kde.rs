@@ -22,6 +22,7 @@ use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Docu
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
+use crate::functions::Permits;
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
@@ -153,6 +154,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
 pub struct PrivateKde {
     signature: Signature,
     noise: NoiseSource,
+    permits: Permits,
 }
 
 impl Default for PrivateKde {
@@ -164,7 +166,17 @@ impl Default for PrivateKde {
 impl PrivateKde {
     /// A `private_kde` whose releases draw randomness from `noise`.
     pub fn new(noise: NoiseSource) -> Self {
-        Self { signature: PARAMS.signature(), noise }
+        Self { signature: PARAMS.signature(), noise, permits: Permits::Free }
+    }
+
+    /// The same function whose releases need `permits`.
+    pub fn with_permits(self, permits: Permits) -> Self {
+        Self { permits, ..self }
+    }
+
+    /// A copy with other permits.
+    pub fn clone_with(&self, permits: Permits) -> Self {
+        Self { signature: self.signature.clone(), noise: self.noise, permits }
     }
 
     /// The UDF, ready to register.
@@ -210,7 +222,7 @@ impl AggregateUDFImpl for PrivateKde {
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         PARAMS.check_accumulator_args(&args)?;
         let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?)?;
-        Ok(Box::new(KdeAccumulator::new(mechanism, self.noise)))
+        Ok(Box::new(KdeAccumulator::new(mechanism, self.noise).with_permits(self.permits.clone())))
     }
 
     fn documentation(&self) -> Option<&Documentation> {
@@ -224,16 +236,23 @@ pub struct KdeAccumulator {
     mechanism: KdeMechanism,
     state: KdeAccumulation,
     noise: NoiseSource,
+    permits: Permits,
     released: Option<ScalarValue>,
 }
 
 impl KdeAccumulator {
     fn new(mechanism: KdeMechanism, noise: NoiseSource) -> Self {
         let state = KdeAccumulation::new(mechanism.layout());
-        Self { mechanism, state, noise, released: None }
+        Self { mechanism, state, noise, permits: Permits::Free, released: None }
+    }
+
+    fn with_permits(self, permits: Permits) -> Self {
+        Self { permits, ..self }
     }
 
     fn release(&mut self) -> Result<ScalarValue> {
+        // One paid execution, one release: the permit is taken before any noise is drawn.
+        self.permits.take(NAME)?;
         let state = self.state.totals();
         let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
         let release = self.mechanism.release(state, rng.as_mut());

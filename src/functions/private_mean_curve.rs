@@ -23,6 +23,7 @@ use datafusion::logical_expr::{
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
+use crate::functions::Permits;
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::mean_curve::{
     CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanState,
@@ -201,6 +202,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
 pub struct PrivateMeanCurve {
     signature: Signature,
     noise: NoiseSource,
+    permits: Permits,
 }
 
 impl Default for PrivateMeanCurve {
@@ -212,7 +214,17 @@ impl Default for PrivateMeanCurve {
 impl PrivateMeanCurve {
     /// A `private_mean_curve` whose releases draw randomness from `noise`.
     pub fn new(noise: NoiseSource) -> Self {
-        Self { signature: PARAMS.signature(), noise }
+        Self { signature: PARAMS.signature(), noise, permits: Permits::Free }
+    }
+
+    /// The same function whose releases need `permits`.
+    pub fn with_permits(self, permits: Permits) -> Self {
+        Self { permits, ..self }
+    }
+
+    /// A copy with other permits.
+    pub fn clone_with(&self, permits: Permits) -> Self {
+        Self { signature: self.signature.clone(), noise: self.noise, permits }
     }
 
     /// The UDF, ready to register.
@@ -265,7 +277,13 @@ impl AggregateUDFImpl for PrivateMeanCurve {
         let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
         let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, fixed)?;
         let state = MeanAccumulation::new(&mechanism);
-        Ok(Box::new(MeanCurveAccumulator { mechanism, state, noise: self.noise, released: None }))
+        Ok(Box::new(MeanCurveAccumulator {
+            mechanism,
+            state,
+            noise: self.noise,
+            permits: self.permits.clone(),
+            released: None,
+        }))
     }
 
     fn documentation(&self) -> Option<&Documentation> {
@@ -279,6 +297,7 @@ pub struct MeanCurveAccumulator {
     mechanism: MeanCurveMechanism,
     state: MeanAccumulation,
     noise: NoiseSource,
+    permits: Permits,
     released: Option<ScalarValue>,
 }
 
@@ -350,6 +369,8 @@ impl Accumulator for MeanCurveAccumulator {
         if let Some(r) = &self.released {
             return Ok(r.clone());
         }
+        // One paid execution, one release: the permit is taken before any noise is drawn.
+        self.permits.take(NAME)?;
         let state = self.state.state();
         let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
         let release = self.mechanism.release(state, rng.as_mut());

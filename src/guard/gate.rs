@@ -15,27 +15,35 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
 
+use crate::functions::PermitSlot;
 use crate::policy::{Catalog, Charge};
 
-/// Debits `charges` once per execution, then runs `input` (always one output partition,
-/// so every `execute` is one execution and pays).
+/// Debits `charges` once per execution, grants each priced call one release permit, then
+/// runs `input` (always one output partition, so every `execute` is one execution and pays).
 #[derive(Debug)]
 pub struct BudgetGateExec {
     input: Arc<dyn ExecutionPlan>,
     ledger: Arc<Catalog>,
     charges: Arc<Vec<Charge>>,
+    slots: Arc<Vec<Arc<PermitSlot>>>,
     query: Arc<str>,
 }
 
 impl BudgetGateExec {
     /// Wraps `input`; multi-partition inputs are coalesced first.
-    pub fn new(input: Arc<dyn ExecutionPlan>, ledger: Arc<Catalog>, charges: Vec<Charge>, query: &str) -> Self {
+    pub fn new(
+        input: Arc<dyn ExecutionPlan>,
+        ledger: Arc<Catalog>,
+        charges: Vec<Charge>,
+        slots: Vec<Arc<PermitSlot>>,
+        query: &str,
+    ) -> Self {
         let input: Arc<dyn ExecutionPlan> = if input.output_partitioning().partition_count() > 1 {
             Arc::new(CoalescePartitionsExec::new(input))
         } else {
             input
         };
-        Self { input, ledger, charges: Arc::new(charges), query: Arc::from(query) }
+        Self { input, ledger, charges: Arc::new(charges), slots: Arc::new(slots), query: Arc::from(query) }
     }
 
     /// What one execution debits.
@@ -92,6 +100,7 @@ impl ExecutionPlan for BudgetGateExec {
             input,
             ledger: Arc::clone(&self.ledger),
             charges: Arc::clone(&self.charges),
+            slots: Arc::clone(&self.slots),
             query: Arc::clone(&self.query),
         }))
     }
@@ -101,12 +110,15 @@ impl ExecutionPlan for BudgetGateExec {
         let ledger = Arc::clone(&self.ledger);
         let charges = Arc::clone(&self.charges);
         let query = Arc::clone(&self.query);
+        let slots = Arc::clone(&self.slots);
         let tables = self.tables();
         let debit_then_read = async move {
             let debit = tokio::task::spawn_blocking(move || ledger.charge(&charges, &query))
                 .await
                 .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
             debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
+            // Paid: each private call may now release once (SPEC §5.1).
+            slots.iter().for_each(|s| s.grant());
             // Only now are the children created: no scan exists before the debit is durable.
             let stream = input.execute(partition, context).map_err(|_| withheld(&tables))?;
             let tables2 = tables.clone();

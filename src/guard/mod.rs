@@ -10,15 +10,15 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{DFSchema, DataFusionError, Result, plan_err};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, DataFusionError, Result, internal_err, plan_err};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
-use datafusion::logical_expr::{Expr, LogicalPlan, WindowFunctionDefinition};
+use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, WindowFunctionDefinition};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
-use crate::functions::{PrivateCall, is_private, plan_private_call};
+use crate::functions::{PermitSlot, Permits, PrivateCall, is_private, plan_private_call, with_permits};
 use crate::policy::{Catalog, Charge};
 
 pub mod bounds;
@@ -71,6 +71,52 @@ pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
     Ok(calls)
 }
 
+/// Gives every private aggregate call its release permits (SPEC §5.1): a fresh
+/// [`PermitSlot`] for each call over a private table (granted by the gate, one per paid
+/// execution), and no permit needed for calls over public tables. Returns the slots.
+pub fn assign_permits(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Arc<PermitSlot>>)> {
+    let mut slots = Vec::new();
+    let plan = plan
+        .transform_up_with_subqueries(|node| {
+            let LogicalPlan::Aggregate(agg) = &node else { return Ok(Transformed::no(node)) };
+            if !agg.aggr_expr.iter().any(|e| shape::aggregate_call(e).is_some_and(|f| is_private(&f.func))) {
+                return Ok(Transformed::no(node));
+            }
+            let reads_private = shape::find_private_scan(&agg.input).is_some();
+            let aggr_expr = agg
+                .aggr_expr
+                .iter()
+                .map(|e| {
+                    e.clone()
+                        .transform_up(|e| match e {
+                            Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
+                                let permits = if reads_private {
+                                    let slot = PermitSlot::new();
+                                    slots.push(Arc::clone(&slot));
+                                    Permits::Slot(slot)
+                                } else {
+                                    Permits::Free
+                                };
+                                let func = Arc::new(with_permits(&func, permits).expect("checked private"));
+                                Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
+                            }
+                            other => Ok(Transformed::no(other)),
+                        })
+                        .map(|t| t.data)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let rewritten = Aggregate::try_new_with_schema(
+                Arc::clone(&agg.input),
+                agg.group_expr.clone(),
+                aggr_expr,
+                Arc::clone(&agg.schema),
+            )?;
+            Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+        })?
+        .data;
+    Ok((plan, slots))
+}
+
 /// The SQL text of the statement being planned, attached to the session config so the
 /// gate can write it to the release log.
 #[derive(Debug, Clone)]
@@ -108,15 +154,27 @@ impl PrivacyPlanner {
         Ok(d)
     }
 
-    /// Everything but the physical planning: the rewritten plan and its charges.
-    pub fn check(&self, logical_plan: &LogicalPlan) -> Result<(LogicalPlan, Vec<Charge>)> {
+    /// Everything but the physical planning: the rewritten plan, its charges, and one release
+    /// permit slot per charge.
+    pub fn check(&self, logical_plan: &LogicalPlan) -> Result<(LogicalPlan, Vec<Charge>, Vec<Arc<PermitSlot>>)> {
         let plan = apply_default_bounds(logical_plan.clone(), &self.defaults()?)?;
         private_calls(&plan)?;
         // Only total, cheap expressions on private rows (SPEC §5.1); this rewrites CAST to
         // TRY_CAST and integer division to its total form.
         let plan = expressions::make_total(plan)?;
         let charges = shape::check_and_price(&plan)?;
-        Ok((plan, charges))
+        if self.ledger.is_none() {
+            return Ok((plan, charges, Vec::new()));
+        }
+        let (plan, slots) = assign_permits(plan)?;
+        if slots.len() != charges.len() {
+            return internal_err!(
+                "{} private calls were priced but {} got release permits",
+                charges.len(),
+                slots.len()
+            );
+        }
+        Ok((plan, charges, slots))
     }
 }
 
@@ -127,7 +185,7 @@ impl QueryPlanner for PrivacyPlanner {
         logical_plan: &LogicalPlan,
         session: &dyn datafusion::catalog::Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let (plan, charges) = self.check(logical_plan)?;
+        let (plan, charges, slots) = self.check(logical_plan)?;
         let physical = DefaultPhysicalPlanner::default().create_physical_plan(&plan, session).await?;
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);
@@ -136,6 +194,6 @@ impl QueryPlanner for PrivacyPlanner {
             return datafusion::common::internal_err!("a private table was planned without a ledger");
         };
         let query = session.config().get_extension::<QueryText>().map(|q| q.0.clone()).unwrap_or_default();
-        Ok(Arc::new(BudgetGateExec::new(physical, Arc::clone(ledger), charges, &query)))
+        Ok(Arc::new(BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, &query)))
     }
 }

@@ -1,0 +1,118 @@
+//! Release permits: one charge, one release (SPEC §5.1).
+//!
+//! In a catalog session every private aggregate call that reads a private table gets its
+//! own [`PermitSlot`] from the guard; the budget gate grants the slot one permit per
+//! execution, after the ledger debit; the accumulator's final evaluation takes one before it
+//! draws any noise, and fails without one. So no plan shape — a re-executed subtree, a
+//! recursive term, a join that runs its input twice — can release more often than it paid.
+//! The UDFs registered in a catalog session are [`Permits::Denied`] until the guard assigns
+//! slots (fail closed); calls over public tables become [`Permits::Free`].
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use datafusion::common::{Result, exec_err};
+
+/// One private call's permits: granted by the gate, taken by the release.
+#[derive(Debug)]
+pub struct PermitSlot {
+    id: u64,
+    available: AtomicU64,
+}
+
+impl PermitSlot {
+    /// A new slot with no permit.
+    pub fn new() -> Arc<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Arc::new(Self { id: NEXT.fetch_add(1, Ordering::Relaxed), available: AtomicU64::new(0) })
+    }
+
+    /// One more release is paid for (the gate, after the debit).
+    pub fn grant(&self) {
+        self.available.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Takes one permit; false if none is left.
+    pub fn take(&self) -> bool {
+        self.available.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+    }
+
+    /// Permits granted and not yet used.
+    pub fn available(&self) -> u64 {
+        self.available.load(Ordering::SeqCst)
+    }
+}
+
+/// Whether a private aggregate's releases need permits.
+#[derive(Debug, Clone, Default)]
+pub enum Permits {
+    /// No permit needed: sessions without a catalog, and calls over public tables.
+    #[default]
+    Free,
+    /// Every release refused: a catalog session's registered UDF before the guard gave the
+    /// call its slot.
+    Denied,
+    /// One release per permit granted to this slot.
+    Slot(Arc<PermitSlot>),
+}
+
+impl Permits {
+    /// Takes the permit for one release, or fails (before any noise is drawn).
+    pub fn take(&self, function: &str) -> Result<()> {
+        match self {
+            Permits::Free => Ok(()),
+            Permits::Slot(s) if s.take() => Ok(()),
+            Permits::Slot(_) => exec_err!(
+                "{function}: no release permit left — this execution already released this call once; a \
+                 release is drawn once per paid execution (SPEC §5.1)"
+            ),
+            Permits::Denied => {
+                exec_err!("{function}: no release permit — the call was not priced by the planner guard")
+            }
+        }
+    }
+
+    fn key(&self) -> u64 {
+        match self {
+            Permits::Free => 0,
+            Permits::Denied => u64::MAX,
+            Permits::Slot(s) => s.id,
+        }
+    }
+}
+
+impl PartialEq for Permits {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Permits {}
+
+impl Hash for Permits {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_gives_one_release_per_grant() {
+        let s = PermitSlot::new();
+        let p = Permits::Slot(Arc::clone(&s));
+        assert!(p.take("f").is_err(), "no grant, no release");
+        s.grant();
+        p.take("f").unwrap();
+        assert!(p.take("f").is_err(), "one grant, one release");
+        s.grant();
+        s.grant();
+        assert_eq!(s.available(), 2);
+        assert!(Permits::Denied.take("f").is_err());
+        Permits::Free.take("f").unwrap();
+        assert_ne!(Permits::Slot(PermitSlot::new()), Permits::Slot(PermitSlot::new()));
+    }
+}
