@@ -17,6 +17,7 @@ use datafusion::dataframe::DataFrame;
 use datafusion::datasource::file_format::options::ReadOptions;
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
 #[cfg(feature = "test-hooks")]
@@ -67,7 +68,7 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(opts: &SessionOptions, ledger: Option<Arc<Catalog>>) -> Self {
+    fn new(opts: &SessionOptions, ledger: Option<Arc<Catalog>>) -> Result<Self> {
         let mut config = SessionConfig::new().with_information_schema(true);
         if let Some(n) = opts.target_partitions {
             config = config.with_target_partitions(n.max(1));
@@ -80,15 +81,23 @@ impl Engine {
             config.options_mut().explain.logical_plan_only = true;
         }
         let ledger_session = ledger.is_some();
+        let mut runtime = None;
         let planner = match ledger {
-            Some(l) => PrivacyPlanner::with_ledger(l),
+            Some(l) => {
+                // Analyst sessions run under the catalog's memory limit; the planner refuses
+                // queries whose private states would not fit (SPEC §5.1).
+                let limit = l.memory_limit().map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                let bytes = usize::try_from(limit).unwrap_or(usize::MAX);
+                runtime = Some(RuntimeEnvBuilder::new().with_memory_limit(bytes, 1.0).build_arc()?);
+                PrivacyPlanner::with_ledger(l, limit)
+            }
             None => PrivacyPlanner::default(),
         };
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features()
-            .with_query_planner(Arc::new(planner))
-            .build();
+        let mut state = SessionStateBuilder::new();
+        if let Some(rt) = runtime {
+            state = state.with_runtime_env(rt);
+        }
+        let state = state.with_config(config).with_default_features().with_query_planner(Arc::new(planner)).build();
         let ctx = SessionContext::new_with_state(state);
         // Catalog sessions: releases need a permit from the budget gate (SPEC §5.1).
         let permits = if ledger_session { Permits::Denied } else { Permits::Free };
@@ -97,7 +106,7 @@ impl Engine {
         }
         let allow = opts.allow_statements;
         let options = SQLOptions::new().with_allow_ddl(allow).with_allow_dml(allow).with_allow_statements(allow);
-        Self { ctx, options, queries_only: !allow }
+        Ok(Self { ctx, options, queries_only: !allow })
     }
 
     /// Parses all statements, then plans and runs them in order (in analyst sessions: plans
@@ -196,7 +205,8 @@ pub struct DpSession {
 impl DpSession {
     /// A new session.
     pub fn new(opts: SessionOptions) -> Self {
-        Self { engine: Engine::new(&opts, None) }
+        // Only catalog sessions read settings or build a runtime, so this cannot fail.
+        Self { engine: Engine::new(&opts, None).expect("a session without a catalog cannot fail to start") }
     }
 
     /// Registers a Parquet file or directory (all its files form one table).
@@ -235,7 +245,10 @@ impl AnalystSession {
     /// An analyst session on an already opened catalog.
     pub async fn with_catalog(catalog: Arc<Catalog>, opts: SessionOptions) -> Result<Self> {
         let opts = SessionOptions { allow_statements: false, ..opts };
-        let engine = Engine::new(&opts, Some(Arc::clone(&catalog)));
+        // Locations are re-checked as the session opens: files and links can appear in a
+        // directory after registration (SPEC §5.2).
+        catalog.check_locations().map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let engine = Engine::new(&opts, Some(Arc::clone(&catalog)))?;
         let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         for t in tables {
             let inner = parquet_provider(&engine.ctx, &t.location).await.map_err(|e| {
@@ -289,12 +302,13 @@ impl AnalystSession {
 /// A data owner's operations on a catalog.
 pub struct Admin {
     catalog: Arc<Catalog>,
+    path: std::path::PathBuf,
 }
 
 impl Admin {
     /// Opens a catalog, creating it if the file does not exist.
     pub fn open(path: &Path) -> std::result::Result<Self, PolicyError> {
-        Ok(Self { catalog: Arc::new(Catalog::create_or_open(path)?) })
+        Ok(Self { catalog: Arc::new(Catalog::create_or_open(path)?), path: path.to_path_buf() })
     }
 
     /// The underlying catalog (for analyst sessions in the same process).
@@ -362,6 +376,51 @@ impl Admin {
             )));
         }
         self.catalog.set_bounds(name, column, lower, upper)
+    }
+
+    /// Rewrites relative locations (stored by dpcurve before locations were canonical) as
+    /// canonical absolute paths, resolving them against `base` (default: the catalog file's
+    /// directory). Returns (table, old, new) per migrated table; a location that cannot be
+    /// found, or that would reach a private table's files, is an error and nothing after it
+    /// is changed.
+    pub fn migrate_locations(
+        &self,
+        base: Option<&Path>,
+    ) -> std::result::Result<Vec<(String, String, String)>, PolicyError> {
+        let default_base = std::fs::canonicalize(&self.path)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| std::path::PathBuf::from("."));
+        let base = base.map(Path::to_path_buf).unwrap_or(default_base);
+        let mut done = Vec::new();
+        for (name, old) in self.catalog.relative_locations()? {
+            let joined = base.join(&old);
+            let canonical = std::fs::canonicalize(&joined).map_err(|e| {
+                PolicyError::Invalid(format!(
+                    "table '{name}': {old} resolved against {} is {}: {e}; pass the directory it was \
+                     registered from",
+                    base.display(),
+                    joined.display()
+                ))
+            })?;
+            let canonical = canonical
+                .to_str()
+                .ok_or_else(|| PolicyError::Invalid(format!("{} is not a UTF-8 path", canonical.display())))?
+                .to_string();
+            self.catalog.relocate(&name, &canonical)?;
+            done.push((name, old, canonical));
+        }
+        Ok(done)
+    }
+
+    /// Sets the memory limit of analyst sessions on this catalog (bytes).
+    pub fn set_memory_limit(&self, bytes: u64) -> std::result::Result<(), PolicyError> {
+        self.catalog.set_memory_limit(bytes)
+    }
+
+    /// The memory limit of analyst sessions on this catalog (bytes).
+    pub fn memory_limit(&self) -> std::result::Result<u64, PolicyError> {
+        self.catalog.memory_limit()
     }
 
     /// Sets the public curve length of a private table's list columns.

@@ -694,3 +694,113 @@ async fn a_private_subtree_reexecuted_below_the_gate_cannot_release() {
     datafusion::physical_plan::collect(again, s.task_ctx_for_tests()).await.unwrap();
     assert_eq!(n.spent(), two.checked_add(&two).unwrap());
 }
+
+/// Memory (SPEC §5.1): the state a query's private calls need is computed from their public
+/// parameters at planning and refused, before any debit, when it exceeds the session's memory
+/// limit (default 2 GiB; the data owner sets another).
+#[tokio::test]
+async fn private_state_beyond_the_memory_limit_is_refused_before_any_debit() {
+    let n = neighbour(true).await;
+    let big = "private_kde(x, 2e-5, 1e-3, 1e-9, 0, 1, 65536)";
+    // Many distinct large-grid calls in one query: refused under the default limit.
+    let many: Vec<String> =
+        (0..40).map(|i| format!("private_kde(x, {}, 1e-3, 1e-9, 0, 1, 65536)", 2e-5 + i as f64 * 1e-7)).collect();
+    let sql = format!("SELECT {} FROM people", many.join(", "));
+    let (r, cost) = n.run(&sql).await;
+    let msg = r.unwrap_err();
+    assert!(msg.contains("[rule memory-limit]") && msg.contains("2048.0 MiB"), "{msg}");
+    assert_eq!(cost, Budget::ZERO);
+    assert_eq!(n.admin.release_log(None).unwrap().len(), 0);
+    // One of them fits the default.
+    let (r, cost) = n.run(&format!("SELECT {big} FROM people")).await;
+    r.unwrap();
+    assert_eq!(cost, kde_price());
+    // A smaller limit set by the data owner applies to new sessions.
+    assert_eq!(n.admin.memory_limit().unwrap(), 2 << 30);
+    assert!(n.admin.set_memory_limit(1 << 20).is_err(), "limits below 64 MiB are refused");
+    n.admin.set_memory_limit(64 << 20).unwrap();
+    let dir = n._dir.path("catalog.db");
+    let s = AnalystSession::open(&dir, SessionOptions::default()).await.unwrap();
+    let msg = s.query(&format!("SELECT {big} FROM people")).await.unwrap_err().to_string();
+    assert!(msg.contains("[rule memory-limit]") && msg.contains("64.0 MiB"), "{msg}");
+    s.query(&format!("SELECT private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32) FROM people")).await.unwrap();
+    assert_eq!(n.spent(), kde_price().checked_add(&kde_price()).unwrap());
+}
+
+/// File aliases (SPEC §5.2): a public table may not reach a private table's files through a
+/// symbolic link in its directory, a linked directory, or a link created after registration;
+/// older catalogs with relative locations are migrated before analysts can open them.
+#[cfg(unix)]
+#[tokio::test]
+async fn file_aliases_of_a_private_table_are_refused_at_registration_and_session_open() {
+    use std::os::unix::fs::symlink;
+    let dir = TempDir::new("aliases");
+    std::fs::create_dir_all(dir.path("private")).unwrap();
+    std::fs::create_dir_all(dir.path("public")).unwrap();
+    write_rows(&dir.path("private/people.parquet"), &rows(true));
+    write_rows(&dir.path("public/ok.parquet"), &rows(false));
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("people", &dir.str("private/people.parquet")).await.unwrap();
+    admin.make_private("people", 10.0, 1e-6).unwrap();
+    let mut refused = 0;
+    // 1. A link to the private file inside a public directory.
+    std::fs::create_dir_all(dir.path("linkdir")).unwrap();
+    write_rows(&dir.path("linkdir/a.parquet"), &rows(false));
+    symlink(dir.path("private/people.parquet"), dir.path("linkdir/b.parquet")).unwrap();
+    let e = admin.register("pub1", &dir.str("linkdir")).await.unwrap_err().to_string();
+    assert!(e.contains("reaches the files of private table 'people'"), "{e}");
+    refused += 1;
+    // 2. A linked directory, one level down.
+    std::fs::create_dir_all(dir.path("nested")).unwrap();
+    symlink(dir.path("private"), dir.path("nested/inner")).unwrap();
+    write_rows(&dir.path("nested/a.parquet"), &rows(false));
+    let e = admin.register("pub2", &dir.str("nested")).await.unwrap_err().to_string();
+    assert!(e.contains("reaches the files of private table 'people'"), "{e}");
+    refused += 1;
+    // 3. The private file under another name (a link registered directly).
+    symlink(dir.path("private/people.parquet"), dir.path("alias.parquet")).unwrap();
+    let e = admin.register("pub3", &dir.str("alias.parquet")).await.unwrap_err().to_string();
+    assert!(e.contains("reaches the files of private table 'people'"), "{e}");
+    refused += 1;
+    // 4. A second private registration of the same file cannot happen (register refuses).
+    let e = admin.register("people2", &dir.str("private/people.parquet")).await.unwrap_err().to_string();
+    assert!(e.contains("reaches the files"), "{e}");
+    refused += 1;
+    // 5. A link created in a registered public directory after registration: sessions refuse to open.
+    admin.register("pub_ok", &dir.str("public")).await.unwrap();
+    let opts = || SessionOptions::default();
+    AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
+    symlink(dir.path("private/people.parquet"), dir.path("public/late.parquet")).unwrap();
+    let e = AnalystSession::open(&dir.path("catalog.db"), opts()).await.err().expect("refused").to_string();
+    assert!(e.contains("table 'pub_ok'") && e.contains("private table 'people'"), "{e}");
+    std::fs::remove_file(dir.path("public/late.parquet")).unwrap();
+    AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
+    refused += 1;
+    // 6. make-private refuses a table whose files another table reaches through a link.
+    std::fs::create_dir_all(dir.path("second")).unwrap();
+    write_rows(&dir.path("second/s.parquet"), &rows(false));
+    admin.register("second", &dir.str("second/s.parquet")).await.unwrap();
+    std::fs::create_dir_all(dir.path("viewer")).unwrap();
+    symlink(dir.path("second/s.parquet"), dir.path("viewer/v.parquet")).unwrap();
+    admin.register("viewer", &dir.str("viewer")).await.unwrap();
+    let e = admin.make_private("second", 1.0, 0.0).unwrap_err().to_string();
+    assert!(e.contains("shares files with table 'viewer'"), "{e}");
+    refused += 1;
+    // 7. Relative locations (catalogs written by older versions): sessions refuse until migrated.
+    std::fs::create_dir_all(dir.path("old")).unwrap();
+    write_rows(&dir.path("old/o.parquet"), &rows(false));
+    admin.catalog().register_table("old_rel", "old/o.parquet").unwrap();
+    let e = AnalystSession::open(&dir.path("catalog.db"), opts()).await.err().expect("refused").to_string();
+    assert!(e.contains("relative location") && e.contains("migrate-locations"), "{e}");
+    let migrated = admin.migrate_locations(None).unwrap();
+    assert_eq!(migrated.len(), 1);
+    assert_eq!(migrated[0].2, std::fs::canonicalize(dir.path("old/o.parquet")).unwrap().to_str().unwrap());
+    let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
+    s.query("SELECT count(*) FROM old_rel").await.unwrap();
+    // A relative location that would alias a private file is refused by the migration.
+    admin.catalog().register_table("old_alias", "private/people.parquet").unwrap();
+    let e = admin.migrate_locations(None).unwrap_err().to_string();
+    assert!(e.contains("shares files with table 'people'"), "{e}");
+    refused += 1;
+    eprintln!("{refused} file-alias attacks refused");
+}

@@ -11,19 +11,46 @@ use crate::session::Admin;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     /// Register a Parquet location as a public table.
-    Register { name: String, location: String },
+    Register {
+        name: String,
+        location: String,
+    },
     /// Make a table private with a total budget.
-    MakePrivate { name: String, epsilon: f64, delta: f64 },
+    MakePrivate {
+        name: String,
+        epsilon: f64,
+        delta: f64,
+    },
     /// Add budget.
-    RaiseBudget { name: String, epsilon: f64, delta: f64 },
+    RaiseBudget {
+        name: String,
+        epsilon: f64,
+        delta: f64,
+    },
     /// Public bounds of a column.
-    SetBounds { name: String, column: String, lower: f64, upper: f64 },
+    SetBounds {
+        name: String,
+        column: String,
+        lower: f64,
+        upper: f64,
+    },
     /// Public curve length.
-    SetCurveLength { name: String, length: i64 },
+    SetCurveLength {
+        name: String,
+        length: i64,
+    },
+    SetMemoryLimit {
+        bytes: u64,
+    },
+    MigrateLocations {
+        base: Option<String>,
+    },
     /// List tables and budgets.
     List,
     /// Show the release log.
-    Log { name: Option<String> },
+    Log {
+        name: Option<String>,
+    },
 }
 
 fn number(s: &str, what: &str) -> std::result::Result<f64, String> {
@@ -81,6 +108,9 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
             name: name.to_string(),
             length: length.parse().map_err(|_| format!("LENGTH must be an integer, got '{length}'"))?,
         },
+        ["set-memory-limit", size] => Command::SetMemoryLimit { bytes: parse_size(size)? },
+        ["migrate-locations"] => Command::MigrateLocations { base: None },
+        ["migrate-locations", base] => Command::MigrateLocations { base: Some(base.to_string()) },
         ["list"] => Command::List,
         ["log"] => Command::Log { name: None },
         ["log", name] => Command::Log { name: Some(name.to_string()) },
@@ -88,6 +118,28 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
         other => return Err(format!("unknown or incomplete admin command: {}", other.join(" "))),
     };
     Ok((catalog, cmd))
+}
+
+/// A size in bytes: a number with an optional unit (KiB, MiB, GiB, TiB; KB/MB/GB/TB are read
+/// as the binary units too).
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("SIZE must be a number of bytes with an optional unit (MiB, GiB), got '{text}'")),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("SIZE must be a number with an optional unit, got '{text}'"))?;
+    let bytes = v * scale as f64;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1.8e19) {
+        return Err(format!("SIZE is out of range: '{text}'"));
+    }
+    Ok(bytes as u64)
 }
 
 fn err(e: impl std::fmt::Display) -> DataFusionError {
@@ -98,6 +150,18 @@ fn budget_cols(b: &Budget) -> (String, String) {
     let s = b.to_string();
     let (e, d) = s.split_once(", ").unwrap_or((&s, ""));
     (e.trim_start_matches("ε = ").to_string(), d.trim_start_matches("δ = ").to_string())
+}
+
+/// `bytes` in the largest binary unit that keeps it ≥ 1.
+pub fn human_bytes(bytes: u64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{bytes} bytes") } else { format!("{} {}", (v * 100.0).round() / 100.0, units[i]) }
 }
 
 /// Runs one admin command and prints its result.
@@ -124,7 +188,21 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
             admin.set_curve_length(&name, length).map_err(err)?;
             println!("'{name}' list columns have public length {length}");
         }
+        Command::SetMemoryLimit { bytes } => {
+            admin.set_memory_limit(bytes).map_err(err)?;
+            println!("analyst sessions on this catalog run under a memory limit of {}", human_bytes(bytes));
+        }
+        Command::MigrateLocations { base } => {
+            let done = admin.migrate_locations(base.as_deref().map(Path::new)).map_err(err)?;
+            if done.is_empty() {
+                println!("every location is already absolute");
+            }
+            for (name, old, new) in done {
+                println!("'{name}': {old} → {new}");
+            }
+        }
         Command::List => {
+            println!("analyst sessions' memory limit: {}", human_bytes(admin.memory_limit().map_err(err)?));
             println!(
                 "{:<20} {:<8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}",
                 "table", "access", "ε total", "ε spent", "ε left", "δ total", "δ spent", "δ left", "bounds / location"

@@ -47,6 +47,11 @@ USAGE:
         raise-budget NAME --epsilon E [--delta D]  add to the total budget
         set-bounds NAME COLUMN LOWER UPPER         public bounds (default lo/hi)
         set-curve-length NAME LENGTH               public length of list columns
+        set-memory-limit SIZE                      memory limit of analyst sessions
+                                                   (e.g. 4GiB; default 2 GiB)
+        migrate-locations [BASE_DIR]               make relative locations (older
+                                                   catalogs) absolute, resolved against
+                                                   BASE_DIR (default: the catalog's dir)
         list                                       tables, budgets, bounds
         log [NAME]                                 the release log
 

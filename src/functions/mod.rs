@@ -28,6 +28,17 @@ pub struct PrivateCall {
     pub function: &'static str,
     /// The exact budget one release spends.
     pub cost: Budget,
+    /// Bytes of one accumulator's state (a query holds one per partition, plus the final).
+    pub state_bytes: u64,
+    /// Bytes the release needs once (basis, transforms).
+    pub work_bytes: u64,
+}
+
+impl PrivateCall {
+    /// Memory the call needs with `partitions` partial accumulators (bytes).
+    pub fn memory_bytes(&self, partitions: usize) -> u64 {
+        self.state_bytes.saturating_mul(partitions as u64 + 1).saturating_add(self.work_bytes)
+    }
 }
 
 /// The declared parameters of every private aggregate, for the named-argument rewrite.

@@ -107,8 +107,9 @@ pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<(KdeMec
 
 /// Validates a logical call at planning time and returns what it costs.
 pub fn plan_call(args: &[Expr]) -> Result<PrivateCall> {
-    let (_, cost) = mechanism_from_literals(&PARAMS.literals_from_logical(args)?)?;
-    Ok(PrivateCall { function: NAME, cost })
+    let (mechanism, cost) = mechanism_from_literals(&PARAMS.literals_from_logical(args)?)?;
+    let (state_bytes, work_bytes) = mechanism.memory_bytes();
+    Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
 }
 
 /// The fields of the result struct.

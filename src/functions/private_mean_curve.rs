@@ -170,8 +170,9 @@ pub fn mechanism_from_literals(
 pub fn plan_call(args: &[Expr], schema: &DFSchema) -> Result<PrivateCall> {
     let values = PARAMS.literals_from_logical(args)?;
     let fixed = args.first().and_then(|a| a.get_type(schema).ok()).as_ref().and_then(fixed_length);
-    let (_, cost) = mechanism_from_literals(&values, fixed)?;
-    Ok(PrivateCall { function: NAME, cost })
+    let (mechanism, cost) = mechanism_from_literals(&values, fixed)?;
+    let (state_bytes, work_bytes) = mechanism.memory_bytes();
+    Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
 }
 
 /// The fields of the result struct.

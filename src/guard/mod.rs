@@ -129,12 +129,37 @@ pub struct QueryText(pub String);
 #[derive(Debug, Default)]
 pub struct PrivacyPlanner {
     ledger: Option<Arc<Catalog>>,
+    memory_limit: Option<u64>,
 }
 
 impl PrivacyPlanner {
-    /// A planner whose private tables are charged on `ledger`.
-    pub fn with_ledger(ledger: Arc<Catalog>) -> Self {
-        Self { ledger: Some(ledger) }
+    /// A planner whose private tables are charged on `ledger`, refusing queries whose
+    /// private calls need more than `memory_limit` bytes.
+    pub fn with_ledger(ledger: Arc<Catalog>, memory_limit: u64) -> Self {
+        Self { ledger: Some(ledger), memory_limit: Some(memory_limit) }
+    }
+
+    /// Refuses a plan whose private calls need more memory than the session may use
+    /// (SPEC §5.1): computed from the public parameters alone, at planning, before any debit.
+    fn check_memory(&self, calls: &[PrivateCall], partitions: usize) -> Result<()> {
+        let Some(limit) = self.memory_limit else { return Ok(()) };
+        let need = calls.iter().fold(0u64, |a, c| a.saturating_add(c.memory_bytes(partitions)));
+        if need > limit {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            let parts: Vec<String> =
+                calls.iter().map(|c| format!("{} {:.1} MiB", c.function, mib(c.memory_bytes(partitions)))).collect();
+            return plan_err!(
+                "[rule memory-limit] the private calls of this query need {:.1} MiB ({}; state × {} accumulators \
+                 + release), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
+                 (points, bandwidth relative to hi − lo); the data owner sets the limit with \
+                 `dpcurve admin set-memory-limit`",
+                mib(need),
+                parts.join(", "),
+                partitions + 1,
+                mib(limit)
+            );
+        }
+        Ok(())
     }
 
     fn defaults(&self) -> Result<PolicyDefaults> {
@@ -156,9 +181,14 @@ impl PrivacyPlanner {
 
     /// Everything but the physical planning: the rewritten plan, its charges, and one release
     /// permit slot per charge.
-    pub fn check(&self, logical_plan: &LogicalPlan) -> Result<(LogicalPlan, Vec<Charge>, Vec<Arc<PermitSlot>>)> {
+    pub fn check(
+        &self,
+        logical_plan: &LogicalPlan,
+        partitions: usize,
+    ) -> Result<(LogicalPlan, Vec<Charge>, Vec<Arc<PermitSlot>>)> {
         let plan = apply_default_bounds(logical_plan.clone(), &self.defaults()?)?;
-        private_calls(&plan)?;
+        let calls = private_calls(&plan)?;
+        self.check_memory(&calls, partitions)?;
         // Only total, cheap expressions on private rows (SPEC §5.1); this rewrites CAST to
         // TRY_CAST and integer division to its total form.
         let plan = expressions::make_total(plan)?;
@@ -185,7 +215,8 @@ impl QueryPlanner for PrivacyPlanner {
         logical_plan: &LogicalPlan,
         session: &dyn datafusion::catalog::Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let (plan, charges, slots) = self.check(logical_plan)?;
+        let partitions = session.config().target_partitions();
+        let (plan, charges, slots) = self.check(logical_plan, partitions)?;
         let physical = DefaultPhysicalPlanner::default().create_physical_plan(&plan, session).await?;
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);

@@ -288,6 +288,17 @@ impl KdeMechanism {
         &self.layout
     }
 
+    /// Memory one call needs (bytes): `(state, work)` — the exact state of one accumulator
+    /// (`i128` per entry) and the release's working memory (the lifted basis and the
+    /// double-double transform and synthesis over the circle, 96 B per circle point, an
+    /// upper bound on what `release` allocates).
+    pub fn memory_bytes(&self) -> (u64, u64) {
+        let state = 16 * self.layout.state_len() as u64;
+        let b = &self.basis;
+        let work = 8 * (b.lift.len() + b.synth.len()) as u64 + 96 * b.m as u64;
+        (state, work)
+    }
+
     /// The lifted basis.
     pub fn basis(&self) -> &KdeBasis {
         &self.basis

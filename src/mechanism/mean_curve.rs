@@ -351,6 +351,17 @@ impl MeanCurveMechanism {
     }
 
     /// Parameters.
+    /// Memory one call needs (bytes): `(state, work)` — one accumulator's exact sums
+    /// (`i128` per point, plus the count) and the release's working memory (the eigenbasis,
+    /// and 64 B per point for coordinates, noise and the curve).
+    pub fn memory_bytes(&self) -> (u64, u64) {
+        let m = self.spec.points as u64;
+        let state = 16 * m + 16;
+        let basis =
+            8 * (self.basis.vectors.iter().map(|v| v.len() as u64).sum::<u64>() + self.basis.lambda.len() as u64);
+        (state, basis + 8 * (self.smoother.len() + self.whiten.len()) as u64 + 64 * m)
+    }
+
     pub fn spec(&self) -> &MeanCurveSpec {
         &self.spec
     }

@@ -8,7 +8,7 @@
 //! A file that is not a dpcurve catalog, has another format version, or fails SQLite's
 //! integrity check is refused with a clear message (fail closed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -20,6 +20,13 @@ use crate::mechanism::budget::Budget;
 
 /// The catalog format this version reads and writes.
 pub const FORMAT_VERSION: i64 = 1;
+
+/// Memory limit of analyst sessions unless the data owner sets another: 2 GiB.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 2 << 30;
+/// Smallest memory limit the data owner may set.
+pub const MIN_MEMORY_LIMIT: u64 = 64 << 20;
+/// Largest memory limit the data owner may set.
+pub const MAX_MEMORY_LIMIT: u64 = 1 << 40;
 const FORMAT_NAME: &str = "dpcurve-catalog";
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -166,10 +173,33 @@ CREATE TABLE releases (
 ";
 
 /// Whether two locations reach common files: equal paths, or one is a directory holding the
-/// other (compared by path components, so `/a/b` does not hold `/a/bc`).
+/// other (compared by path components, so `/a/b` does not hold `/a/bc`), or — walking both
+/// on disk and resolving every symbolic link — some file is reached from both (SPEC §5.2).
 pub fn locations_overlap(a: &str, b: &str) -> bool {
-    let (a, b) = (Path::new(a), Path::new(b));
-    a.starts_with(b) || b.starts_with(a)
+    let (pa, pb) = (Path::new(a), Path::new(b));
+    pa.starts_with(pb) || pb.starts_with(pa) || !reached_files(a).is_disjoint(&reached_files(b))
+}
+
+/// Every file a location reaches, as canonical paths: the file itself, or all files under
+/// the directory (recursively, following symbolic links to files and directories, each
+/// directory once). Unreadable entries reach nothing.
+pub fn reached_files(location: &str) -> BTreeSet<PathBuf> {
+    let mut files = BTreeSet::new();
+    let mut seen_dirs = BTreeSet::new();
+    let mut stack = vec![PathBuf::from(location)];
+    while let Some(p) = stack.pop() {
+        let Ok(real) = std::fs::canonicalize(&p) else { continue };
+        if real.is_dir() {
+            if seen_dirs.insert(real.clone()) {
+                if let Ok(entries) = std::fs::read_dir(&real) {
+                    stack.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
+                }
+            }
+        } else {
+            files.insert(real);
+        }
+    }
+    files
 }
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
@@ -444,6 +474,91 @@ impl Catalog {
             }
             tx.execute("UPDATE policies SET curve_length = ?2 WHERE table_name = ?1", params![name, length])
                 .map_err(storage)?;
+            Ok(())
+        })
+    }
+
+    /// The memory limit of analyst sessions on this catalog, in bytes (the default,
+    /// [`DEFAULT_MEMORY_LIMIT`], unless the data owner set another).
+    pub fn memory_limit(&self) -> Result<u64, PolicyError> {
+        let conn = self.conn.lock().expect("catalog lock");
+        let v: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'memory_limit'", [], |r| r.get(0))
+            .optional()
+            .map_err(storage)?;
+        Ok(v.and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_MEMORY_LIMIT))
+    }
+
+    /// Sets the memory limit of analyst sessions (bytes, in [64 MiB, 1 TiB]).
+    pub fn set_memory_limit(&self, bytes: u64) -> Result<(), PolicyError> {
+        if !(MIN_MEMORY_LIMIT..=MAX_MEMORY_LIMIT).contains(&bytes) {
+            return Err(PolicyError::Invalid(format!(
+                "the memory limit must be between 64 MiB and 1 TiB, got {bytes} bytes"
+            )));
+        }
+        self.with_tx(|tx| {
+            tx.execute("INSERT OR REPLACE INTO meta VALUES ('memory_limit', ?1)", [bytes.to_string()])
+                .map_err(storage)?;
+            Ok(())
+        })
+    }
+
+    /// Checks, as a session opens, that every location is absolute and that no table reaches a
+    /// private table's files (files can appear in a directory, and links be created, after
+    /// registration — SPEC §5.2).
+    pub fn check_locations(&self) -> Result<(), PolicyError> {
+        let tables = self.tables()?;
+        for t in &tables {
+            if !Path::new(&t.location).is_absolute() {
+                return Err(PolicyError::Catalog(format!(
+                    "table '{}' has the relative location '{}' (written by an older dpcurve); the data owner \
+                     must run `dpcurve admin --catalog … migrate-locations [BASE_DIR]` first",
+                    t.name, t.location
+                )));
+            }
+        }
+        for p in tables.iter().filter(|t| t.policy.is_some()) {
+            for t in tables.iter().filter(|t| t.name != p.name) {
+                if locations_overlap(&t.location, &p.location) {
+                    return Err(PolicyError::Catalog(format!(
+                        "table '{}' ({}) reaches files of private table '{}' ({}) — a file or symbolic link \
+                         added since registration? Analyst sessions stay closed until the data owner fixes it",
+                        t.name, t.location, p.name, p.location
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tables whose stored location is relative (catalogs written before locations were
+    /// canonical): (name, location).
+    pub fn relative_locations(&self) -> Result<Vec<(String, String)>, PolicyError> {
+        Ok(self
+            .tables()?
+            .into_iter()
+            .filter(|t| !Path::new(&t.location).is_absolute())
+            .map(|t| (t.name, t.location))
+            .collect())
+    }
+
+    /// Replaces a table's stored location by `canonical` (migration of relative locations),
+    /// refusing if it would reach a private table's files.
+    pub fn relocate(&self, name: &str, canonical: &str) -> Result<(), PolicyError> {
+        self.with_tx(|tx| {
+            let all = Self::locations(tx)?;
+            let Some((_, _, private)) = all.iter().find(|(n, _, _)| n == name) else {
+                return Err(PolicyError::Invalid(format!("no table named '{name}'")));
+            };
+            for (other, loc, other_private) in &all {
+                if other != name && (*private || *other_private) && locations_overlap(canonical, loc) {
+                    return Err(PolicyError::Invalid(format!(
+                        "{canonical} shares files with table '{other}' ({loc}); a private table's files must be \
+                         reachable through it alone"
+                    )));
+                }
+            }
+            tx.execute("UPDATE tables SET location = ?2 WHERE name = ?1", params![name, canonical]).map_err(storage)?;
             Ok(())
         })
     }
