@@ -21,9 +21,9 @@
 //! zCDP calibration. Everything after that — the inverse transform, clamping, normalising,
 //! the mass estimate — is post-processing.
 
-use std::collections::HashMap;
+use crate::mechanism::cache::PublicCache;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rand::Rng;
 use rustfft::{FftPlanner, num_complex::Complex};
@@ -225,19 +225,10 @@ impl KdeBasis {
 
     fn cached(layout: &KdeLayout) -> Result<Arc<Self>, MechanismError> {
         type Key = (u64, u64, usize, u64);
-        static CACHE: Mutex<Option<HashMap<Key, Arc<KdeBasis>>>> = Mutex::new(None);
+        static CACHE: PublicCache<Key, KdeBasis> = PublicCache::new(256 << 20);
         let g = layout.grid();
         let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, layout.bandwidth().to_bits());
-        if let Some(b) = CACHE.lock().expect("kde basis cache").get_or_insert_with(HashMap::new).get(&key) {
-            return Ok(Arc::clone(b));
-        }
-        let basis = Arc::new(Self::build(layout)?);
-        let mut guard = CACHE.lock().expect("kde basis cache");
-        let map = guard.get_or_insert_with(HashMap::new);
-        if map.len() >= 32 {
-            map.clear();
-        }
-        Ok(Arc::clone(map.entry(key).or_insert(basis)))
+        CACHE.get_or_try_insert(key, |b| 8 * (b.lift.len() + b.synth.len()), || Self::build(layout))
     }
 
     /// Number of lifted coordinates.

@@ -16,9 +16,9 @@
 //! ≈ 104 significant bits) from the exact fixed-point statistic: the error bound then holds
 //! for every table of at most [`ROW_LIMIT`] rows (see README "Privacy").
 
-use std::collections::HashMap;
+use crate::mechanism::cache::PublicCache;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rand::Rng;
 
@@ -184,10 +184,17 @@ fn cos_sin_small(theta: DD) -> (DD, DD) {
 
 /// `exp(−2πi·k/m)` for k < m/2, m a power of two ≥ 8, in double-double.
 fn twiddles(m: usize) -> Arc<Vec<(DD, DD)>> {
-    static CACHE: Mutex<Option<HashMap<usize, Arc<Vec<(DD, DD)>>>>> = Mutex::new(None);
-    if let Some(t) = CACHE.lock().expect("twiddle cache").get_or_insert_with(HashMap::new).get(&m) {
-        return Arc::clone(t);
-    }
+    static CACHE: PublicCache<usize, Vec<(DD, DD)>> = PublicCache::new(256 << 20);
+    CACHE
+        .get_or_try_insert(
+            m,
+            |t| t.len() * size_of::<(DD, DD)>(),
+            || Ok::<_, std::convert::Infallible>(build_twiddles(m)),
+        )
+        .unwrap_or_else(|e| match e {})
+}
+
+fn build_twiddles(m: usize) -> Vec<(DD, DD)> {
     let eighth = m / 8;
     // First octant: (cos, sin) of 2πj/m for j ≤ m/8.
     let oct: Vec<(DD, DD)> = (0..=eighth).map(|j| cos_sin_small(TWO_PI.mul_f64(j as f64 / m as f64))).collect();
@@ -211,13 +218,7 @@ fn twiddles(m: usize) -> Arc<Vec<(DD, DD)>> {
             (c, s.neg()) // exp(−iθ) = cos θ − i sin θ
         })
         .collect();
-    let table = Arc::new(table);
-    let mut guard = CACHE.lock().expect("twiddle cache");
-    let map = guard.get_or_insert_with(HashMap::new);
-    if map.len() >= 16 {
-        map.clear();
-    }
-    Arc::clone(map.entry(m).or_insert(table))
+    table
 }
 
 /// Bound on `‖fl(Q·x) − Q·x‖₂ / ‖x‖₂` for the orthonormal real coordinates computed by

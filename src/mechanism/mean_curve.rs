@@ -21,9 +21,9 @@
 //! Laplace noise (δ = 0, ICLP, pure ε); the count is an integer with discrete Laplace noise
 //! of scale 1/ε_n. The mean `T̃ / max(ñ, 1)` is post-processing.
 
-use std::collections::HashMap;
+use crate::mechanism::cache::PublicCache;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use nalgebra::{DMatrix, SymmetricEigen};
 use rand::Rng;
@@ -115,8 +115,7 @@ pub struct Eigenbasis {
 }
 
 type CacheKey = (CovKernel, u64, usize);
-static CACHE: Mutex<Option<HashMap<CacheKey, Arc<Eigenbasis>>>> = Mutex::new(None);
-const CACHE_ENTRIES: usize = 32;
+static CACHE: PublicCache<CacheKey, Eigenbasis> = PublicCache::new(256 << 20);
 
 impl Eigenbasis {
     /// Computes the eigenpairs (O(m³); see [`Eigenbasis::cached`]).
@@ -156,24 +155,16 @@ impl Eigenbasis {
     /// The eigenpairs for (kernel, ρ, m), computed once per process and reused.
     pub fn cached(kernel: CovKernel, rho: f64, m: usize) -> Arc<Self> {
         let key = (kernel, rho.to_bits(), m);
-        if let Some(b) = CACHE.lock().expect("cache").get_or_insert_with(HashMap::new).get(&key) {
-            return Arc::clone(b);
-        }
-        let basis = Arc::new(Self::compute(kernel, rho, m));
-        let mut guard = CACHE.lock().expect("cache");
-        let map = guard.get_or_insert_with(HashMap::new);
-        if map.len() >= CACHE_ENTRIES {
-            map.clear();
-        }
-        Arc::clone(map.entry(key).or_insert(basis))
+        let bytes = |b: &Eigenbasis| 8 * (b.lambda.len() + b.vectors.iter().map(Vec::len).sum::<usize>());
+        CACHE
+            .get_or_try_insert(key, bytes, || Ok::<_, std::convert::Infallible>(Self::compute(kernel, rho, m)))
+            .unwrap_or_else(|e| match e {})
     }
 
     /// Benchmarks only: forget every cached eigenbasis (to time uncached queries).
     #[doc(hidden)]
     pub fn clear_cache() {
-        if let Some(map) = CACHE.lock().expect("cache").as_mut() {
-            map.clear();
-        }
+        CACHE.clear();
     }
 
     /// Curve length m.

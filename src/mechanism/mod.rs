@@ -6,6 +6,7 @@
 //! the parameters and a generator to the output.
 
 pub mod budget;
+pub mod cache;
 pub mod calibration;
 pub mod kde;
 pub mod kde_release;
