@@ -11,7 +11,7 @@ use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan};
+use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use crate::functions::{private_kde, private_mean_curve};
 use crate::policy::table::as_private;
@@ -144,13 +144,7 @@ pub fn apply_default_bounds(plan: LogicalPlan, defaults: &PolicyDefaults) -> Res
             return Ok(Transformed::no(node));
         }
         let aggr_expr = new.into_iter().zip(&agg.aggr_expr).map(|(n, old)| n.unwrap_or_else(|| old.clone())).collect();
-        let rewritten = Aggregate::try_new_with_schema(
-            Arc::clone(&agg.input),
-            agg.group_expr.clone(),
-            aggr_expr,
-            Arc::clone(&agg.schema),
-        )?;
-        Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+        super::with_aggr_exprs(agg, aggr_expr)
     })
     .map(|t| t.data)
 }

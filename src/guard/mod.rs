@@ -97,7 +97,10 @@ pub fn assign_permits(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Arc<PermitS
                                 } else {
                                     Permits::Free
                                 };
-                                let func = Arc::new(with_permits(&func, permits).expect("checked private"));
+                                let Some(func) = with_permits(&func, permits) else {
+                                    return internal_err!("{} is private but has no permits", func.name());
+                                };
+                                let func = Arc::new(func);
                                 Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
                             }
                             other => Ok(Transformed::no(other)),
@@ -105,16 +108,21 @@ pub fn assign_permits(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Arc<PermitS
                         .map(|t| t.data)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let rewritten = Aggregate::try_new_with_schema(
-                Arc::clone(&agg.input),
-                agg.group_expr.clone(),
-                aggr_expr,
-                Arc::clone(&agg.schema),
-            )?;
-            Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+            with_aggr_exprs(agg, aggr_expr)
         })?
         .data;
     Ok((plan, slots))
+}
+
+/// The same aggregate with new aggregate expressions (same output schema).
+pub(crate) fn with_aggr_exprs(agg: &Aggregate, aggr_expr: Vec<Expr>) -> Result<Transformed<LogicalPlan>> {
+    let rewritten = Aggregate::try_new_with_schema(
+        Arc::clone(&agg.input),
+        agg.group_expr.clone(),
+        aggr_expr,
+        Arc::clone(&agg.schema),
+    )?;
+    Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
 }
 
 /// The SQL text of the statement being planned, attached to the session config so the
