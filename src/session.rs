@@ -423,6 +423,84 @@ impl Admin {
         self.catalog.memory_limit()
     }
 
+    /// Declares the public group keys of a private table's column: a `GROUP BY` on it then
+    /// returns exactly one row per key (SPEC §7). Each value must parse as the column's type.
+    pub async fn set_keys(&self, name: &str, column: &str, values: &[String]) -> std::result::Result<(), PolicyError> {
+        let info = self
+            .catalog
+            .table(name)?
+            .ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))?;
+        let schema = Self::schema_of(&info.location).await?;
+        let field = schema
+            .field_with_name(column)
+            .map_err(|_| PolicyError::Invalid(format!("table '{name}' has no column '{column}'")))?;
+        let t = field.data_type();
+        if !(t.is_integer()
+            || matches!(
+                t,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Boolean | DataType::Date32
+            ))
+        {
+            return Err(PolicyError::Invalid(format!(
+                "column '{column}' is {t}: group keys can be declared for integer, string, boolean and date columns"
+            )));
+        }
+        let mut canonical = Vec::with_capacity(values.len());
+        for v in values {
+            let parsed = datafusion::common::ScalarValue::try_from_string(v.clone(), t)
+                .ok()
+                .filter(|s| !s.is_null())
+                .ok_or_else(|| {
+                PolicyError::Invalid(format!("key '{v}' is not a value of {t} (column '{column}')"))
+            })?;
+            canonical.push(parsed.to_string());
+        }
+        canonical.sort();
+        canonical.dedup();
+        self.catalog.set_keys(name, column, &canonical)
+    }
+
+    /// Declares as keys the distinct non-NULL values of a public table's column.
+    pub async fn set_keys_from(
+        &self,
+        name: &str,
+        column: &str,
+        source_table: &str,
+        source_column: &str,
+    ) -> std::result::Result<usize, PolicyError> {
+        let src = self
+            .catalog
+            .table(source_table)?
+            .ok_or_else(|| PolicyError::Invalid(format!("no table named '{source_table}' in the catalog")))?;
+        if src.policy.is_some() {
+            return Err(PolicyError::Invalid(format!(
+                "'{source_table}' is private: keys must come from a public table (the set of keys is released as is)"
+            )));
+        }
+        let ctx = SessionContext::new();
+        let provider = parquet_provider(&ctx, &src.location)
+            .await
+            .map_err(|e| PolicyError::Invalid(format!("cannot read {}: {e}", src.location)))?;
+        ctx.register_table("src", provider).map_err(|e| PolicyError::Invalid(e.to_string()))?;
+        let col = source_column.replace('"', "\"\"");
+        let batches = ctx
+            .sql(&format!("SELECT DISTINCT CAST(\"{col}\" AS VARCHAR) FROM src WHERE \"{col}\" IS NOT NULL"))
+            .await
+            .map_err(|e| PolicyError::Invalid(format!("'{source_table}'.{source_column}: {e}")))?
+            .collect()
+            .await
+            .map_err(|e| PolicyError::Invalid(e.to_string()))?;
+        let mut values = Vec::new();
+        for b in &batches {
+            let a = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8)
+                .map_err(|e| PolicyError::Invalid(e.to_string()))?;
+            let a = a.as_any().downcast_ref::<datafusion::arrow::array::StringArray>().expect("cast to Utf8");
+            values.extend(a.iter().flatten().map(str::to_string));
+        }
+        self.set_keys(name, column, &values).await?;
+        Ok(values.len())
+    }
+
     /// Sets the public curve length of a private table's list columns.
     pub fn set_curve_length(&self, name: &str, length: i64) -> std::result::Result<(), PolicyError> {
         self.catalog.set_curve_length(name, length)

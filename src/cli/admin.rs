@@ -11,46 +11,27 @@ use crate::session::Admin;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     /// Register a Parquet location as a public table.
-    Register {
-        name: String,
-        location: String,
-    },
+    Register { name: String, location: String },
     /// Make a table private with a total budget.
-    MakePrivate {
-        name: String,
-        epsilon: f64,
-        delta: f64,
-    },
+    MakePrivate { name: String, epsilon: f64, delta: f64 },
     /// Add budget.
-    RaiseBudget {
-        name: String,
-        epsilon: f64,
-        delta: f64,
-    },
+    RaiseBudget { name: String, epsilon: f64, delta: f64 },
     /// Public bounds of a column.
-    SetBounds {
-        name: String,
-        column: String,
-        lower: f64,
-        upper: f64,
-    },
+    SetBounds { name: String, column: String, lower: f64, upper: f64 },
     /// Public curve length.
-    SetCurveLength {
-        name: String,
-        length: i64,
-    },
-    SetMemoryLimit {
-        bytes: u64,
-    },
-    MigrateLocations {
-        base: Option<String>,
-    },
+    SetCurveLength { name: String, length: i64 },
+    /// Memory limit of analyst sessions.
+    SetMemoryLimit { bytes: u64 },
+    /// Make relative locations absolute.
+    MigrateLocations { base: Option<String> },
+    /// Declare public group keys.
+    SetKeys { name: String, column: String, values: Vec<String> },
+    /// Declare public group keys from a public table's column.
+    SetKeysFrom { name: String, column: String, source: String },
     /// List tables and budgets.
     List,
     /// Show the release log.
-    Log {
-        name: Option<String>,
-    },
+    Log { name: Option<String> },
 }
 
 fn number(s: &str, what: &str) -> std::result::Result<f64, String> {
@@ -111,6 +92,14 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
         ["set-memory-limit", size] => Command::SetMemoryLimit { bytes: parse_size(size)? },
         ["migrate-locations"] => Command::MigrateLocations { base: None },
         ["migrate-locations", base] => Command::MigrateLocations { base: Some(base.to_string()) },
+        ["set-keys", name, column, "--from", source] => {
+            Command::SetKeysFrom { name: name.to_string(), column: column.to_string(), source: source.to_string() }
+        }
+        ["set-keys", name, column, values @ ..] => Command::SetKeys {
+            name: name.to_string(),
+            column: column.to_string(),
+            values: values.iter().map(|v| v.to_string()).collect(),
+        },
         ["list"] => Command::List,
         ["log"] => Command::Log { name: None },
         ["log", name] => Command::Log { name: Some(name.to_string()) },
@@ -201,6 +190,19 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
                 println!("'{name}': {old} → {new}");
             }
         }
+        Command::SetKeys { name, column, values } => {
+            admin.set_keys(&name, &column, &values).await.map_err(err)?;
+            match values.len() {
+                0 => println!("'{name}'.{column} has no declared keys"),
+                n => println!("'{name}'.{column} has {n} declared public keys"),
+            }
+        }
+        Command::SetKeysFrom { name, column, source } => {
+            let (table, col) =
+                source.split_once('.').ok_or_else(|| err(format!("--from needs TABLE.COLUMN, got '{source}'")))?;
+            let n = admin.set_keys_from(&name, &column, table, col).await.map_err(err)?;
+            println!("'{name}'.{column} has {n} declared public keys (the values of '{table}'.{col})");
+        }
         Command::List => {
             println!("analyst sessions' memory limit: {}", human_bytes(admin.memory_limit().map_err(err)?));
             println!(
@@ -218,6 +220,12 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
                             p.bounds.iter().map(|(c, (lo, hi))| format!("{c} ∈ [{lo}, {hi}]")).collect();
                         if let Some(m) = p.curve_length {
                             extra.push(format!("curve length {m}"));
+                        }
+                        for (c, keys) in &p.keys {
+                            let shown: Vec<&str> = keys.iter().take(5).map(String::as_str).collect();
+                            let more =
+                                if keys.len() > 5 { format!(", … ({} keys)", keys.len()) } else { String::new() };
+                            extra.push(format!("{c} keys {{{}{more}}}", shown.join(", ")));
                         }
                         extra.push(t.location.clone());
                         println!(

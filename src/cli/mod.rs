@@ -47,6 +47,8 @@ USAGE:
         raise-budget NAME --epsilon E [--delta D]  add to the total budget
         set-bounds NAME COLUMN LOWER UPPER         public bounds (default lo/hi)
         set-curve-length NAME LENGTH               public length of list columns
+        set-keys NAME COLUMN VALUE...              public group keys of a column
+        set-keys NAME COLUMN --from TABLE.COLUMN   (or the values of a public column)
         set-memory-limit SIZE                      memory limit of analyst sessions
                                                    (e.g. 4GiB; default 2 GiB)
         migrate-locations [BASE_DIR]               make relative locations (older

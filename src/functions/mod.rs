@@ -55,6 +55,14 @@ pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> 
     ]
 }
 
+/// The permits of a private aggregate instance, or None if `func` is not private.
+pub fn permits_of(func: &AggregateUDF) -> Option<&Permits> {
+    if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {
+        return Some(f.permits());
+    }
+    func.inner().downcast_ref::<PrivateMeanCurve>().map(|f| f.permits())
+}
+
 /// The same private aggregate with other permits, or None if `func` is not private.
 pub fn with_permits(func: &AggregateUDF, permits: Permits) -> Option<AggregateUDF> {
     if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {

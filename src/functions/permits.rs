@@ -12,25 +12,39 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use datafusion::common::{Result, exec_err};
+use datafusion::common::{Result, ScalarValue, exec_err};
 
 /// One private call's permits: granted by the gate, taken by the release.
 #[derive(Debug)]
 pub struct PermitSlot {
     id: u64,
     available: AtomicU64,
+    /// Releases one paid execution makes: 1, or the number of declared groups.
+    per_execution: u64,
+    /// The declared groups of a grouped call (SPEC §7), one key tuple each.
+    groups: Option<Arc<Vec<Vec<ScalarValue>>>>,
 }
 
 impl PermitSlot {
-    /// A new slot with no permit.
+    /// A new slot with no permit, for an ungrouped call (one release per execution).
     pub fn new() -> Arc<Self> {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Arc::new(Self { id: NEXT.fetch_add(1, Ordering::Relaxed), available: AtomicU64::new(0) })
+        Self::make(1, None)
     }
 
-    /// One more release is paid for (the gate, after the debit).
+    /// A new slot for a call grouped by declared keys: one release per group per execution.
+    pub fn for_groups(groups: Vec<Vec<ScalarValue>>) -> Arc<Self> {
+        Self::make(groups.len() as u64, Some(Arc::new(groups)))
+    }
+
+    fn make(per_execution: u64, groups: Option<Arc<Vec<Vec<ScalarValue>>>>) -> Arc<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Self { id, available: AtomicU64::new(0), per_execution, groups })
+    }
+
+    /// One more execution is paid for (the gate, after the debit): one release per group.
     pub fn grant(&self) {
-        self.available.fetch_add(1, Ordering::SeqCst);
+        self.available.fetch_add(self.per_execution, Ordering::SeqCst);
     }
 
     /// Takes one permit; false if none is left.
@@ -70,6 +84,14 @@ impl Permits {
             Permits::Denied => {
                 exec_err!("{function}: no release permit — the call was not priced by the planner guard")
             }
+        }
+    }
+
+    /// The declared groups of a grouped call.
+    pub fn groups(&self) -> Option<Arc<Vec<Vec<ScalarValue>>>> {
+        match self {
+            Permits::Slot(s) => s.groups.clone(),
+            _ => None,
         }
     }
 

@@ -223,6 +223,11 @@ impl PrivateMeanCurve {
         Self { permits, ..self }
     }
 
+    /// Its permits.
+    pub fn permits(&self) -> &Permits {
+        &self.permits
+    }
+
     /// A copy with other permits.
     pub fn clone_with(&self, permits: Permits) -> Self {
         Self { signature: self.signature.clone(), noise: self.noise, permits }

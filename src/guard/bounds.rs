@@ -26,11 +26,13 @@ pub struct PolicyDefaults {
     pub bounds: BoundsMap,
     /// Public curve length per table.
     pub curve_length: BTreeMap<String, i64>,
+    /// Declared public group keys per (table, column).
+    pub keys: super::groups::KeysMap,
 }
 
 /// The private table and column a value expression reads directly (through casts,
 /// aliases, projections, filters and subquery aliases), if any.
-fn trace_column(expr: &Expr, plan: &LogicalPlan) -> Option<(String, String)> {
+pub(crate) fn trace_column(expr: &Expr, plan: &LogicalPlan) -> Option<(String, String)> {
     let mut col: Column = match expr {
         Expr::Column(c) => c.clone(),
         Expr::Cast(c) => return trace_column(&c.expr, plan),

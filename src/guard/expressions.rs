@@ -495,6 +495,12 @@ impl Checker<'_> {
                 // Other aggregates over private rows are refused by the shape rules.
                 1
             }
+            Expr::GroupingSet(_) => {
+                return plan_err!(
+                    "[rule no-group-by] ROLLUP, CUBE and GROUPING SETS over private table '{t}' are not supported: \
+                     group by plain columns with declared keys"
+                );
+            }
             Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) | Expr::SetComparison(_) => {
                 return refuse(t, "a subquery", "subqueries may not be evaluated per private row");
             }

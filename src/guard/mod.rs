@@ -24,6 +24,7 @@ use crate::policy::{Catalog, Charge};
 pub mod bounds;
 pub mod expressions;
 pub mod gate;
+pub mod groups;
 pub mod shape;
 
 use bounds::{PolicyDefaults, apply_default_bounds};
@@ -74,7 +75,7 @@ pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
 /// Gives every private aggregate call its release permits (SPEC §5.1): a fresh
 /// [`PermitSlot`] for each call over a private table (granted by the gate, one per paid
 /// execution), and no permit needed for calls over public tables. Returns the slots.
-pub fn assign_permits(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Arc<PermitSlot>>)> {
+pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(LogicalPlan, Vec<Arc<PermitSlot>>)> {
     let mut slots = Vec::new();
     let plan = plan
         .transform_up_with_subqueries(|node| {
@@ -82,7 +83,12 @@ pub fn assign_permits(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Arc<PermitS
             if !agg.aggr_expr.iter().any(|e| shape::aggregate_call(e).is_some_and(|f| is_private(&f.func))) {
                 return Ok(Transformed::no(node));
             }
-            let reads_private = shape::find_private_scan(&agg.input).is_some();
+            let table = shape::find_private_scan(&agg.input);
+            let reads_private = table.is_some();
+            let declared = match &table {
+                Some(t) => groups::declared_groups(agg, keys, t)?.map(|cols| groups::product(&cols)),
+                None => None,
+            };
             let aggr_expr = agg
                 .aggr_expr
                 .iter()
@@ -91,7 +97,10 @@ pub fn assign_permits(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Arc<PermitS
                         .transform_up(|e| match e {
                             Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
                                 let permits = if reads_private {
-                                    let slot = PermitSlot::new();
+                                    let slot = match &declared {
+                                        Some(g) => PermitSlot::for_groups(g.clone()),
+                                        None => PermitSlot::new(),
+                                    };
                                     slots.push(Arc::clone(&slot));
                                     Permits::Slot(slot)
                                 } else {
@@ -125,6 +134,22 @@ pub(crate) fn with_aggr_exprs(agg: &Aggregate, aggr_expr: Vec<Expr>) -> Result<T
     Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
 }
 
+/// The number of declared groups of each grouped private aggregate over a private table.
+fn group_counts(plan: &LogicalPlan, keys: &groups::KeysMap) -> Result<Vec<u64>> {
+    let mut counts = Vec::new();
+    plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::Aggregate(agg) = node {
+            if let Some(t) = shape::find_private_scan(&agg.input) {
+                if let Ok(Some(cols)) = groups::declared_groups(agg, keys, &t) {
+                    counts.push(cols.iter().map(|c| c.len() as u64).product());
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(counts)
+}
+
 /// The SQL text of the statement being planned, attached to the session config so the
 /// gate can write it to the release log.
 #[derive(Debug, Clone)]
@@ -149,16 +174,23 @@ impl PrivacyPlanner {
 
     /// Refuses a plan whose private calls need more memory than the session may use
     /// (SPEC §5.1): computed from the public parameters alone, at planning, before any debit.
-    fn check_memory(&self, calls: &[PrivateCall], partitions: usize) -> Result<()> {
+    fn check_memory(&self, calls: &[PrivateCall], groups: &[u64], partitions: usize) -> Result<()> {
         let Some(limit) = self.memory_limit else { return Ok(()) };
-        let need = calls.iter().fold(0u64, |a, c| a.saturating_add(c.memory_bytes(partitions)));
+        // States are per group: a grouped aggregate holds one per declared group (SPEC §7).
+        let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
+        let need =
+            calls.iter().fold(0u64, |a, c| {
+                a.saturating_add(c.memory_bytes(partitions).saturating_add(
+                    c.state_bytes.saturating_mul(most_groups - 1).saturating_mul(partitions as u64 + 1),
+                ))
+            });
         if need > limit {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             let parts: Vec<String> =
                 calls.iter().map(|c| format!("{} {:.1} MiB", c.function, mib(c.memory_bytes(partitions)))).collect();
             return plan_err!(
-                "[rule memory-limit] the private calls of this query need {:.1} MiB ({}; state × {} accumulators \
-                 + release), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
+                "[rule memory-limit] the private calls of this query need {:.1} MiB (per group: {}; state × {} \
+                 accumulators × up to {most_groups} groups + release), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
                  (points, bandwidth relative to hi − lo); the data owner sets the limit with \
                  `dpcurve admin set-memory-limit`",
                 mib(need),
@@ -182,6 +214,9 @@ impl PrivacyPlanner {
                 for (col, b) in policy.bounds {
                     d.bounds.insert((t.name.clone(), col), b);
                 }
+                for (col, k) in policy.keys {
+                    d.keys.insert((t.name.clone(), col), k);
+                }
             }
         }
         Ok(d)
@@ -194,17 +229,19 @@ impl PrivacyPlanner {
         logical_plan: &LogicalPlan,
         partitions: usize,
     ) -> Result<(LogicalPlan, Vec<Charge>, Vec<Arc<PermitSlot>>)> {
-        let plan = apply_default_bounds(logical_plan.clone(), &self.defaults()?)?;
+        let defaults = self.defaults()?;
+        let plan = apply_default_bounds(logical_plan.clone(), &defaults)?;
         let calls = private_calls(&plan)?;
-        self.check_memory(&calls, partitions)?;
         // Only total, cheap expressions on private rows (SPEC §5.1); this rewrites CAST to
         // TRY_CAST and integer division to its total form.
         let plan = expressions::make_total(plan)?;
-        let charges = shape::check_and_price(&plan)?;
+        let charges = shape::check_and_price(&plan, &defaults.keys)?;
+        self.check_memory(&calls, &group_counts(&plan, &defaults.keys)?, partitions)?;
         if self.ledger.is_none() {
             return Ok((plan, charges, Vec::new()));
         }
-        let (plan, slots) = assign_permits(plan)?;
+        let plan = groups::filter_to_declared_keys(plan, &defaults.keys)?;
+        let (plan, slots) = assign_permits(plan, &defaults.keys)?;
         if slots.len() != charges.len() {
             return internal_err!(
                 "{} private calls were priced but {} got release permits",
@@ -226,6 +263,8 @@ impl QueryPlanner for PrivacyPlanner {
         let partitions = session.config().target_partitions();
         let (plan, charges, slots) = self.check(logical_plan, partitions)?;
         let physical = DefaultPhysicalPlanner::default().create_physical_plan(&plan, session).await?;
+        // Grouped private aggregates output every declared group, reached by rows or not.
+        let physical = groups::complete_declared_groups(physical)?;
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);
         }

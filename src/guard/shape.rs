@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `no-raw-rows` | rows of a private table reaching the result, a join, a window, … |
 //! | `private-aggregates-only` | an ordinary aggregate (count, sum, …) over a private table |
-//! | `no-group-by` | GROUP BY over a private table (not supported yet) |
+//! | `no-group-by` | GROUP BY over a private table except by plain columns with declared public keys; ROLLUP/CUBE/GROUPING SETS |
 //! | `row-wise-only` | anything but filters and projections between the table and the aggregate: joins, unions, DISTINCT, LIMIT, ORDER BY, UNNEST, … |
 //! | `no-explain-analyze` | EXPLAIN ANALYZE of a query reading a private table (it prints row counts) |
 //! | `no-physical-explain` | EXPLAIN formats other than the (logical-only) default on a private table: `FORMAT TREE` renders the physical plan, whose file groups reveal file sizes |
@@ -27,6 +27,7 @@ use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, TableScan};
 
+use super::groups::KeysMap;
 use crate::functions::{is_private, plan_private_call};
 use crate::policy::Charge;
 use crate::policy::table::as_private;
@@ -63,13 +64,19 @@ pub fn aggregate_call(e: &Expr) -> Option<&AggregateFunction> {
 
 /// Checks the shape rules and returns one charge per private aggregate call that reads
 /// a private table.
-pub fn check_and_price(plan: &LogicalPlan) -> Result<Vec<Charge>> {
-    let mut charges = Vec::new();
-    visit(plan, &mut charges)?;
-    Ok(charges)
+pub fn check_and_price(plan: &LogicalPlan, keys: &KeysMap) -> Result<Vec<Charge>> {
+    let mut cx = Cx { list: Vec::new(), keys };
+    visit(plan, &mut cx)?;
+    Ok(cx.list)
 }
 
-fn visit_subqueries(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
+/// What the walk collects (charges) and needs (declared group keys).
+struct Cx<'a> {
+    list: Vec<Charge>,
+    keys: &'a KeysMap,
+}
+
+fn visit_subqueries(plan: &LogicalPlan, charges: &mut Cx<'_>) -> Result<()> {
     let mut subs = Vec::new();
     plan.apply_subqueries(|sub| {
         subs.push(sub.clone());
@@ -78,7 +85,7 @@ fn visit_subqueries(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()>
     subs.iter().try_for_each(|s| visit(s, charges))
 }
 
-fn visit(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
+fn visit(plan: &LogicalPlan, charges: &mut Cx<'_>) -> Result<()> {
     visit_subqueries(plan, charges)?;
     match plan {
         LogicalPlan::Aggregate(agg) => {
@@ -136,11 +143,11 @@ fn visit(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
     }
 }
 
-fn other_inputs(plan: &LogicalPlan, charges: &mut Vec<Charge>) -> Result<()> {
+fn other_inputs(plan: &LogicalPlan, charges: &mut Cx<'_>) -> Result<()> {
     plan.inputs().into_iter().try_for_each(|c| visit(c, charges))
 }
 
-fn check_private_aggregate(agg: &Aggregate, charges: &mut Vec<Charge>) -> Result<()> {
+fn check_private_aggregate(agg: &Aggregate, charges: &mut Cx<'_>) -> Result<()> {
     // Walk the row-wise chain down to the scan.
     let mut node = agg.input.as_ref();
     let table = loop {
@@ -186,7 +193,11 @@ fn check_private_aggregate(agg: &Aggregate, charges: &mut Vec<Charge>) -> Result
         match call {
             Some(call) => {
                 let call = call?;
-                charges.push(Charge { table: table.clone(), function: call.function.to_string(), cost: call.cost });
+                charges.list.push(Charge {
+                    table: table.clone(),
+                    function: call.function.to_string(),
+                    cost: call.cost,
+                });
             }
             None => {
                 return plan_err!(
@@ -197,12 +208,9 @@ fn check_private_aggregate(agg: &Aggregate, charges: &mut Vec<Charge>) -> Result
             }
         }
     }
-    if !agg.group_expr.is_empty() {
-        return plan_err!(
-            "[rule no-group-by] GROUP BY over private table '{table}' is not supported yet: the set of \
-             groups would reveal private values"
-        );
-    }
+    // GROUP BY only over declared public keys (SPEC §7): one release per declared group, one
+    // charge per call (the groups are disjoint).
+    super::groups::declared_groups(agg, charges.keys, &table)?;
     Ok(())
 }
 

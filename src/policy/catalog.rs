@@ -19,7 +19,10 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use crate::mechanism::budget::Budget;
 
 /// The catalog format this version reads and writes.
-pub const FORMAT_VERSION: i64 = 1;
+pub const FORMAT_VERSION: i64 = 2;
+
+/// Most public keys one column may declare.
+pub const MAX_KEYS: usize = 100_000;
 
 /// Memory limit of analyst sessions unless the data owner sets another: 2 GiB.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 2 << 30;
@@ -83,6 +86,8 @@ pub struct Policy {
     pub bounds: BTreeMap<String, (f64, f64)>,
     /// Public curve length for list columns.
     pub curve_length: Option<i64>,
+    /// Declared public group keys per column (as text, in the column's type's SQL spelling).
+    pub keys: BTreeMap<String, Vec<String>>,
 }
 
 impl Policy {
@@ -161,6 +166,12 @@ CREATE TABLE column_bounds (
     upper REAL NOT NULL,
     PRIMARY KEY (table_name, column_name)
 );
+CREATE TABLE group_keys (
+    table_name TEXT NOT NULL REFERENCES tables(name),
+    column_name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (table_name, column_name, value)
+);
 CREATE TABLE releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at TEXT NOT NULL,
@@ -170,6 +181,17 @@ CREATE TABLE releases (
     delta INTEGER NOT NULL,
     query TEXT NOT NULL
 );
+";
+
+/// Upgrades a format-1 catalog (before declared group keys) to format 2.
+const UPGRADE_1_TO_2: &str = "
+CREATE TABLE group_keys (
+    table_name TEXT NOT NULL REFERENCES tables(name),
+    column_name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (table_name, column_name, value)
+);
+UPDATE meta SET value = '2' WHERE key = 'version';
 ";
 
 /// Whether two locations reach common files: equal paths, or one is a directory holding the
@@ -234,7 +256,7 @@ impl Catalog {
                 Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
                     .map_err(|e| not_catalog(e.to_string()))?;
             ro.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
-            Self::validate(&ro).map_err(|e| match e {
+            Self::validate(&ro, create).map_err(|e| match e {
                 PolicyError::Catalog(m) => not_catalog(m),
                 other => other,
             })?;
@@ -259,7 +281,7 @@ impl Catalog {
     }
 
     /// Checks, without writing, that `conn` holds an intact dpcurve catalog of this format.
-    fn validate(conn: &Connection) -> Result<(), PolicyError> {
+    fn validate(conn: &Connection, upgradable: bool) -> Result<(), PolicyError> {
         // Reading the header is where a non-database file is detected.
         let check: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
@@ -280,6 +302,16 @@ impl Catalog {
             return Err(PolicyError::Catalog("it has no dpcurve metadata (another application's database?)".into()));
         }
         let version: i64 = meta("version")?.and_then(|v| v.parse().ok()).unwrap_or(-1);
+        if version == 1 && upgradable {
+            return Ok(()); // the data owner's open upgrades it (init_or_check)
+        }
+        if version == 1 {
+            return Err(PolicyError::Catalog(
+                "it was written by an older version of dpcurve (catalog format 1); any `dpcurve admin` command \
+                 upgrades it to format 2 (analyst sessions never modify a catalog's format)"
+                    .into(),
+            ));
+        }
         if version != FORMAT_VERSION {
             let who = if version < FORMAT_VERSION { "an older" } else { "a newer" };
             return Err(PolicyError::Catalog(format!(
@@ -308,8 +340,17 @@ impl Catalog {
             tx.commit().map_err(storage)?;
             return Ok(());
         }
+        let version: Option<String> = tx
+            .query_row("SELECT value FROM meta WHERE key = 'version'", [], |r| r.get(0))
+            .optional()
+            .map_err(storage)?;
+        if create && version.as_deref() == Some("1") {
+            tx.execute_batch(UPGRADE_1_TO_2).map_err(storage)?;
+            tx.commit().map_err(storage)?;
+            return Self::validate(&conn, false);
+        }
         drop(tx);
-        Self::validate(&conn)
+        Self::validate(&conn, false)
     }
 
     /// Benchmarks only: commit without fsync (`synchronous = OFF`) to measure what
@@ -478,6 +519,30 @@ impl Catalog {
         })
     }
 
+    /// Declares the public group keys of a private table's column (replacing earlier ones; an
+    /// empty list removes the declaration). Values are stored as given; the caller checks
+    /// that they parse as the column's type.
+    pub fn set_keys(&self, name: &str, column: &str, values: &[String]) -> Result<(), PolicyError> {
+        if values.len() > MAX_KEYS {
+            return Err(PolicyError::Invalid(format!("at most {MAX_KEYS} keys per column, got {}", values.len())));
+        }
+        if let Some(v) = values.iter().find(|v| v.len() > 1024) {
+            return Err(PolicyError::Invalid(format!("keys are limited to 1024 bytes, got one of {}", v.len())));
+        }
+        self.with_tx(|tx| {
+            if !Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
+            }
+            tx.execute("DELETE FROM group_keys WHERE table_name = ?1 AND column_name = ?2", params![name, column])
+                .map_err(storage)?;
+            for v in values {
+                tx.execute("INSERT OR IGNORE INTO group_keys VALUES (?1, ?2, ?3)", params![name, column, v])
+                    .map_err(storage)?;
+            }
+            Ok(())
+        })
+    }
+
     /// The memory limit of analyst sessions on this catalog, in bytes (the default,
     /// [`DEFAULT_MEMORY_LIMIT`], unless the data owner set another).
     pub fn memory_limit(&self) -> Result<u64, PolicyError> {
@@ -582,6 +647,7 @@ impl Catalog {
                         spent: Budget { epsilon_units: r.get(5)?, delta_units: r.get(6)? },
                         bounds: BTreeMap::new(),
                         curve_length: r.get(7)?,
+                        keys: BTreeMap::new(),
                     })
                 } else {
                     None
@@ -602,6 +668,19 @@ impl Catalog {
         for (t, c, lo, hi) in bounds {
             if let Some(p) = tables.iter_mut().find(|x| x.name == t).and_then(|x| x.policy.as_mut()) {
                 p.bounds.insert(c, (lo, hi));
+            }
+        }
+        let mut keys_stmt = conn
+            .prepare("SELECT table_name, column_name, value FROM group_keys ORDER BY table_name, column_name, value")
+            .map_err(storage)?;
+        let keys: Vec<(String, String, String)> = keys_stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .map_err(storage)?
+            .collect::<Result<_, _>>()
+            .map_err(storage)?;
+        for (t, c, v) in keys {
+            if let Some(p) = tables.iter_mut().find(|x| x.name == t).and_then(|x| x.policy.as_mut()) {
+                p.keys.entry(c).or_default().push(v);
             }
         }
         Ok(tables)
@@ -834,6 +913,28 @@ mod tests {
         Connection::open(&old).unwrap().execute("UPDATE meta SET value = '0' WHERE key = 'version'", []).unwrap();
         let e = Catalog::open(&old).unwrap_err().to_string();
         assert!(e.contains("written by an older version of dpcurve (catalog format 0)"), "{e}");
+
+        // Format 1 (before group keys): analysts refuse it unmodified; the data owner's open upgrades it.
+        let v1 = temp("v1");
+        {
+            let c = Catalog::create_or_open(&v1).unwrap();
+            c.register_table("t", "/data/t.parquet").unwrap();
+        }
+        let conn = Connection::open(&v1).unwrap();
+        conn.execute_batch(
+            "DROP TABLE group_keys; UPDATE meta SET value = '1' WHERE key = 'version'; PRAGMA wal_checkpoint(TRUNCATE)",
+        )
+        .unwrap();
+        drop(conn);
+        let e = Catalog::open(&v1).unwrap_err().to_string();
+        assert!(e.contains("catalog format 1") && e.contains("any `dpcurve admin` command upgrades it"), "{e}");
+        let c = Catalog::create_or_open(&v1).unwrap();
+        assert_eq!(c.tables().unwrap()[0].location, "/data/t.parquet");
+        c.make_private("t", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        c.set_keys("t", "g", &["a".into(), "b".into()]).unwrap();
+        drop(c);
+        let t = &Catalog::open(&v1).unwrap().tables().unwrap()[0];
+        assert_eq!(t.policy.as_ref().unwrap().keys["g"], vec!["a".to_string(), "b".to_string()]);
 
         // A valid catalog whose pages were damaged.
         let damaged = temp("damaged");

@@ -1,0 +1,205 @@
+//! GROUP BY over declared public keys (SPEC §7), through real SQL on a catalog: one row per
+//! declared key (empty groups included, noise only), undeclared keys dropped, one charge per
+//! call, the statistic of each group equal to the ungrouped query filtered to that key (noise
+//! off), and refusals of everything else.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::TempDir;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, ListBuilder, RecordBatch, StringArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::mechanism::budget::Budget;
+use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
+
+/// 3 000 rows: region in a/b/c/z (z undeclared), weekday 0..7, x in [0, 1], a curve of 8 points.
+fn write_table(path: &std::path::Path) {
+    let n = 3000;
+    let regions = ["a", "b", "c", "z"];
+    let region: Vec<&str> = (0..n).map(|i| regions[(i * 7 + i / 13) % 4]).collect();
+    let weekday: Vec<i64> = (0..n).map(|i| (i % 7) as i64).collect();
+    let xs = dpcurve::datagen::mixture(n, 5).into_iter().map(|v| v.clamp(0.0, 1.0)).collect::<Vec<_>>();
+    let mut curves = ListBuilder::new(Float64Builder::new());
+    for i in 0..n {
+        for t in 0..8 {
+            curves.values().append_value(((i % 11) as f64 / 10.0) * (t as f64 / 7.0));
+        }
+        curves.append(true);
+    }
+    let curves = curves.finish();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("region", DataType::Utf8, false),
+        Field::new("weekday", DataType::Int64, false),
+        Field::new("x", DataType::Float64, false),
+        Field::new("load", curves.data_type().clone(), true),
+    ]));
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(region)),
+        Arc::new(Int64Array::from(weekday)),
+        Arc::new(Float64Array::from(xs)),
+        Arc::new(curves),
+    ];
+    let batch = RecordBatch::try_new(Arc::clone(&schema), cols).unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+struct Fixture {
+    dir: TempDir,
+    admin: Admin,
+}
+
+async fn fixture(tag: &str) -> Fixture {
+    let dir = TempDir::new(tag);
+    write_table(&dir.path("p.parquet"));
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("p", &dir.str("p.parquet")).await.unwrap();
+    admin.make_private("p", 100.0, 1e-3).unwrap();
+    admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
+    admin.set_keys("p", "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
+    admin.set_keys("p", "weekday", &(0..7).map(|d| d.to_string()).collect::<Vec<_>>()).await.unwrap();
+    Fixture { dir, admin }
+}
+
+impl Fixture {
+    async fn session(&self, noise: NoiseSource, partitions: usize) -> AnalystSession {
+        let opts = SessionOptions { noise, target_partitions: Some(partitions), ..Default::default() };
+        AnalystSession::open(&self.dir.path("catalog.db"), opts).await.unwrap()
+    }
+
+    fn spent(&self) -> Budget {
+        self.admin.tables().unwrap()[0].policy.as_ref().unwrap().spent
+    }
+}
+
+const KDE: &str = "private_kde(x, 0.05, 0.5, 1e-6, points => 64)";
+
+/// (group, mass) rows of a grouped KDE query.
+async fn masses(s: &AnalystSession, sql: &str) -> Vec<(String, f64)> {
+    let batches = s.query(sql).await.unwrap();
+    let mut out = Vec::new();
+    for b in &batches {
+        let g = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+        let g = g.as_string::<i32>();
+        let m = b.column(1).as_primitive::<Float64Type>();
+        for i in 0..b.num_rows() {
+            out.push((g.value(i).to_string(), m.value(i)));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[tokio::test]
+async fn one_row_per_declared_key_and_one_charge_per_call() {
+    let f = fixture("groups-keys").await;
+    let s = f.session(NoiseSource::Os, 2).await;
+    let rows = masses(&s, &format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await;
+    let keys: Vec<&str> = rows.iter().map(|(g, _)| g.as_str()).collect();
+    assert_eq!(keys, ["a", "b", "c", "d"], "declared keys only, the empty one included, z dropped");
+    assert_eq!(f.spent(), Budget::charge(0.5, 1e-6).unwrap(), "parallel composition: one charge per call");
+    // Two calls, two charges; grouping by two columns gives the product of their keys.
+    let b = s
+        .query(&format!(
+            "SELECT region, weekday, {KDE}['mass'], private_kde(x, 0.1, 0.5, 1e-6, points => 16)['mass'] \
+             FROM p GROUP BY region, weekday"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 4 * 7);
+    assert_eq!(f.spent(), Budget::charge(1.5, 3e-6).unwrap());
+    // Mean curves per weekday.
+    let b = s
+        .query("SELECT weekday, private_mean_curve(load, 0.5, 1e-6, clip => 1.0, points => 8)['n'] AS n FROM p GROUP BY weekday")
+        .await
+        .unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 7);
+    assert_eq!(f.spent(), Budget::charge(2.0, 4e-6).unwrap());
+    assert_eq!(f.admin.release_log(None).unwrap().len(), 4, "one log entry per call");
+}
+
+#[tokio::test]
+async fn each_group_is_exactly_the_filtered_query_and_empty_groups_are_noise_only() {
+    let f = fixture("groups-exact").await;
+    for partitions in [1, 3] {
+        let s = f.session(NoiseSource::Off, partitions).await;
+        let grouped = masses(&s, &format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await;
+        for (g, m) in &grouped {
+            let one = s.query(&format!("SELECT {KDE}['mass'] FROM p WHERE region = '{g}'")).await.unwrap();
+            let alone = one[0].column(0).as_primitive::<Float64Type>().value(0);
+            assert_eq!(m.to_bits(), alone.to_bits(), "group {g} with {partitions} partitions");
+        }
+        let d = grouped.iter().find(|(g, _)| g == "d").unwrap().1;
+        assert_eq!(d, 0.0, "an empty group's statistic is zero (its release is noise only)");
+        assert!(grouped.iter().filter(|(g, _)| g != "d").all(|(_, m)| *m > 500.0), "{grouped:?}");
+    }
+    // With noise on, the empty group gets a noisy, nonzero value.
+    let s = f.session(NoiseSource::Os, 2).await;
+    let rows = masses(&s, &format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await;
+    assert_ne!(rows.iter().find(|(g, _)| g == "d").unwrap().1, 0.0);
+}
+
+#[tokio::test]
+async fn grouping_by_anything_else_is_refused_before_any_charge() {
+    let f = fixture("groups-refused").await;
+    let s = f.session(NoiseSource::Os, 2).await;
+    let refused = [
+        (format!("SELECT x > 0.5, {KDE} FROM p GROUP BY x > 0.5"), "[rule no-group-by]"),
+        (format!("SELECT upper(region), {KDE} FROM p GROUP BY upper(region)"), "[rule no-group-by]"),
+        (format!("SELECT x, {KDE} FROM p GROUP BY x"), "declared public"),
+        (format!("SELECT region, {KDE} FROM p GROUP BY ROLLUP(region)"), "ROLLUP"),
+        (format!("SELECT region, weekday, {KDE} FROM p GROUP BY CUBE(region, weekday)"), "ROLLUP"),
+        (format!("SELECT region, count(*), {KDE} FROM p GROUP BY region"), "[rule private-aggregates-only]"),
+    ];
+    for (sql, want) in &refused {
+        let e = s.query(sql).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{sql}: {e}");
+    }
+    assert_eq!(f.spent(), Budget::ZERO);
+    // Keys are validated against the column type, and only private tables have keys.
+    let e = f.admin.set_keys("p", "weekday", &["monday".into()]).await.unwrap_err().to_string();
+    assert!(e.contains("not a value of Int64"), "{e}");
+    let e = f.admin.set_keys("p", "nope", &["a".into()]).await.unwrap_err().to_string();
+    assert!(e.contains("has no column"), "{e}");
+}
+
+#[tokio::test]
+async fn keys_from_a_public_table_and_memory_per_group() {
+    let f = fixture("groups-from").await;
+    // A public table of region names.
+    let schema = Arc::new(Schema::new(vec![Field::new("name", DataType::Utf8, false)]));
+    let names = StringArray::from(vec!["a", "b", "e"]);
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(names) as ArrayRef]).unwrap();
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(f.dir.path("regions.parquet")).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    f.admin.register("regions", &f.dir.str("regions.parquet")).await.unwrap();
+    assert_eq!(f.admin.set_keys_from("p", "region", "regions", "name").await.unwrap(), 3);
+    let s = f.session(NoiseSource::Off, 2).await;
+    let rows = masses(&s, &format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await;
+    assert_eq!(rows.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["a", "b", "e"]);
+    assert_eq!(rows[2].1, 0.0);
+    let e = f.admin.set_keys_from("p", "region", "p", "region").await.unwrap_err().to_string();
+    assert!(e.contains("is private"), "{e}");
+    // States are per group: 500 weekday keys × a large KDE state do not fit 64 MiB.
+    f.admin.set_keys("p", "weekday", &(0..500).map(|d| d.to_string()).collect::<Vec<_>>()).await.unwrap();
+    f.admin.set_memory_limit(64 << 20).unwrap();
+    let s = f.session(NoiseSource::Os, 2).await;
+    let e = s
+        .query("SELECT weekday, private_kde(x, 0.001, 0.5, 1e-6, points => 4096) FROM p GROUP BY weekday")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[rule memory-limit]") && e.contains("500 groups"), "{e}");
+    let b = s.query(&format!("SELECT weekday, {KDE}['mass'] FROM p GROUP BY weekday")).await.unwrap();
+    let weekdays = b.iter().map(|b| b.num_rows()).sum::<usize>();
+    assert_eq!(weekdays, 500);
+    let _ = b[0].column(0).as_primitive::<Int64Type>().value(0);
+    let _ = b[0].column(1).is_null(0);
+}
