@@ -19,7 +19,9 @@
 //! * `noise`: the exact discrete samplers (samples/s) and the parts of a release (lifted
 //!   coordinates in double-double, noise, synthesis) for `private_kde` at G = 256…16384 and
 //!   `private_mean_curve` at m = 100, 1000;
-//! * `gate`: per-query cost of the budget gate, ledger on disk (fsync) vs in memory (tmpfs).
+//! * `gate`: per-query cost of the budget gate, ledger on disk (fsync) vs in memory (tmpfs);
+//! * `groups`: `SELECT g, private_kde(x, …) … GROUP BY g` over 100 declared keys vs
+//!   `SELECT g, sum(x) … GROUP BY g` on the same file (10^7 rows by default: the largest `--rows`).
 //!
 //! Options: `--rows LIST` (default 1e6,1e7), `--curves LIST` (default 1e5), `--reps N`
 //! (default 7), `--data DIR` (default `target/bench-data`;
@@ -217,16 +219,32 @@ fn curves_file(dir: &Path, n: usize, m: usize) -> PathBuf {
     })
 }
 
-/// A catalog with the file registered twice: `pub_t` (public) and `priv_t` (private, a
-/// budget large enough for any benchmark run). Returns the analyst session.
-async fn catalog_session(dir: &Path, name: &str, file: &Path) -> AnalystSession {
+/// A private copy of `file` (a private table's files may be reached by no other table, so
+/// the public baseline reads the original and the private table a copy with the same bytes).
+fn private_copy(file: &Path) -> PathBuf {
+    let copy = file.with_extension("private.parquet");
+    let same = std::fs::metadata(&copy).ok().map(|m| m.len()) == std::fs::metadata(file).ok().map(|m| m.len());
+    if !same {
+        std::fs::copy(file, &copy).unwrap();
+    }
+    copy
+}
+
+/// A catalog with `pub_t` (public, the file) and `priv_t` (private, a copy of it; a budget large
+/// enough for any benchmark run). Returns the admin handle and the analyst session.
+async fn catalog_with_admin(dir: &Path, name: &str, file: &Path) -> (Admin, AnalystSession) {
     let path = dir.join(format!("catalog-{name}-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let admin = Admin::open(&path).unwrap();
     admin.register("pub_t", &file.to_string_lossy()).await.unwrap();
-    admin.register("priv_t", &file.to_string_lossy()).await.unwrap();
+    admin.register("priv_t", &private_copy(file).to_string_lossy()).await.unwrap();
     admin.make_private("priv_t", 1000.0, 0.5).unwrap();
-    AnalystSession::open(&path, SessionOptions::default()).await.unwrap()
+    let s = AnalystSession::open(&path, SessionOptions::default()).await.unwrap();
+    (admin, s)
+}
+
+async fn catalog_session(dir: &Path, name: &str, file: &Path) -> AnalystSession {
+    catalog_with_admin(dir, name, file).await.1
 }
 
 fn remove_catalog(dir: &Path, name: &str) {
@@ -404,16 +422,6 @@ async fn eigen(o: &Options, report: &mut Report) {
     }
 }
 
-/// Least-squares slope of log(time) against log(G).
-fn exponent(points: &[(usize, f64)]) -> f64 {
-    let xs: Vec<f64> = points.iter().map(|p| (p.0 as f64).ln()).collect();
-    let ys: Vec<f64> = points.iter().map(|p| p.1.ln()).collect();
-    let (mx, my) = (xs.iter().sum::<f64>() / xs.len() as f64, ys.iter().sum::<f64>() / ys.len() as f64);
-    let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
-    let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
-    sxy / sxx
-}
-
 fn time_ms<T>(reps: usize, mut f: impl FnMut() -> T) -> Vec<f64> {
     std::hint::black_box(f());
     (0..reps)
@@ -513,6 +521,55 @@ fn kde_spec(g: usize) -> KdeSpec {
     }
 }
 
+/// `rows` mixture draws `x` with a group key `g = i mod 100`.
+fn grouped_file(dir: &Path, rows: usize) -> PathBuf {
+    let path = dir.join(format!("grouped-{}.parquet", human(rows)));
+    if path.exists() {
+        return path;
+    }
+    println!("  generating {} …", path.display());
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true), Field::new("g", DataType::Int64, false)]));
+    let tmp = path.with_extension("tmp");
+    let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), Arc::clone(&schema), None).unwrap();
+    let (mut done, mut seed) = (0, 2000);
+    while done < rows {
+        let n = CHUNK.min(rows - done);
+        let x = Arc::new(Float64Array::from(dpcurve::datagen::mixture(n, seed)));
+        let g = Arc::new(datafusion::arrow::array::Int64Array::from_iter_values(
+            (done..done + n).map(|i| (i % 100) as i64),
+        ));
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![x, g]).unwrap()).unwrap();
+        done += n;
+        seed += 1;
+    }
+    w.close().unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+async fn groups(o: &Options, report: &mut Report) {
+    let rows = *o.rows.iter().max().unwrap_or(&10_000_000);
+    println!("\n# grouped private_kde over 100 declared keys vs sum(x) GROUP BY g, {} rows", human(rows));
+    let file = grouped_file(&o.data, rows);
+    let (admin, _) = catalog_with_admin(&o.data, "groups", &file).await;
+    admin.set_keys("priv_t", "g", &(0..100).map(|k: i64| k.to_string()).collect::<Vec<_>>()).await.unwrap();
+    let path = o.data.join(format!("catalog-groups-{}.db", std::process::id()));
+    let s = AnalystSession::open(&path, SessionOptions::default()).await.unwrap();
+    let names = ["SELECT g, sum(x) GROUP BY g", "SELECT g, private_kde GROUP BY g (100 groups)"];
+    let sqls = [
+        "SELECT g, sum(x) FROM pub_t GROUP BY g".to_string(),
+        format!(
+            "SELECT g, private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}) FROM priv_t GROUP BY g"
+        ),
+    ];
+    let variants: Vec<_> = names.iter().zip(sqls).map(|(n, q)| (*n, &s, q)).collect();
+    let times = interleaved(&variants, o.reps).await;
+    report_against(report, "groups", &format!("{} rows, 100 keys", human(rows)), &names, &times, 0);
+    drop(s);
+    remove_catalog(&o.data, "groups");
+}
+
 async fn gate(o: &Options, report: &mut Report) {
     let n = (o.reps * 30).max(200);
     println!("\n# budget gate: {n} queries per variant over a 1 000-row table, round-robin");
@@ -526,7 +583,7 @@ async fn gate(o: &Options, report: &mut Report) {
         let path = dir.join("catalog.db");
         let admin = Admin::open(&path).unwrap();
         admin.register("public_t", &data.to_string_lossy()).await.unwrap();
-        admin.register("private_t", &data.to_string_lossy()).await.unwrap();
+        admin.register("private_t", &private_copy(&data).to_string_lossy()).await.unwrap();
         admin.make_private("private_t", 1000.0, 0.5).unwrap();
         path
     };
@@ -591,6 +648,9 @@ async fn main() {
     }
     if o.wants("gate") {
         gate(&o, &mut report).await;
+    }
+    if o.wants("groups") {
+        groups(&o, &mut report).await;
     }
     report.print();
 }

@@ -252,3 +252,36 @@ fn a_closed_output_pipe_ends_the_process_without_a_panic() {
         assert_ne!(out.status.code(), Some(101), "{args:?}: exit by panic");
     }
 }
+
+#[test]
+fn admin_memory_limit_keys_and_locations_commands() {
+    let dir = TempDir::new("cli-admin-more");
+    let v: Vec<Option<f64>> = mixture(500, 3).into_iter().map(Some).collect();
+    write_x(&dir.path("p.parquet"), &v);
+    let cat = dir.str("catalog.db");
+    let admin = |args: &[&str]| {
+        let mut full = vec!["admin", "--catalog", &cat];
+        full.extend_from_slice(args);
+        dpcurve(&full, None)
+    };
+    assert_eq!(admin(&["register", "p", &dir.str("p.parquet")]).0, 0);
+    assert_eq!(admin(&["make-private", "p", "--epsilon", "1", "--delta", "1e-6"]).0, 0);
+    let (code, out, err) = admin(&["set-memory-limit", "512MiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("512 MiB"), "{out}");
+    let (code, _, err) = admin(&["set-memory-limit", "1KiB"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("between 64 MiB and 1 TiB"), "{err}");
+    let (code, _, err) = admin(&["set-memory-limit", "lots"]);
+    assert_eq!(code, 2, "{err}");
+    // x is Float64: keys cannot be declared on it.
+    let (code, _, err) = admin(&["set-keys", "p", "x", "1", "2"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("group keys can be declared for integer, string"), "{err}");
+    let (code, out, _) = admin(&["list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("memory limit: 512 MiB"), "{out}");
+    let (code, out, err) = admin(&["migrate-locations"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("already absolute"), "{out}");
+}

@@ -776,6 +776,15 @@ async fn file_aliases_of_a_private_table_are_refused_at_registration_and_session
     let e = admin.register("pub3", &dir.str("alias.parquet")).await.unwrap_err().to_string();
     assert!(e.contains("reaches the files of private table 'people'"), "{e}");
     refused += 1;
+    // 3b. A hard link: the same file (inode) under another name, alone or inside a directory.
+    std::fs::hard_link(dir.path("private/people.parquet"), dir.path("hard.parquet")).unwrap();
+    let e = admin.register("pub3b", &dir.str("hard.parquet")).await.unwrap_err().to_string();
+    assert!(e.contains("reaches the files of private table 'people'"), "{e}");
+    std::fs::create_dir_all(dir.path("harddir")).unwrap();
+    std::fs::hard_link(dir.path("private/people.parquet"), dir.path("harddir/h.parquet")).unwrap();
+    let e = admin.register("pub3c", &dir.str("harddir")).await.unwrap_err().to_string();
+    assert!(e.contains("reaches the files of private table 'people'"), "{e}");
+    refused += 2;
     // 4. A second private registration of the same file cannot happen (register refuses).
     let e = admin.register("people2", &dir.str("private/people.parquet")).await.unwrap_err().to_string();
     assert!(e.contains("reaches the files"), "{e}");

@@ -202,10 +202,34 @@ pub fn locations_overlap(a: &str, b: &str) -> bool {
     pa.starts_with(pb) || pb.starts_with(pa) || !reached_files(a).is_disjoint(&reached_files(b))
 }
 
-/// Every file a location reaches, as canonical paths: the file itself, or all files under
-/// the directory (recursively, following symbolic links to files and directories, each
-/// directory once). Unreadable entries reach nothing.
-pub fn reached_files(location: &str) -> BTreeSet<PathBuf> {
+/// The identity of a file: (device, inode) on Unix — so hard links, which are the same file
+/// under another name, are recognised — and the canonical path elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FileId {
+    /// Device and inode numbers.
+    Inode(u64, u64),
+    /// Canonical path (platforms without inode numbers).
+    Path(PathBuf),
+}
+
+fn file_id(real: &Path) -> Option<FileId> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(real).ok()?;
+        Some(FileId::Inode(m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        Some(FileId::Path(real.to_path_buf()))
+    }
+}
+
+/// Every file a location reaches: the file itself, or all files under the directory
+/// (recursively, following symbolic links to files and directories, each directory once),
+/// identified so that symbolic and hard links to the same file compare equal. Unreadable
+/// entries reach nothing.
+pub fn reached_files(location: &str) -> BTreeSet<FileId> {
     let mut files = BTreeSet::new();
     let mut seen_dirs = BTreeSet::new();
     let mut stack = vec![PathBuf::from(location)];
@@ -217,8 +241,8 @@ pub fn reached_files(location: &str) -> BTreeSet<PathBuf> {
                     stack.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
                 }
             }
-        } else {
-            files.insert(real);
+        } else if let Some(id) = file_id(&real) {
+            files.insert(id);
         }
     }
     files
