@@ -18,11 +18,15 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, ScalarValue, plan_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, in_list};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
+};
 use futures::TryStreamExt;
 
 use super::bounds::trace_column;
@@ -149,6 +153,7 @@ pub fn complete_declared_groups(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn 
 pub struct DeclaredGroupsExec {
     input: Arc<dyn ExecutionPlan>,
     groups: Arc<Vec<Vec<ScalarValue>>>,
+    properties: Arc<PlanProperties>,
 }
 
 impl DeclaredGroupsExec {
@@ -158,7 +163,19 @@ impl DeclaredGroupsExec {
         } else {
             aggregate
         };
-        Self { input, groups }
+        Self::with_input(input, groups)
+    }
+
+    fn with_input(input: Arc<dyn ExecutionPlan>, groups: Arc<Vec<Vec<ScalarValue>>>) -> Self {
+        // One partition, and no claimed ordering: the groups added at the end break any order
+        // the aggregate had.
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(input.schema()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Self { input, groups, properties }
     }
 
     fn aggregate(&self) -> Result<&AggregateExec> {
@@ -181,7 +198,7 @@ impl ExecutionPlan for DeclaredGroupsExec {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
+        &self.properties
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -198,7 +215,7 @@ impl ExecutionPlan for DeclaredGroupsExec {
     #[allow(deprecated)]
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let input = children.into_iter().next().ok_or_else(|| DataFusionError::Internal("needs a child".into()))?;
-        Ok(Arc::new(Self { input, groups: Arc::clone(&self.groups) }))
+        Ok(Arc::new(Self::with_input(input, Arc::clone(&self.groups))))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
