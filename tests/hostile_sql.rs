@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use common::TempDir;
 use datafusion::arrow::array::{
-    ArrayRef, Date32Array, Decimal128Array, Float64Array, Int8Array, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, Date32Array, Decimal128Array, Float64Array, Int8Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray, UInt64Array,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
@@ -346,6 +346,11 @@ async fn negative_control_the_tricks_separate_neighbours_on_public_tables() {
             panic!("{label}: expected to separate the neighbours without the guard: {w:?} / {wo:?}");
         }
     }
+    // Plain GROUP BY reveals alice's group (k = 0): the declared-keys completion is what hides it.
+    let count = |b: Vec<RecordBatch>| b.iter().map(|b| b.num_rows()).sum::<usize>();
+    let w = count(s.query("SELECT k FROM with_alice GROUP BY k").await.unwrap());
+    let wo = count(s.query("SELECT k FROM without_alice GROUP BY k").await.unwrap());
+    assert_eq!((w, wo), (8, 7));
     // 1-bit oracles the guard closes (the rest are refused for cost, shape or simply by name).
     assert!(separating >= 15, "only {separating} tricks separate the neighbours without the guard");
     eprintln!("{separating} of {} tricks separate the neighbours on unguarded tables", TRICKS.len());
@@ -826,4 +831,48 @@ async fn file_aliases_of_a_private_table_are_refused_at_registration_and_session
     assert!(e.contains("shares files with table 'people'"), "{e}");
     refused += 1;
     eprintln!("{refused} file-alias attacks refused");
+}
+
+/// Grouped releases (SPEC §7): the tricks inside a grouped query are refused or harmless, and
+/// the groups in the output are the declared ones on both neighbours — alice's group (k = 0)
+/// appears even where she is absent, an undeclared group never does.
+#[tokio::test]
+async fn grouped_queries_do_not_reveal_whether_a_group_has_rows() {
+    let pair = pair().await;
+    for n in [&pair.0, &pair.1] {
+        n.admin.set_keys("people", "k", &(0..=7).map(|k| k.to_string()).collect::<Vec<_>>()).await.unwrap();
+    }
+    // Sessions opened after the keys were declared.
+    let s_with = AnalystSession::open(&pair.0._dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let s_without = AnalystSession::open(&pair.1._dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let kde = format!("private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32)");
+    let groups_of = |b: &[RecordBatch]| -> Vec<i64> {
+        let mut g: Vec<i64> = b
+            .iter()
+            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
+            .collect();
+        g.sort();
+        g
+    };
+    let mut checked = 0;
+    for (label, pred, expected) in TRICKS.iter().take(30) {
+        let sql = format!("SELECT k, {kde}['mass'] FROM people WHERE {pred} GROUP BY k");
+        let (w, wo) = (s_with.query(&sql).await, s_without.query(&sql).await);
+        match (w, wo) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(*expected, Outcome::Harmless, "{label}");
+                assert_eq!(groups_of(&a), (0..=7).collect::<Vec<_>>(), "{label}");
+                assert_eq!(groups_of(&a), groups_of(&b), "{label}");
+            }
+            (Err(a), Err(b)) => {
+                assert_eq!(*expected, Outcome::Refused, "{label}");
+                assert_eq!(a.to_string(), b.to_string(), "{label}");
+            }
+            (a, b) => panic!("{label}: outcome depends on alice: {:?} / {:?}", a.is_ok(), b.is_ok()),
+        }
+        checked += 1;
+    }
+    // Both neighbours were charged the same: one charge per harmless grouped query.
+    assert_eq!(pair.0.spent(), pair.1.spent());
+    eprintln!("{checked} tricks in grouped queries: same outcome and same groups on both neighbours");
 }
