@@ -359,21 +359,11 @@ impl Admin {
         lower: f64,
         upper: f64,
     ) -> std::result::Result<(), PolicyError> {
-        let info = self
-            .catalog
-            .table(name)?
-            .ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))?;
-        let schema = Self::schema_of(&info.location).await?;
-        let field = schema
-            .field_with_name(column)
-            .map_err(|_| PolicyError::Invalid(format!("table '{name}' has no column '{column}'")))?;
-        let numeric = field.data_type().is_numeric()
-            || matches!(field.data_type(), DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) if f.data_type().is_numeric());
+        let t = self.column_type(name, column).await?;
+        let numeric = t.is_numeric()
+            || matches!(&t, DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) if f.data_type().is_numeric());
         if !numeric {
-            return Err(PolicyError::Invalid(format!(
-                "column '{column}' of '{name}' is {}, not numeric",
-                field.data_type()
-            )));
+            return Err(PolicyError::Invalid(format!("column '{column}' of '{name}' is {t}, not numeric")));
         }
         self.catalog.set_bounds(name, column, lower, upper)
     }
@@ -423,9 +413,8 @@ impl Admin {
         self.catalog.memory_limit()
     }
 
-    /// Declares the public group keys of a private table's column: a `GROUP BY` on it then
-    /// returns exactly one row per key (SPEC §7). Each value must parse as the column's type.
-    pub async fn set_keys(&self, name: &str, column: &str, values: &[String]) -> std::result::Result<(), PolicyError> {
+    /// The type of a registered table's column.
+    async fn column_type(&self, name: &str, column: &str) -> std::result::Result<DataType, PolicyError> {
         let info = self
             .catalog
             .table(name)?
@@ -434,7 +423,13 @@ impl Admin {
         let field = schema
             .field_with_name(column)
             .map_err(|_| PolicyError::Invalid(format!("table '{name}' has no column '{column}'")))?;
-        let t = field.data_type();
+        Ok(field.data_type().clone())
+    }
+
+    /// Declares the public group keys of a private table's column: a `GROUP BY` on it then
+    /// returns exactly one row per key (SPEC §7). Each value must parse as the column's type.
+    pub async fn set_keys(&self, name: &str, column: &str, values: &[String]) -> std::result::Result<(), PolicyError> {
+        let t = &self.column_type(name, column).await?;
         if !(t.is_integer()
             || matches!(
                 t,

@@ -35,6 +35,13 @@ fn data(dir: &TempDir) -> String {
     format!("t={}", dir.str("d.parquet"))
 }
 
+/// Runs `dpcurve admin --catalog CAT ARGS…`.
+fn admin_cmd(cat: &str, args: &[&str]) -> (i32, String, String) {
+    let mut full = vec!["admin", "--catalog", cat];
+    full.extend_from_slice(args);
+    dpcurve(&full, None)
+}
+
 const KDE: &str = "SELECT private_kde(x, bandwidth => 0.05, epsilon => 1, delta => 1e-6, lo => 0, hi => 1, points => 32) AS kde FROM t";
 
 #[test]
@@ -148,11 +155,7 @@ fn admin_and_analyst_workflow_until_the_budget_runs_out() {
     let v: Vec<Option<f64>> = mixture(2_000, 12).into_iter().map(Some).collect();
     write_x(&dir.path("p.parquet"), &v);
     let cat = dir.str("catalog.db");
-    let admin = |args: &[&str]| {
-        let mut full = vec!["admin", "--catalog", &cat];
-        full.extend_from_slice(args);
-        dpcurve(&full, None)
-    };
+    let admin = |args: &[&str]| admin_cmd(&cat, args);
     let (code, out, err) = admin(&["register", "patients", &dir.str("p.parquet")]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("registered 'patients'"));
@@ -259,11 +262,7 @@ fn admin_memory_limit_keys_and_locations_commands() {
     let v: Vec<Option<f64>> = mixture(500, 3).into_iter().map(Some).collect();
     write_x(&dir.path("p.parquet"), &v);
     let cat = dir.str("catalog.db");
-    let admin = |args: &[&str]| {
-        let mut full = vec!["admin", "--catalog", &cat];
-        full.extend_from_slice(args);
-        dpcurve(&full, None)
-    };
+    let admin = |args: &[&str]| admin_cmd(&cat, args);
     assert_eq!(admin(&["register", "p", &dir.str("p.parquet")]).0, 0);
     assert_eq!(admin(&["make-private", "p", "--epsilon", "1", "--delta", "1e-6"]).0, 0);
     let (code, out, err) = admin(&["set-memory-limit", "512MiB"]);
