@@ -413,6 +413,21 @@ impl Admin {
         self.catalog.memory_limit()
     }
 
+    /// Declares the privacy unit of a private table (SPEC §7): neighbouring tables then differ
+    /// by all rows of one unit. Until per-unit contribution bounding is available, private
+    /// aggregates over such a table are refused (rule `privacy-unit`), never run with row-level
+    /// sensitivity.
+    pub async fn set_privacy_unit(
+        &self,
+        name: &str,
+        column: &str,
+        max_rows: i64,
+        max_groups: i64,
+    ) -> std::result::Result<(), PolicyError> {
+        self.column_type(name, column).await?;
+        self.catalog.set_privacy_unit(name, column, max_rows, max_groups)
+    }
+
     /// The type of a registered table's column.
     async fn column_type(&self, name: &str, column: &str) -> std::result::Result<DataType, PolicyError> {
         let info = self

@@ -280,6 +280,18 @@ fn admin_memory_limit_keys_and_locations_commands() {
     let (code, out, _) = admin(&["list"]);
     assert_eq!(code, 0);
     assert!(out.contains("memory limit: 512 MiB"), "{out}");
+    // Keys from a public table's column, and a privacy unit, through the binary.
+    write_x(&dir.path("pub.parquet"), &[Some(1.0), Some(2.0)]);
+    assert_eq!(admin(&["register", "pub", &dir.str("pub.parquet")]).0, 0);
+    let (code, _, err) = admin(&["set-keys", "p", "x", "--from", "pub.x"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("group keys can be declared for integer, string"), "{err}");
+    let (code, out, err) = admin(&["set-privacy-unit", "p", "x", "--max-rows", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("at most 3 rows and 1 groups"), "{out}");
+    assert!(admin(&["list"]).1.contains("unit x (≤ 3 rows, ≤ 1 groups)"));
+    let (code, _, err) = admin(&["set-privacy-unit", "p", "x"]);
+    assert_eq!(code, 2, "{err}");
     let (code, out, err) = admin(&["migrate-locations"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("already absolute"), "{out}");

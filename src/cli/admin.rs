@@ -26,6 +26,8 @@ pub enum Command {
     MigrateLocations { base: Option<String> },
     /// Declare public group keys.
     SetKeys { name: String, column: String, values: Vec<String> },
+    /// Declare the privacy unit.
+    SetPrivacyUnit { name: String, column: String, max_rows: i64, max_groups: i64 },
     /// Declare public group keys from a public table's column.
     SetKeysFrom { name: String, column: String, source: String },
     /// List tables and budgets.
@@ -46,7 +48,7 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--catalog" | "--epsilon" | "--delta" => {
+            "--catalog" | "--epsilon" | "--delta" | "--from" | "--max-rows" | "--max-groups" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 if a == "--catalog" {
                     catalog = Some(PathBuf::from(v));
@@ -92,8 +94,25 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
         ["set-memory-limit", size] => Command::SetMemoryLimit { bytes: parse_size(size)? },
         ["migrate-locations"] => Command::MigrateLocations { base: None },
         ["migrate-locations", base] => Command::MigrateLocations { base: Some(base.to_string()) },
-        ["set-keys", name, column, "--from", source] => {
-            Command::SetKeysFrom { name: name.to_string(), column: column.to_string(), source: source.to_string() }
+        ["set-keys", name, column] if flag("--from").is_some() => Command::SetKeysFrom {
+            name: name.to_string(),
+            column: column.to_string(),
+            source: flag("--from").unwrap_or_default().to_string(),
+        },
+        ["set-privacy-unit", name, column] => {
+            let int = |f: &str, default: Option<i64>| -> std::result::Result<i64, String> {
+                match (flag(f), default) {
+                    (Some(v), _) => v.parse().map_err(|_| format!("{f} must be an integer, got '{v}'")),
+                    (None, Some(d)) => Ok(d),
+                    (None, None) => Err(format!("{f} is required")),
+                }
+            };
+            Command::SetPrivacyUnit {
+                name: name.to_string(),
+                column: column.to_string(),
+                max_rows: int("--max-rows", None)?,
+                max_groups: int("--max-groups", Some(1))?,
+            }
         }
         ["set-keys", name, column, values @ ..] => Command::SetKeys {
             name: name.to_string(),
@@ -197,6 +216,13 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
                 n => println!("'{name}'.{column} has {n} declared public keys"),
             }
         }
+        Command::SetPrivacyUnit { name, column, max_rows, max_groups } => {
+            admin.set_privacy_unit(&name, &column, max_rows, max_groups).await.map_err(err)?;
+            println!(
+                "'{name}' protects units of '{column}': at most {max_rows} rows and {max_groups} groups per unit \
+                 and release (queries on it are refused until contribution bounding is available)"
+            );
+        }
         Command::SetKeysFrom { name, column, source } => {
             let (table, col) =
                 source.split_once('.').ok_or_else(|| err(format!("--from needs TABLE.COLUMN, got '{source}'")))?;
@@ -220,6 +246,9 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
                             p.bounds.iter().map(|(c, (lo, hi))| format!("{c} ∈ [{lo}, {hi}]")).collect();
                         if let Some(m) = p.curve_length {
                             extra.push(format!("curve length {m}"));
+                        }
+                        if let Some(u) = &p.unit {
+                            extra.push(format!("unit {} (≤ {} rows, ≤ {} groups)", u.column, u.max_rows, u.max_groups));
                         }
                         for (c, keys) in &p.keys {
                             let shown: Vec<&str> = keys.iter().take(5).map(String::as_str).collect();

@@ -49,6 +49,8 @@ USAGE:
         set-curve-length NAME LENGTH               public length of list columns
         set-keys NAME COLUMN VALUE...              public group keys of a column
         set-keys NAME COLUMN --from TABLE.COLUMN   (or the values of a public column)
+        set-privacy-unit NAME COLUMN --max-rows K [--max-groups L]
+                                                   the privacy unit (a person, a device)
         set-memory-limit SIZE                      memory limit of analyst sessions
                                                    (e.g. 4GiB; default 2 GiB)
         migrate-locations [BASE_DIR]               make relative locations (older

@@ -217,6 +217,9 @@ impl PrivacyPlanner {
                 for (col, k) in policy.keys {
                     d.keys.insert((t.name.clone(), col), k);
                 }
+                if let Some(u) = policy.unit {
+                    d.units.insert(t.name.clone(), u.column);
+                }
             }
         }
         Ok(d)
@@ -235,7 +238,7 @@ impl PrivacyPlanner {
         // Only total, cheap expressions on private rows (SPEC §5.1); this rewrites CAST to
         // TRY_CAST and integer division to its total form.
         let plan = expressions::make_total(plan)?;
-        let charges = shape::check_and_price(&plan, &defaults.keys)?;
+        let charges = shape::check_and_price(&plan, &defaults.keys, &defaults.units)?;
         self.check_memory(&calls, &group_counts(&plan, &defaults.keys)?, partitions)?;
         if self.ledger.is_none() {
             return Ok((plan, charges, Vec::new()));

@@ -88,6 +88,20 @@ pub struct Policy {
     pub curve_length: Option<i64>,
     /// Declared public group keys per column (as text, in the column's type's SQL spelling).
     pub keys: BTreeMap<String, Vec<String>>,
+    /// The privacy unit, if neighbouring tables differ by a whole unit rather than a row.
+    pub unit: Option<PrivacyUnit>,
+}
+
+/// A privacy unit (SPEC §7): the column identifying a person or device, and the public bounds
+/// on one unit's contribution to a release.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrivacyUnit {
+    /// The unit column.
+    pub column: String,
+    /// At most this many rows of a unit count in one release.
+    pub max_rows: i64,
+    /// At most this many groups of a grouped release receive a unit's rows.
+    pub max_groups: i64,
 }
 
 impl Policy {
@@ -157,7 +171,10 @@ CREATE TABLE policies (
     delta_total INTEGER NOT NULL CHECK (delta_total >= 0),
     epsilon_spent INTEGER NOT NULL DEFAULT 0 CHECK (epsilon_spent >= 0 AND epsilon_spent <= epsilon_total),
     delta_spent INTEGER NOT NULL DEFAULT 0 CHECK (delta_spent >= 0 AND delta_spent <= delta_total),
-    curve_length INTEGER
+    curve_length INTEGER,
+    unit_column TEXT,
+    unit_max_rows INTEGER CHECK (unit_max_rows >= 1),
+    unit_max_groups INTEGER CHECK (unit_max_groups >= 1)
 );
 CREATE TABLE column_bounds (
     table_name TEXT NOT NULL REFERENCES tables(name),
@@ -183,8 +200,11 @@ CREATE TABLE releases (
 );
 ";
 
-/// Upgrades a format-1 catalog (before declared group keys) to format 2.
+/// Upgrades a format-1 catalog (before declared group keys and privacy units) to format 2.
 const UPGRADE_1_TO_2: &str = "
+ALTER TABLE policies ADD COLUMN unit_column TEXT;
+ALTER TABLE policies ADD COLUMN unit_max_rows INTEGER CHECK (unit_max_rows >= 1);
+ALTER TABLE policies ADD COLUMN unit_max_groups INTEGER CHECK (unit_max_groups >= 1);
 CREATE TABLE group_keys (
     table_name TEXT NOT NULL REFERENCES tables(name),
     column_name TEXT NOT NULL,
@@ -543,6 +563,33 @@ impl Catalog {
         })
     }
 
+    /// Declares a private table's privacy unit: the column identifying a unit and the bounds on
+    /// its contribution (rows per release, groups per release).
+    pub fn set_privacy_unit(
+        &self,
+        name: &str,
+        column: &str,
+        max_rows: i64,
+        max_groups: i64,
+    ) -> Result<(), PolicyError> {
+        if !(1..=1_000_000).contains(&max_rows) || !(1..=100_000).contains(&max_groups) {
+            return Err(PolicyError::Invalid(format!(
+                "--max-rows must be in [1, 1000000] and --max-groups in [1, 100000], got {max_rows} and {max_groups}"
+            )));
+        }
+        self.with_tx(|tx| {
+            if !Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
+            }
+            tx.execute(
+                "UPDATE policies SET unit_column = ?2, unit_max_rows = ?3, unit_max_groups = ?4 WHERE table_name = ?1",
+                params![name, column, max_rows, max_groups],
+            )
+            .map_err(storage)?;
+            Ok(())
+        })
+    }
+
     /// Declares the public group keys of a private table's column (replacing earlier ones; an
     /// empty list removes the declaration). Values are stored as given; the caller checks
     /// that they parse as the column's type.
@@ -658,7 +705,7 @@ impl Catalog {
         let mut stmt = conn
             .prepare(
                 "SELECT t.name, t.location, t.private, p.epsilon_total, p.delta_total, p.epsilon_spent,
-                        p.delta_spent, p.curve_length
+                        p.delta_spent, p.curve_length, p.unit_column, p.unit_max_rows, p.unit_max_groups
                  FROM tables t LEFT JOIN policies p ON p.table_name = t.name ORDER BY t.name",
             )
             .map_err(storage)?;
@@ -672,6 +719,14 @@ impl Catalog {
                         bounds: BTreeMap::new(),
                         curve_length: r.get(7)?,
                         keys: BTreeMap::new(),
+                        unit: match r.get::<_, Option<String>>(8)? {
+                            Some(column) => Some(PrivacyUnit {
+                                column,
+                                max_rows: r.get(9)?,
+                                max_groups: r.get::<_, Option<i64>>(10)?.unwrap_or(1),
+                            }),
+                            None => None,
+                        },
                     })
                 } else {
                     None
