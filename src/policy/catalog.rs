@@ -996,24 +996,30 @@ mod tests {
         // Format 1 (before group keys): analysts refuse it unmodified; the data owner's open upgrades it.
         let v1 = temp("v1");
         {
-            let c = Catalog::create_or_open(&v1).unwrap();
-            c.register_table("t", "/data/t.parquet").unwrap();
+            // The format-1 schema as dpcurve wrote it before group keys and privacy units.
+            let conn = Connection::open(&v1).unwrap();
+            let v1_schema = SCHEMA
+                .replace(",\n    unit_column TEXT,\n    unit_max_rows INTEGER CHECK (unit_max_rows >= 1),\n    unit_max_groups INTEGER CHECK (unit_max_groups >= 1)", "")
+                .replace(
+                    "CREATE TABLE group_keys (\n    table_name TEXT NOT NULL REFERENCES tables(name),\n    column_name TEXT NOT NULL,\n    value TEXT NOT NULL,\n    PRIMARY KEY (table_name, column_name, value)\n);\n",
+                    "",
+                );
+            assert!(!v1_schema.contains("unit_column") && !v1_schema.contains("group_keys"));
+            conn.execute_batch(&v1_schema).unwrap();
+            conn.execute("INSERT INTO meta VALUES ('format', ?1), ('version', '1')", [FORMAT_NAME]).unwrap();
+            conn.execute("INSERT INTO tables VALUES ('t', '/data/t.parquet', 0, 'then')", []).unwrap();
         }
-        let conn = Connection::open(&v1).unwrap();
-        conn.execute_batch(
-            "DROP TABLE group_keys; UPDATE meta SET value = '1' WHERE key = 'version'; PRAGMA wal_checkpoint(TRUNCATE)",
-        )
-        .unwrap();
-        drop(conn);
         let e = Catalog::open(&v1).unwrap_err().to_string();
         assert!(e.contains("catalog format 1") && e.contains("any `dpcurve admin` command upgrades it"), "{e}");
         let c = Catalog::create_or_open(&v1).unwrap();
         assert_eq!(c.tables().unwrap()[0].location, "/data/t.parquet");
         c.make_private("t", Budget::total(1.0, 0.0).unwrap()).unwrap();
         c.set_keys("t", "g", &["a".into(), "b".into()]).unwrap();
+        c.set_privacy_unit("t", "person", 3, 1).unwrap();
         drop(c);
         let t = &Catalog::open(&v1).unwrap().tables().unwrap()[0];
         assert_eq!(t.policy.as_ref().unwrap().keys["g"], vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(t.policy.as_ref().unwrap().unit.as_ref().unwrap().max_rows, 3);
 
         // A valid catalog whose pages were damaged.
         let damaged = temp("damaged");
