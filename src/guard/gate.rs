@@ -122,9 +122,45 @@ impl ExecutionPlan for BudgetGateExec {
             // Only now are the children created: no scan exists before the debit is durable.
             let stream = input.execute(partition, context).map_err(|_| withheld(&tables))?;
             let tables2 = tables.clone();
-            Ok::<_, DataFusionError>(stream.map_err(move |_| withheld(&tables2)).boxed())
+            // A panic while private rows are read (a DataFusion or arrow kernel on a value it
+            // cannot handle) becomes the same withheld error instead of ending the process.
+            let caught = std::panic::AssertUnwindSafe(stream).catch_unwind().map(move |r| match r {
+                Ok(Ok(batch)) => Ok(batch),
+                Ok(Err(_)) | Err(_) => Err(withheld(&tables2)),
+            });
+            Ok::<_, DataFusionError>(caught.boxed())
         };
         let schema = self.input.schema();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::once(debit_then_read).try_flatten())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mechanism::budget::Budget;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_plan::test::exec::PanicExec;
+
+    #[tokio::test]
+    async fn a_panic_below_the_gate_is_a_withheld_error_after_the_debit() {
+        let path = std::env::temp_dir().join(format!("dpcurve-gate-panic-{}.db", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let ledger = Arc::new(Catalog::create_or_open(&path).unwrap());
+        ledger.register_table("p", "/nowhere/p.parquet").unwrap();
+        ledger.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true)]));
+        for partitions in [1, 2] {
+            let panics = Arc::new(PanicExec::new(Arc::clone(&schema), partitions));
+            let cost = Budget::charge(0.1, 0.0).unwrap();
+            let charges = vec![Charge { table: "p".into(), function: "private_kde".into(), cost }];
+            let gate = Arc::new(BudgetGateExec::new(panics, Arc::clone(&ledger), charges, vec![], "q"));
+            let ctx = Arc::new(TaskContext::default());
+            let err = datafusion::physical_plan::collect(gate, ctx).await.unwrap_err().to_string();
+            assert!(err.contains("details are withheld"), "{err}");
+        }
+        let spent = ledger.tables().unwrap()[0].policy.as_ref().unwrap().spent;
+        assert_eq!(spent, Budget::total(0.2, 0.0).unwrap(), "charged before reading, not refunded");
+        let _ = std::fs::remove_file(&path);
     }
 }
