@@ -178,12 +178,10 @@ impl PrivacyPlanner {
         let Some(limit) = self.memory_limit else { return Ok(()) };
         // States are per group: a grouped aggregate holds one per declared group (SPEC §7).
         let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
-        let need =
-            calls.iter().fold(0u64, |a, c| {
-                a.saturating_add(c.memory_bytes(partitions).saturating_add(
-                    c.state_bytes.saturating_mul(most_groups - 1).saturating_mul(partitions as u64 + 1),
-                ))
-            });
+        let need = calls.iter().fold(0u64, |a, c| {
+            let states = c.state_bytes.saturating_mul(most_groups).saturating_mul(partitions as u64 + 1);
+            a.saturating_add(states.saturating_add(c.work_bytes))
+        });
         if need > limit {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             let parts: Vec<String> =
