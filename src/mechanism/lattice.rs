@@ -292,7 +292,7 @@ pub fn real_coordinate_count(m: usize, kmax: usize) -> usize {
 
 /// A rational `num/den ≥ x` (den a power of two, num < 2^121), or None when x is not a
 /// finite positive number below 2^120.
-fn rational_at_least(x: f64) -> Option<(u128, u128)> {
+pub(crate) fn rational_at_least(x: f64) -> Option<(u128, u128)> {
     if !(x.is_finite() && x > 0.0 && x < 2f64.powi(120)) {
         return None;
     }

@@ -14,6 +14,7 @@ pub mod lattice;
 pub mod mean_curve;
 pub mod rng;
 pub mod samplers;
+pub mod selection;
 pub mod sums;
 
 pub use calibration::Calibration;
