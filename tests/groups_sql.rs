@@ -232,3 +232,22 @@ async fn a_declared_privacy_unit_refuses_queries_until_contribution_bounding_lan
     }
     assert_eq!(f.spent(), Budget::ZERO);
 }
+
+/// One charge, one release per group: a grouped plan's private subtree run below the gate has no
+/// permits (nothing was paid), and the gate grants exactly one per declared group.
+#[tokio::test]
+async fn a_grouped_subtree_below_the_gate_cannot_release() {
+    let f = fixture("groups-permits").await;
+    let s = f.session(NoiseSource::Os, 2).await;
+    let plan =
+        s.physical_plan_for_tests(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await.unwrap();
+    assert_eq!(plan.name(), "BudgetGateExec");
+    let below = Arc::clone(plan.children()[0]);
+    let err = datafusion::physical_plan::collect(below, s.task_ctx_for_tests()).await.unwrap_err();
+    assert!(err.to_string().contains("no release permit"), "{err}");
+    assert_eq!(f.spent(), Budget::ZERO);
+    let plan = datafusion::physical_plan::execution_plan::reset_plan_states(plan).unwrap();
+    let b = datafusion::physical_plan::collect(plan, s.task_ctx_for_tests()).await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 4, "four declared groups, four releases, one charge");
+    assert_eq!(f.spent(), Budget::charge(0.5, 1e-6).unwrap());
+}

@@ -64,6 +64,15 @@ impl DisplayAs for BudgetGateExec {
     }
 }
 
+/// The single child of a one-input operator rebuilt by `with_new_children`.
+pub(crate) fn only_child(children: Vec<Arc<dyn ExecutionPlan>>, name: &str) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut it = children.into_iter();
+    match (it.next(), it.next()) {
+        (Some(c), None) => Ok(c),
+        _ => Err(DataFusionError::Internal(format!("{name} takes exactly one child"))),
+    }
+}
+
 /// The error analysts see when reading private rows failed after the debit.
 pub fn withheld(tables: &str) -> DataFusionError {
     DataFusionError::Execution(format!(
@@ -94,8 +103,7 @@ impl ExecutionPlan for BudgetGateExec {
 
     #[allow(deprecated)]
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let input =
-            children.into_iter().next().ok_or_else(|| DataFusionError::Internal("gate needs a child".into()))?;
+        let input = only_child(children, "BudgetGateExec")?;
         Ok(Arc::new(Self {
             input,
             ledger: Arc::clone(&self.ledger),

@@ -214,7 +214,7 @@ impl ExecutionPlan for DeclaredGroupsExec {
 
     #[allow(deprecated)]
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = children.into_iter().next().ok_or_else(|| DataFusionError::Internal("needs a child".into()))?;
+        let input = super::gate::only_child(children, "DeclaredGroupsExec")?;
         Ok(Arc::new(Self::with_input(input, Arc::clone(&self.groups))))
     }
 
