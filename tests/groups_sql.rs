@@ -215,24 +215,6 @@ async fn keys_from_a_public_table_and_memory_per_group() {
     let _ = b[0].column(1).is_null(0);
 }
 
-#[tokio::test]
-async fn a_declared_privacy_unit_refuses_queries_until_contribution_bounding_lands() {
-    let f = fixture("groups-unit").await;
-    let e = f.admin.set_privacy_unit("p", "nope", 5, 1).await.unwrap_err().to_string();
-    assert!(e.contains("has no column"), "{e}");
-    let e = f.admin.set_privacy_unit("p", "weekday", 0, 1).await.unwrap_err().to_string();
-    assert!(e.contains("--max-rows must be in [1, 1000000]"), "{e}");
-    f.admin.set_privacy_unit("p", "weekday", 5, 2).await.unwrap();
-    let unit = f.admin.tables().unwrap()[0].policy.as_ref().unwrap().unit.clone().unwrap();
-    assert_eq!((unit.column.as_str(), unit.max_rows, unit.max_groups), ("weekday", 5, 2));
-    let s = f.session(NoiseSource::Os, 2).await;
-    for sql in [format!("SELECT {KDE} FROM p"), format!("SELECT region, {KDE} FROM p GROUP BY region")] {
-        let e = s.query(&sql).await.unwrap_err().to_string();
-        assert!(e.contains("[rule privacy-unit]") && e.contains("'weekday'"), "{sql}: {e}");
-    }
-    assert_eq!(f.spent(), Budget::ZERO);
-}
-
 /// One charge, one release per group: a grouped plan's private subtree run below the gate has no
 /// permits (nothing was paid), and the gate grants exactly one per declared group.
 #[tokio::test]

@@ -15,8 +15,8 @@ use datafusion::arrow::datatypes::{DataType, Decimal128Type, Field};
 use datafusion::common::{DFSchema, Result, ScalarValue, internal_err};
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
-use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
+use crate::mechanism::{Contribution, NoiseSource};
 pub use permits::{PermitSlot, Permits};
 pub use private_kde::PrivateKde;
 pub use private_mean_curve::PrivateMeanCurve;
@@ -55,34 +55,57 @@ pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> 
     ]
 }
 
+/// What the guard decided for one private aggregate call, carried by its UDF instance: where
+/// its noise comes from, its release permits, and the contribution bound of a privacy unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct CallContext {
+    /// Randomness of the release.
+    pub noise: NoiseSource,
+    /// Releases the call may make.
+    pub permits: Permits,
+    /// How far one privacy unit can move the release (SPEC §7).
+    pub contribution: Contribution,
+}
+
+/// The call context of a private aggregate instance, or None if `func` is not private.
+pub fn context_of(func: &AggregateUDF) -> Option<&CallContext> {
+    if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {
+        return Some(f.context());
+    }
+    func.inner().downcast_ref::<PrivateMeanCurve>().map(|f| f.context())
+}
+
 /// The permits of a private aggregate instance, or None if `func` is not private.
 pub fn permits_of(func: &AggregateUDF) -> Option<&Permits> {
+    context_of(func).map(|c| &c.permits)
+}
+
+/// The same private aggregate with another call context, or None if `func` is not private.
+pub fn with_context(func: &AggregateUDF, cx: CallContext) -> Option<AggregateUDF> {
     if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {
-        return Some(f.permits());
+        return Some(AggregateUDF::from(f.clone_with(cx)));
     }
-    func.inner().downcast_ref::<PrivateMeanCurve>().map(|f| f.permits())
+    if let Some(f) = func.inner().downcast_ref::<PrivateMeanCurve>() {
+        return Some(AggregateUDF::from(f.clone_with(cx)));
+    }
+    None
 }
 
 /// The same private aggregate with other permits, or None if `func` is not private.
 pub fn with_permits(func: &AggregateUDF, permits: Permits) -> Option<AggregateUDF> {
-    if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {
-        return Some(AggregateUDF::from(f.clone_with(permits)));
-    }
-    if let Some(f) = func.inner().downcast_ref::<PrivateMeanCurve>() {
-        return Some(AggregateUDF::from(f.clone_with(permits)));
-    }
-    None
+    with_context(func, CallContext { permits, ..context_of(func)?.clone() })
 }
 
 /// If `func` is a private aggregate, validates its literal arguments (planning time) and
 /// returns what the call spends. `None` for every other function. `schema` is the input
 /// schema of the node holding the call (it gives the data argument's type).
 pub fn plan_private_call(func: &AggregateUDF, args: &[Expr], schema: &DFSchema) -> Option<Result<PrivateCall>> {
+    let contribution = context_of(func)?.contribution;
     if func.inner().is::<PrivateKde>() {
-        return Some(private_kde::plan_call(args));
+        return Some(private_kde::plan_call(args, contribution));
     }
     if func.inner().is::<PrivateMeanCurve>() {
-        return Some(private_mean_curve::plan_call(args, schema));
+        return Some(private_mean_curve::plan_call(args, schema, contribution));
     }
     None
 }

@@ -22,11 +22,11 @@ use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Docu
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::functions::Permits;
+use crate::functions::{CallContext, Permits};
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
-use crate::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec, NoiseSource};
+use crate::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, NoiseSource};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_kde";
@@ -52,7 +52,10 @@ pub static PARAMS: FunctionParams = FunctionParams {
 
 /// Turns literal parameter values into a validated [`KdeMechanism`] and the exact budget a
 /// release costs. The mechanism is calibrated with the charged (ε, δ), never more.
-pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<(KdeMechanism, Budget)> {
+pub fn mechanism_from_literals(
+    values: &[Option<ScalarValue>],
+    contribution: Contribution,
+) -> Result<(KdeMechanism, Budget)> {
     let p = &PARAMS;
     let bandwidth = p.required_float(values, "bandwidth")?;
     let epsilon = p.required_float(values, "epsilon")?;
@@ -102,12 +105,12 @@ pub fn mechanism_from_literals(values: &[Option<ScalarValue>]) -> Result<(KdeMec
         calibration,
         nonneg,
     };
-    Ok((KdeMechanism::new(spec).map_err(|e| p.error(e))?, cost))
+    Ok((KdeMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?, cost))
 }
 
 /// Validates a logical call at planning time and returns what it costs.
-pub fn plan_call(args: &[Expr]) -> Result<PrivateCall> {
-    let (mechanism, cost) = mechanism_from_literals(&PARAMS.literals_from_logical(args)?)?;
+pub fn plan_call(args: &[Expr], contribution: Contribution) -> Result<PrivateCall> {
+    let (mechanism, cost) = mechanism_from_literals(&PARAMS.literals_from_logical(args)?, contribution)?;
     let (state_bytes, work_bytes) = mechanism.memory_bytes();
     Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
 }
@@ -154,8 +157,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct PrivateKde {
     signature: Signature,
-    noise: NoiseSource,
-    permits: Permits,
+    cx: CallContext,
 }
 
 impl Default for PrivateKde {
@@ -167,22 +169,22 @@ impl Default for PrivateKde {
 impl PrivateKde {
     /// A `private_kde` whose releases draw randomness from `noise`.
     pub fn new(noise: NoiseSource) -> Self {
-        Self { signature: PARAMS.signature(), noise, permits: Permits::Free }
+        Self { signature: PARAMS.signature(), cx: CallContext { noise, ..CallContext::default() } }
     }
 
     /// The same function whose releases need `permits`.
     pub fn with_permits(self, permits: Permits) -> Self {
-        Self { permits, ..self }
+        Self { cx: CallContext { permits, ..self.cx }, ..self }
     }
 
-    /// Its permits.
-    pub fn permits(&self) -> &Permits {
-        &self.permits
+    /// What the guard decided for this call.
+    pub fn context(&self) -> &CallContext {
+        &self.cx
     }
 
-    /// A copy with other permits.
-    pub fn clone_with(&self, permits: Permits) -> Self {
-        Self { signature: self.signature.clone(), noise: self.noise, permits }
+    /// A copy with another call context.
+    pub fn clone_with(&self, cx: CallContext) -> Self {
+        Self { signature: self.signature.clone(), cx }
     }
 
     /// The UDF, ready to register.
@@ -227,8 +229,9 @@ impl AggregateUDFImpl for PrivateKde {
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         PARAMS.check_accumulator_args(&args)?;
-        let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?)?;
-        Ok(Box::new(KdeAccumulator::new(mechanism, self.noise).with_permits(self.permits.clone())))
+        let (mechanism, _) =
+            mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, self.cx.contribution)?;
+        Ok(Box::new(KdeAccumulator::new(mechanism, self.cx.noise).with_permits(self.cx.permits.clone())))
     }
 
     fn documentation(&self) -> Option<&Documentation> {

@@ -23,12 +23,12 @@ use datafusion::logical_expr::{
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::functions::Permits;
+use crate::functions::{CallContext, Permits};
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::mean_curve::{
     CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanState,
 };
-use crate::mechanism::{Calibration, NoiseSource};
+use crate::mechanism::{Calibration, Contribution, NoiseSource};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_mean_curve";
@@ -77,6 +77,7 @@ pub fn fixed_length(t: &DataType) -> Option<usize> {
 pub fn mechanism_from_literals(
     values: &[Option<ScalarValue>],
     fixed: Option<usize>,
+    contribution: Contribution,
 ) -> Result<(MeanCurveMechanism, Budget)> {
     let p = &PARAMS;
     let epsilon = p.required_float(values, "epsilon")?;
@@ -163,14 +164,14 @@ pub fn mechanism_from_literals(
         count_fraction,
         calibration,
     };
-    Ok((MeanCurveMechanism::new(spec).map_err(|e| p.error(e))?, cost))
+    Ok((MeanCurveMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?, cost))
 }
 
 /// Validates a logical call at planning time and returns what it costs.
-pub fn plan_call(args: &[Expr], schema: &DFSchema) -> Result<PrivateCall> {
+pub fn plan_call(args: &[Expr], schema: &DFSchema, contribution: Contribution) -> Result<PrivateCall> {
     let values = PARAMS.literals_from_logical(args)?;
     let fixed = args.first().and_then(|a| a.get_type(schema).ok()).as_ref().and_then(fixed_length);
-    let (mechanism, cost) = mechanism_from_literals(&values, fixed)?;
+    let (mechanism, cost) = mechanism_from_literals(&values, fixed, contribution)?;
     let (state_bytes, work_bytes) = mechanism.memory_bytes();
     Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
 }
@@ -202,8 +203,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct PrivateMeanCurve {
     signature: Signature,
-    noise: NoiseSource,
-    permits: Permits,
+    cx: CallContext,
 }
 
 impl Default for PrivateMeanCurve {
@@ -215,22 +215,22 @@ impl Default for PrivateMeanCurve {
 impl PrivateMeanCurve {
     /// A `private_mean_curve` whose releases draw randomness from `noise`.
     pub fn new(noise: NoiseSource) -> Self {
-        Self { signature: PARAMS.signature(), noise, permits: Permits::Free }
+        Self { signature: PARAMS.signature(), cx: CallContext { noise, ..CallContext::default() } }
     }
 
     /// The same function whose releases need `permits`.
     pub fn with_permits(self, permits: Permits) -> Self {
-        Self { permits, ..self }
+        Self { cx: CallContext { permits, ..self.cx }, ..self }
     }
 
-    /// Its permits.
-    pub fn permits(&self) -> &Permits {
-        &self.permits
+    /// What the guard decided for this call.
+    pub fn context(&self) -> &CallContext {
+        &self.cx
     }
 
-    /// A copy with other permits.
-    pub fn clone_with(&self, permits: Permits) -> Self {
-        Self { signature: self.signature.clone(), noise: self.noise, permits }
+    /// A copy with another call context.
+    pub fn clone_with(&self, cx: CallContext) -> Self {
+        Self { signature: self.signature.clone(), cx }
     }
 
     /// The UDF, ready to register.
@@ -281,13 +281,14 @@ impl AggregateUDFImpl for PrivateMeanCurve {
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         PARAMS.check_accumulator_args(&args)?;
         let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
-        let (mechanism, _) = mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, fixed)?;
+        let (mechanism, _) =
+            mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, fixed, self.cx.contribution)?;
         let state = MeanAccumulation::new(&mechanism);
         Ok(Box::new(MeanCurveAccumulator {
             mechanism,
             state,
-            noise: self.noise,
-            permits: self.permits.clone(),
+            noise: self.cx.noise,
+            permits: self.cx.permits.clone(),
             released: None,
         }))
     }

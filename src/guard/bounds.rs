@@ -28,8 +28,8 @@ pub struct PolicyDefaults {
     pub curve_length: BTreeMap<String, i64>,
     /// Declared public group keys per (table, column).
     pub keys: super::groups::KeysMap,
-    /// Private tables with a privacy unit: table → unit column.
-    pub units: BTreeMap<String, String>,
+    /// Private tables with a privacy unit.
+    pub units: super::units::UnitsMap,
 }
 
 /// The private table and column a value expression reads directly (through casts,

@@ -26,6 +26,7 @@ pub mod expressions;
 pub mod gate;
 pub mod groups;
 pub mod shape;
+pub mod units;
 
 use bounds::{PolicyDefaults, apply_default_bounds};
 pub use gate::BudgetGateExec;
@@ -216,7 +217,7 @@ impl PrivacyPlanner {
                     d.keys.insert((t.name.clone(), col), k);
                 }
                 if let Some(u) = policy.unit {
-                    d.units.insert(t.name.clone(), u.column);
+                    d.units.insert(t.name.clone(), u);
                 }
             }
         }
@@ -232,17 +233,21 @@ impl PrivacyPlanner {
     ) -> Result<(LogicalPlan, Vec<Charge>, Vec<Arc<PermitSlot>>)> {
         let defaults = self.defaults()?;
         let plan = apply_default_bounds(logical_plan.clone(), &defaults)?;
+        // A privacy unit's contribution bound sets the calls' sensitivity (SPEC §7) before
+        // they are validated and priced.
+        let plan = units::set_contributions(plan, &defaults.units, &defaults.keys)?;
         let calls = private_calls(&plan)?;
         // Only total, cheap expressions on private rows (SPEC §5.1); this rewrites CAST to
         // TRY_CAST and integer division to its total form.
         let plan = expressions::make_total(plan)?;
-        let charges = shape::check_and_price(&plan, &defaults.keys, &defaults.units)?;
+        let charges = shape::check_and_price(&plan, &defaults.keys)?;
         self.check_memory(&calls, &group_counts(&plan, &defaults.keys)?, partitions)?;
         if self.ledger.is_none() {
             return Ok((plan, charges, Vec::new()));
         }
         let plan = groups::filter_to_declared_keys(plan, &defaults.keys)?;
         let (plan, slots) = assign_permits(plan, &defaults.keys)?;
+        let plan = units::bound_contributions(plan, &defaults.units, &defaults.keys)?;
         if slots.len() != charges.len() {
             return internal_err!(
                 "{} private calls were priced but {} got release permits",

@@ -14,7 +14,6 @@
 //! | `row-wise-only` | anything but filters and projections between the table and the aggregate: joins, unions, DISTINCT, LIMIT, ORDER BY, UNNEST, … |
 //! | `no-explain-analyze` | EXPLAIN ANALYZE of a query reading a private table (it prints row counts) |
 //! | `no-physical-explain` | EXPLAIN formats other than the (logical-only) default on a private table: `FORMAT TREE` renders the physical plan, whose file groups reveal file sizes |
-//! | `privacy-unit` | any private aggregate over a table with a declared privacy unit (until per-unit contribution bounding lands) |
 //! | `no-recursion` | a private table read inside `WITH RECURSIVE`: the recursive term re-runs, so one charge could buy many releases |
 //!
 //! The cost is one charge per private aggregate call left in the optimized plan, on the
@@ -27,8 +26,6 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, TableScan};
-
-use std::collections::BTreeMap;
 
 use super::groups::KeysMap;
 use crate::functions::{is_private, plan_private_call};
@@ -67,8 +64,8 @@ pub fn aggregate_call(e: &Expr) -> Option<&AggregateFunction> {
 
 /// Checks the shape rules and returns one charge per private aggregate call that reads
 /// a private table.
-pub fn check_and_price(plan: &LogicalPlan, keys: &KeysMap, units: &BTreeMap<String, String>) -> Result<Vec<Charge>> {
-    let mut cx = Cx { list: Vec::new(), keys, units };
+pub fn check_and_price(plan: &LogicalPlan, keys: &KeysMap) -> Result<Vec<Charge>> {
+    let mut cx = Cx { list: Vec::new(), keys };
     visit(plan, &mut cx)?;
     Ok(cx.list)
 }
@@ -77,8 +74,6 @@ pub fn check_and_price(plan: &LogicalPlan, keys: &KeysMap, units: &BTreeMap<Stri
 struct Cx<'a> {
     list: Vec<Charge>,
     keys: &'a KeysMap,
-    /// Private tables with a privacy unit: table → unit column.
-    units: &'a BTreeMap<String, String>,
 }
 
 fn visit_subqueries(plan: &LogicalPlan, charges: &mut Cx<'_>) -> Result<()> {
@@ -212,13 +207,6 @@ fn check_private_aggregate(agg: &Aggregate, charges: &mut Cx<'_>) -> Result<()> 
                 );
             }
         }
-    }
-    if let Some(column) = charges.units.get(&table) {
-        return plan_err!(
-            "[rule privacy-unit] private table '{table}' protects units of column '{column}' (a person or device \
-             with many rows): per-unit contribution bounding is not available yet, so private aggregates over it \
-             are refused rather than released with a row's sensitivity"
-        );
     }
     // GROUP BY only over declared public keys (SPEC §7): one release per declared group, one
     // charge per call (the groups are disjoint).

@@ -29,6 +29,7 @@ use rand::Rng;
 use rustfft::{FftPlanner, num_complex::Complex};
 
 use super::calibration::{self, Calibration, CalibrationError};
+use super::contribution::Contribution;
 use super::kde::{Grid, KdeError, KdeLayout, TRUNCATION_BANDWIDTHS};
 use super::lattice::{self, DD, LatticeError, LatticeMechanism, ROW_LIMIT};
 
@@ -260,12 +261,19 @@ impl KdeMechanism {
 
     /// Validates the parameters and fixes the basis, the lattice and the noise.
     pub fn new(spec: KdeSpec) -> Result<Self, MechanismError> {
+        Self::with_contribution(spec, Contribution::ROW)
+    }
+
+    /// The mechanism when one privacy unit contributes up to `c.rows` rows to each of up to
+    /// `c.groups` groups (SPEC §7): each group's lifted coordinates move by at most
+    /// `rows·Δ` (+ the float slack, once per group), and the noise covers all groups jointly.
+    pub fn with_contribution(spec: KdeSpec, c: Contribution) -> Result<Self, MechanismError> {
         let layout = KdeLayout::new(spec.grid, spec.bandwidth).map_err(MechanismError::Kde)?;
         let rho =
             calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
         let basis = KdeBasis::cached(&layout)?;
-        let sensitivity = basis.stat_sensitivity + 2.0 * basis.float_error;
-        let lattice = LatticeMechanism::gaussian(sensitivity, basis.dim(), rho)?;
+        let sensitivity = c.per_group() * basis.stat_sensitivity + 2.0 * basis.float_error;
+        let lattice = LatticeMechanism::gaussian_over(sensitivity, basis.dim(), rho, c.groups)?;
         Ok(KdeMechanism { spec, layout, basis, lattice })
     }
 
@@ -416,6 +424,21 @@ mod tests {
         assert!(classic >= 5.38677 && classic < 5.3868, "{classic}");
         let bad = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, epsilon: 2.0, ..spec() });
         assert!(matches!(bad, Err(MechanismError::Calibration(CalibrationError::ClassicNeedsSmallEpsilon(_)))));
+    }
+
+    #[test]
+    fn a_units_bound_scales_the_noise_by_rows_times_sqrt_groups() {
+        let row = KdeMechanism::new(spec()).unwrap().sigma();
+        for (rows, groups) in [(1, 1), (4, 1), (4, 9), (100, 2)] {
+            let c = Contribution::new(rows, groups).unwrap();
+            let s = KdeMechanism::with_contribution(spec(), c).unwrap().sigma();
+            let want = row * rows as f64 * (groups as f64).sqrt();
+            // Exact up to the lattice rounding of the variance (relative 1e-6 here).
+            assert!(s >= want * (1.0 - 1e-6) && s < want * (1.0 + 1e-4), "{rows}×√{groups}: {s} vs {want}");
+        }
+        // Negative control: the bound is not ignored.
+        let c = Contribution::new(4, 1).unwrap();
+        assert!(KdeMechanism::with_contribution(spec(), c).unwrap().sigma() > 3.9 * row);
     }
 
     #[test]

@@ -304,6 +304,11 @@ pub(crate) fn rational_at_least(x: f64) -> Option<(u128, u128)> {
     Some(((x * den as f64).ceil() as u128 + 1, den))
 }
 
+/// `sqrt(blocks)` rounded up (the L2 factor of `blocks` equal per-block bounds).
+fn blocks_l2(blocks: u64) -> f64 {
+    (blocks.max(1) as f64).sqrt() * (1.0 + f64::EPSILON)
+}
+
 /// Why no lattice mechanism fits the parameters (public values only).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatticeError(pub String);
@@ -338,7 +343,17 @@ impl LatticeMechanism {
     /// floating-point slack) is `sensitivity`, satisfying ρ-zCDP (CKS20: for integer inputs
     /// `D_α ≤ α·Δ_L²/(2S)` per coordinate, additive over coordinates).
     pub fn gaussian(sensitivity: f64, dim: usize, rho: f64) -> Result<Self, LatticeError> {
-        Self::build(sensitivity, dim, (dim as f64).sqrt(), |delta_l| {
+        Self::gaussian_over(sensitivity, dim, rho, 1)
+    }
+
+    /// Discrete Gaussian noise for one release of `blocks` statistics (the groups a privacy
+    /// unit reaches, SPEC §7) of `dim` coordinates each, where one unit moves each block by at
+    /// most `sensitivity` in L2: each block's rounding slack is counted once per block, and
+    /// the joint lattice sensitivity is `sqrt(blocks)·(sensitivity + rounding)`; ρ-zCDP for
+    /// all blocks together (zCDP adds over the blocks' coordinates).
+    pub fn gaussian_over(sensitivity: f64, dim: usize, rho: f64, blocks: u64) -> Result<Self, LatticeError> {
+        let factor = blocks_l2(blocks);
+        Self::build(sensitivity, dim, (dim as f64).sqrt(), factor, |delta_l| {
             // S ≥ Δ_L²/(2ρ), with a relative margin for the f64 evaluation.
             let need = delta_l * delta_l / (2.0 * rho) * (1.0 + 1e-12);
             if !(need.is_finite() && need < 2f64.powi(MAX_DG_VARIANCE_LOG2 as i32)) {
@@ -351,15 +366,31 @@ impl LatticeMechanism {
     /// Discrete Laplace noise with scale ≥ 1/ε on an integer statistic of sensitivity 1
     /// (a count): γ = 1, no rounding, the output is an integer. Pure ε-DP.
     pub fn integer_laplace(epsilon: f64) -> Result<Self, LatticeError> {
-        let (num, den) = rational_at_least(1.0 / epsilon * (1.0 + 1e-12))
+        Self::integer_laplace_over(epsilon, 1)
+    }
+
+    /// Discrete Laplace noise with scale ≥ `sensitivity/ε` on integer statistics whose L1
+    /// sensitivity (over all the blocks of one release) is the integer `sensitivity`: pure ε-DP.
+    pub fn integer_laplace_over(epsilon: f64, sensitivity: u64) -> Result<Self, LatticeError> {
+        if sensitivity == 0 || sensitivity > 1 << 52 {
+            return Err(LatticeError(format!("invalid count sensitivity {sensitivity}")));
+        }
+        let (num, den) = rational_at_least(sensitivity as f64 / epsilon * (1.0 + 1e-12))
             .ok_or_else(|| LatticeError(format!("epsilon {epsilon} is out of range for the count")))?;
-        Ok(Self { gamma_log2: 0, dim: 1, noise: Noise::Laplace { num, den }, sensitivity: 1.0 })
+        Ok(Self { gamma_log2: 0, dim: 1, noise: Noise::Laplace { num, den }, sensitivity: sensitivity as f64 })
     }
 
     /// Discrete Laplace noise for `dim` coordinates whose L1 sensitivity is `sensitivity`,
     /// satisfying pure `epsilon`-DP.
     pub fn laplace(sensitivity: f64, dim: usize, epsilon: f64) -> Result<Self, LatticeError> {
-        Self::build(sensitivity, dim, dim as f64, |delta_l| {
+        Self::laplace_over(sensitivity, dim, epsilon, 1)
+    }
+
+    /// Discrete Laplace noise for one release of `blocks` statistics of `dim` coordinates each,
+    /// one unit moving each block by at most `sensitivity` in L1: the joint L1 sensitivity is
+    /// `blocks·(sensitivity + rounding)`; pure ε-DP for all blocks together.
+    pub fn laplace_over(sensitivity: f64, dim: usize, epsilon: f64, blocks: u64) -> Result<Self, LatticeError> {
+        Self::build(sensitivity, dim, dim as f64, blocks as f64, |delta_l| {
             let (num, den) = rational_at_least(delta_l / epsilon * (1.0 + 1e-12))?;
             Some(Noise::Laplace { num, den })
         })
@@ -372,16 +403,18 @@ impl LatticeMechanism {
         sensitivity: f64,
         dim: usize,
         spread: f64,
+        blocks: f64,
         noise_for: impl Fn(f64) -> Option<Noise>,
     ) -> Result<Self, LatticeError> {
-        if !(sensitivity.is_finite() && sensitivity > 0.0 && dim > 0) {
+        if !(sensitivity.is_finite() && sensitivity > 0.0 && dim > 0 && blocks >= 1.0 && blocks < 1e15) {
             return Err(LatticeError(format!("invalid lattice mechanism: sensitivity {sensitivity}, dim {dim}")));
         }
         let mut g = (spread / sensitivity).log2().ceil() as i32 + SLACK_BITS;
         for _ in 0..200 {
             let gamma = 2f64.powi(-g);
             // Rounding moves each coordinate by at most γ/2 (+ an f64 ulp of the fraction).
-            let total = (sensitivity + gamma * spread * (1.0 + 1e-9)) * (1.0 + 1e-12);
+            // Per block; the blocks' factor (√blocks in L2, blocks in L1) applies to the sum.
+            let total = blocks * (sensitivity + gamma * spread * (1.0 + 1e-9)) * (1.0 + 1e-12);
             if let Some(noise) = noise_for(total / gamma) {
                 return Ok(Self { gamma_log2: -g, dim, noise, sensitivity: total });
             }

@@ -29,6 +29,7 @@ use nalgebra::{DMatrix, SymmetricEigen};
 use rand::Rng;
 
 use super::calibration::{self, Calibration};
+use super::contribution::Contribution;
 use super::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
 use super::sums::{BufferedSums, add_saturating};
 
@@ -280,6 +281,14 @@ pub struct MeanCurveMechanism {
 impl MeanCurveMechanism {
     /// Validates the parameters and computes the privacy map.
     pub fn new(spec: MeanCurveSpec) -> Result<Self, MeanCurveError> {
+        Self::with_contribution(spec, Contribution::ROW)
+    }
+
+    /// The mechanism when one privacy unit contributes up to `c.rows` curves to each of up to
+    /// `c.groups` groups (SPEC §7): per group the summed curve moves by `rows` clipped curves
+    /// and the count by `rows`; the curve noise covers all groups jointly (`sqrt(groups)` in
+    /// L2, `groups` in L1) and the count's discrete Laplace noise has scale `rows·groups/ε_n`.
+    pub fn with_contribution(spec: MeanCurveSpec, c: Contribution) -> Result<Self, MeanCurveError> {
         let bad = |m: String| Err(MeanCurveError(m));
         if !(2..=MAX_CURVE_LENGTH).contains(&spec.points) {
             return bad(format!("points must be in [2, {MAX_CURVE_LENGTH}], got {}", spec.points));
@@ -329,15 +338,20 @@ impl MeanCurveMechanism {
             let delta_h = norm_bound * whiten.iter().cloned().fold(0.0, f64::max);
             let float = whiten.iter().map(|&w| per_coordinate(w).powi(2)).sum::<f64>().sqrt();
             let rho = calibration::zcdp_rho(spec.calibration, eps_t, spec.delta).map_err(|e| err(&e))?;
-            let lattice = LatticeMechanism::gaussian(delta_h + 2.0 * float, whiten.len(), rho).map_err(|e| err(&e))?;
+            let per_group = c.per_group() * delta_h + 2.0 * float;
+            let lattice =
+                LatticeMechanism::gaussian_over(per_group, whiten.len(), rho, c.groups).map_err(|e| err(&e))?;
             (delta_h, lattice)
         } else {
             let delta_1 = norm_bound * whiten.iter().map(|w| w * w).sum::<f64>().sqrt();
             let float: f64 = whiten.iter().map(|&w| per_coordinate(w)).sum();
-            let lattice = LatticeMechanism::laplace(delta_1 + 2.0 * float, whiten.len(), eps_t).map_err(|e| err(&e))?;
+            let per_group = c.per_group() * delta_1 + 2.0 * float;
+            let lattice =
+                LatticeMechanism::laplace_over(per_group, whiten.len(), eps_t, c.groups).map_err(|e| err(&e))?;
             (delta_1, lattice)
         };
-        let count = LatticeMechanism::integer_laplace(spec.epsilon * spec.count_fraction).map_err(|e| err(&e))?;
+        let count = LatticeMechanism::integer_laplace_over(spec.epsilon * spec.count_fraction, c.count_l1())
+            .map_err(|e| err(&e))?;
         Ok(Self { spec, basis, smoother, whiten, sensitivity, lattice, count })
     }
 
@@ -597,6 +611,22 @@ mod tests {
                 x.iter().map(|v| s * v / norm).collect()
             })
             .collect()
+    }
+
+    #[test]
+    fn a_units_bound_scales_curve_and_count_noise() {
+        let c = Contribution::new(4, 9).unwrap();
+        for delta in [1e-5, 0.0] {
+            let base = MeanCurveMechanism::new(spec(CovKernel::Matern32, delta)).unwrap();
+            let unit = MeanCurveMechanism::with_contribution(spec(CovKernel::Matern32, delta), c).unwrap();
+            // Joint sensitivity over the groups: rows·√groups (Gaussian) or rows·groups (ICLP).
+            let factor = if delta > 0.0 { 4.0 * 3.0 } else { 36.0 };
+            let ratio = unit.lattice().sensitivity() / base.lattice().sensitivity();
+            assert!(ratio > factor * (1.0 - 1e-6) && ratio < factor * (1.0 + 1e-6), "δ={delta}: {ratio}");
+            // The count: discrete Laplace of scale rows·groups/ε_n, sd √2·36/ε_n.
+            let sd = unit.count_mechanism().noise_sd() / base.count_mechanism().noise_sd();
+            assert!((sd - 36.0).abs() < 1e-6, "{sd}");
+        }
     }
 
     /// Brute force: no random curve (clipped) exceeds the stated sensitivity, and the

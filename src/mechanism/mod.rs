@@ -8,6 +8,7 @@
 pub mod budget;
 pub mod cache;
 pub mod calibration;
+pub mod contribution;
 pub mod kde;
 pub mod kde_release;
 pub mod lattice;
@@ -18,6 +19,7 @@ pub mod selection;
 pub mod sums;
 
 pub use calibration::Calibration;
+pub use contribution::Contribution;
 pub use kde::{Grid, KdeLayout};
 pub use kde_release::{KdeMechanism, KdeRelease, KdeSpec};
 pub use rng::NoiseSource;

@@ -1,0 +1,327 @@
+//! Privacy units (SPEC §7): per-unit contribution bounding below every private aggregate over a
+//! table whose policy names a unit column.
+//!
+//! Neighbouring tables differ by all rows of one unit (a person, a meter). Before the
+//! statistic, the guard rewrites the rows reaching a private aggregate to keep
+//!
+//! 1. at most `max_groups` groups per unit (grouped calls only, when the declared groups
+//!    outnumber it): `dense_rank() OVER (PARTITION BY unit ORDER BY order(unit, g…)) ≤ L`;
+//! 2. at most `max_rows` rows per unit and group:
+//!    `row_number() OVER (PARTITION BY unit, g… ORDER BY order(row)) ≤ K`;
+//!
+//! where `order` is [`SampleOrder`]: a 128-bit SipHash-1-3 of the row's values (all columns the
+//! aggregate reads, and the unit), keyed per query from the OS CSPRNG. A unit's kept rows are
+//! therefore a uniformly random sample of its rows (never the first ones in file order), and a
+//! function of the unit's own rows only — so the bound holds whatever the other rows are, and
+//! the kept set does not depend on files, partitions or batch boundaries (the hash ties only for
+//! rows identical in every column the aggregate reads, which contribute identically). The
+//! private call's noise is calibrated for the bound ([`crate::mechanism::Contribution`]): each
+//! group's statistic moves by at most K rows, and one unit reaches at most L groups.
+//!
+//! Rows whose unit is NULL form one unit together (the conservative reading). The window sorts
+//! spill to disk under the session's memory limit; they do not fail on large tables.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::hash::Hasher;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, FixedSizeBinaryBuilder};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, Result, internal_err, plan_err};
+use datafusion::functions_window::expr_fn::{dense_rank, row_number};
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::{
+    Aggregate, ColumnarValue, Expr, ExprFunctionExt, Filter, LogicalPlan, LogicalPlanBuilder, Projection,
+    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility, lit,
+};
+use rand::Rng;
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+use super::groups::{KeysMap, declared_groups};
+use super::shape::{aggregate_call, find_private_scan};
+use crate::functions::{CallContext, context_of, is_private, with_context};
+use crate::mechanism::{Contribution, NoiseSource};
+use crate::policy::PrivacyUnit;
+
+/// Private tables with a privacy unit: table → unit and bounds.
+pub type UnitsMap = BTreeMap<String, PrivacyUnit>;
+
+/// Column carrying the unit up to the bounding windows.
+pub const UNIT_COLUMN: &str = "__dpcurve_unit";
+const ROW_RANK: &str = "__dpcurve_row_rank";
+const GROUP_RANK: &str = "__dpcurve_group_rank";
+
+/// The contribution bound of a private aggregate over `unit`'s table: `max_rows` rows per
+/// group, and `max_groups` groups (never more than the query has: 1 ungrouped, the number of
+/// declared groups when grouped).
+pub fn contribution_for(agg: &Aggregate, unit: &PrivacyUnit, keys: &KeysMap, table: &str) -> Result<Contribution> {
+    let groups = if agg.group_expr.is_empty() {
+        1
+    } else {
+        let declared = declared_groups(agg, keys, table).ok().flatten();
+        let n = declared.map(|cols| cols.iter().map(|c| c.len() as u64).product()).unwrap_or(u64::MAX);
+        (unit.max_groups.max(1) as u64).min(n.max(1))
+    };
+    Contribution::new(unit.max_rows.max(1) as u64, groups).map_err(|e| {
+        datafusion::common::DataFusionError::Plan(format!("[rule privacy-unit] private table '{table}': {e}"))
+    })
+}
+
+fn private_aggregate_over<'a>(
+    node: &'a LogicalPlan,
+    units: &'a UnitsMap,
+) -> Option<(&'a Aggregate, String, &'a PrivacyUnit)> {
+    let LogicalPlan::Aggregate(agg) = node else { return None };
+    if !agg.aggr_expr.iter().any(|e| aggregate_call(e).is_some_and(|f| is_private(&f.func))) {
+        return None;
+    }
+    let table = find_private_scan(&agg.input)?;
+    let unit = units.get(&table)?;
+    Some((agg, table, unit))
+}
+
+/// Gives every private call over a table with a privacy unit its contribution bound, so its
+/// validation, pricing and noise use the unit's sensitivity (before anything else looks at it).
+pub fn set_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) -> Result<LogicalPlan> {
+    if units.is_empty() {
+        return Ok(plan);
+    }
+    plan.transform_up_with_subqueries(|node| {
+        let Some((agg, table, unit)) = private_aggregate_over(&node, units) else { return Ok(Transformed::no(node)) };
+        let contribution = contribution_for(agg, unit, keys, &table)?;
+        let aggr_expr = agg
+            .aggr_expr
+            .iter()
+            .map(|e| {
+                e.clone()
+                    .transform_up(|e| match e {
+                        Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
+                            let Some(cx) = context_of(&func) else { return internal_err!("no call context") };
+                            let cx = CallContext { contribution, ..cx.clone() };
+                            let Some(func) = with_context(&func, cx) else { return internal_err!("no call context") };
+                            let func = Arc::new(func);
+                            Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
+                        }
+                        other => Ok(Transformed::no(other)),
+                    })
+                    .map(|t| t.data)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        super::with_aggr_exprs(agg, aggr_expr)
+    })
+    .map(|t| t.data)
+}
+
+/// Inserts the contribution bounding (module docs) below every private aggregate over a table
+/// with a privacy unit. Runs after the shape rules, so the input is a row-wise chain.
+pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) -> Result<LogicalPlan> {
+    if units.is_empty() {
+        return Ok(plan);
+    }
+    plan.transform_up_with_subqueries(|node| {
+        let Some((agg, table, unit)) = private_aggregate_over(&node, units) else { return Ok(Transformed::no(node)) };
+        let Some(contribution) = agg
+            .aggr_expr
+            .iter()
+            .find_map(|e| aggregate_call(e).and_then(|f| context_of(&f.func)).map(|c| (c.contribution, c.noise)))
+        else {
+            return internal_err!("a private aggregate over '{table}' has no call context");
+        };
+        let (bound, noise) = contribution;
+        for f in agg.input.schema().fields() {
+            if [UNIT_COLUMN, ROW_RANK, GROUP_RANK].contains(&f.name().as_str()) {
+                return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
+            }
+        }
+        let original: Vec<Expr> = agg.input.schema().columns().into_iter().map(Expr::Column).collect();
+        let (input, unit_col) = with_unit(&agg.input, &unit.column, &table)?;
+        let unit_expr = Expr::Column(unit_col);
+        let order = Arc::new(ScalarUDF::from(SampleOrder::new(noise)?));
+        let mut builder = LogicalPlanBuilder::from(input);
+        let groups = declared_groups(agg, keys, &table)?.map(|cols| cols.iter().map(|c| c.len() as u64).product());
+        if groups.is_some_and(|n| bound.groups < n) {
+            // At most L groups per unit: only needed when the query has more groups than L.
+            let mut key = vec![unit_expr.clone()];
+            key.extend(agg.group_expr.iter().cloned());
+            let rank = dense_rank()
+                .partition_by(vec![unit_expr.clone()])
+                .order_by(vec![order.call(key).sort(true, false)])
+                .build()?
+                .alias(GROUP_RANK);
+            builder = builder
+                .window(vec![rank])?
+                .filter(Expr::Column(Column::from_name(GROUP_RANK)).lt_eq(lit(bound.groups)))?;
+        }
+        let mut partition = vec![unit_expr.clone()];
+        partition.extend(agg.group_expr.iter().cloned());
+        let mut row = original.clone();
+        row.push(unit_expr);
+        let rank = row_number()
+            .partition_by(partition)
+            .order_by(vec![order.call(row).sort(true, false)])
+            .build()?
+            .alias(ROW_RANK);
+        let input = builder
+            .window(vec![rank])?
+            .filter(Expr::Column(Column::from_name(ROW_RANK)).lt_eq(lit(bound.rows)))?
+            .project(original)?
+            .build()?;
+        let rewritten = Aggregate::try_new_with_schema(
+            Arc::new(input),
+            agg.group_expr.clone(),
+            agg.aggr_expr.clone(),
+            Arc::clone(&agg.schema),
+        )?;
+        Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+    })
+    .map(|t| t.data)
+}
+
+/// The same row-wise chain with the unit column carried to its top; returns the column's name
+/// there.
+fn with_unit(plan: &LogicalPlan, unit: &str, table: &str) -> Result<(LogicalPlan, Column)> {
+    match plan {
+        LogicalPlan::TableScan(scan) => {
+            let schema = scan.source.schema();
+            let Ok(index) = schema.index_of(unit) else {
+                return plan_err!(
+                    "[rule privacy-unit] the privacy unit column '{unit}' of private table '{table}' does not exist; \
+                     the data owner must fix it with `dpcurve admin set-privacy-unit`"
+                );
+            };
+            let projection = scan.projection.clone().map(|mut p| {
+                if !p.contains(&index) {
+                    p.push(index);
+                }
+                p
+            });
+            let rebuilt = TableScanBuilder::from(scan.clone()).with_projection(projection).build()?;
+            Ok((LogicalPlan::TableScan(rebuilt), Column::new(Some(scan.table_name.clone()), unit)))
+        }
+        LogicalPlan::Filter(f) => {
+            let (child, col) = with_unit(&f.input, unit, table)?;
+            Ok((LogicalPlan::Filter(Filter::try_new(f.predicate.clone(), Arc::new(child))?), col))
+        }
+        LogicalPlan::Projection(p) => {
+            let (child, col) = with_unit(&p.input, unit, table)?;
+            let mut expr = p.expr.clone();
+            expr.push(Expr::Column(col).alias(UNIT_COLUMN));
+            Ok((LogicalPlan::Projection(Projection::try_new(expr, Arc::new(child))?), Column::from_name(UNIT_COLUMN)))
+        }
+        LogicalPlan::SubqueryAlias(a) => {
+            let (child, col) = with_unit(&a.input, unit, table)?;
+            let rebuilt = SubqueryAlias::try_new(Arc::new(child), a.alias.clone())?;
+            Ok((LogicalPlan::SubqueryAlias(rebuilt), Column::new(Some(a.alias.clone()), col.name)))
+        }
+        other => {
+            internal_err!("contribution bounding met {} between a private table and its aggregate", other.display())
+        }
+    }
+}
+
+/// `dpcurve_sample_order(col, …)`: a 128-bit keyed SipHash-1-3 of the row's values (in Arrow's
+/// canonical row encoding), as 16 big-endian bytes. The key is drawn per query from the OS
+/// CSPRNG (fixed under the test hooks' noise sources) and never displayed.
+#[derive(PartialEq, Eq, Hash)]
+pub struct SampleOrder {
+    signature: Signature,
+    key: (u64, u64),
+}
+
+impl fmt::Debug for SampleOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SampleOrder { key: <secret> }")
+    }
+}
+
+impl SampleOrder {
+    /// A fresh order: OS-keyed in production, fixed by the test seed otherwise.
+    pub fn new(noise: NoiseSource) -> Result<Self> {
+        let key = match noise.release_rng() {
+            Ok(Some(mut rng)) => (rng.next_u64(), rng.next_u64()),
+            Ok(None) => (0x5eed_0001, 0x5eed_0002),
+            Err(e) => return plan_err!("{e}"),
+        };
+        Ok(Self::with_key(key))
+    }
+
+    /// An order with a given key (tests).
+    pub fn with_key(key: (u64, u64)) -> Self {
+        Self { signature: Signature::variadic_any(Volatility::Immutable), key }
+    }
+
+    /// The order keys of the rows of `columns`.
+    pub fn keys(&self, columns: &[ArrayRef]) -> Result<ArrayRef> {
+        let fields = columns.iter().map(|a| SortField::new(a.data_type().clone())).collect();
+        let rows = RowConverter::new(fields)?.convert_columns(columns)?;
+        let mut out = FixedSizeBinaryBuilder::with_capacity(rows.num_rows(), 16);
+        for row in rows.iter() {
+            let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
+            h.write(row.as_ref());
+            out.append_value(u128::from(h.finish128()).to_be_bytes())?;
+        }
+        Ok(Arc::new(out.finish()))
+    }
+}
+
+impl ScalarUDFImpl for SampleOrder {
+    fn name(&self) -> &str {
+        "dpcurve_sample_order"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::FixedSizeBinary(16))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let columns = args.args.iter().map(|a| a.to_array(n)).collect::<Result<Vec<_>>>()?;
+        Ok(ColumnarValue::Array(self.keys(&columns)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, AsArray, Float64Array, StringArray};
+
+    fn keys(order: &SampleOrder, xs: Vec<f64>, units: Vec<&str>) -> Vec<u128> {
+        let cols: Vec<ArrayRef> = vec![Arc::new(Float64Array::from(xs)), Arc::new(StringArray::from(units))];
+        let k = order.keys(&cols).unwrap();
+        let k = k.as_fixed_size_binary();
+        (0..k.len()).map(|i| u128::from_be_bytes(k.value(i).try_into().unwrap())).collect()
+    }
+
+    #[test]
+    fn the_order_is_a_keyed_function_of_the_row_values() {
+        let a = SampleOrder::with_key((1, 2));
+        let k1 = keys(&a, vec![0.5, 0.25, 0.5], vec!["u", "u", "u"]);
+        assert_eq!(k1[0], k1[2], "identical rows tie");
+        assert_ne!(k1[0], k1[1]);
+        // Batch boundaries do not matter: the same row alone gets the same key.
+        assert_eq!(keys(&a, vec![0.25], vec!["u"])[0], k1[1]);
+        // Another key, another order.
+        let b = SampleOrder::with_key((3, 4));
+        assert_ne!(keys(&b, vec![0.5, 0.25], vec!["u", "u"]), k1[..2].to_vec());
+        // Debug never shows the key.
+        assert!(!format!("{a:?}").contains('1'));
+    }
+
+    #[test]
+    fn os_keys_differ_between_queries() {
+        let a = SampleOrder::new(NoiseSource::Os).unwrap();
+        let b = SampleOrder::new(NoiseSource::Os).unwrap();
+        assert_ne!(a.key, b.key);
+        assert_eq!(
+            SampleOrder::new(NoiseSource::TestSeed(3)).unwrap().key,
+            SampleOrder::new(NoiseSource::TestSeed(3)).unwrap().key
+        );
+    }
+}

@@ -1,0 +1,287 @@
+//! Privacy units (SPEC §7) through real SQL on a catalog: a unit's contribution is bounded to
+//! `max_rows` rows per group in at most `max_groups` groups, chosen by a keyed hash (never by row
+//! order), identically under any file layout and partitioning; the noise is calibrated for the
+//! bound; one charge per call.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::TempDir;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, ListBuilder, RecordBatch, StringArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::mechanism::budget::Budget;
+use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
+
+/// K and L of the policy.
+const MAX_ROWS: i64 = 4;
+const MAX_GROUPS: i64 = 2;
+
+#[derive(Clone)]
+struct Row {
+    meter: String,
+    region: &'static str,
+    x: f64,
+    curve: [f64; 8],
+}
+
+/// 200 ordinary meters with 5 rows each; with `big`, one meter with 1 000 rows: its first 10
+/// rows (in file order) at x = 0.1, the other 990 at x = 0.9, spread over the four regions.
+fn rows(big: bool) -> Vec<Row> {
+    let regions = ["a", "b", "c", "d"];
+    let mut out = Vec::new();
+    for m in 0..200 {
+        for j in 0..5 {
+            let i = m * 5 + j;
+            let x = ((i * 37) % 101) as f64 / 100.0 * 0.6 + 0.2;
+            out.push(Row {
+                meter: format!("m{m}"),
+                region: regions[(m + j) % 3],
+                x,
+                curve: std::array::from_fn(|t| x * t as f64 / 7.0),
+            });
+        }
+    }
+    if big {
+        for i in 0..1000 {
+            let x = if i < 10 { 0.1 } else { 0.9 };
+            out.push(Row { meter: "big".into(), region: regions[i % 4], x, curve: [2.0; 8] });
+        }
+    }
+    out
+}
+
+fn write(path: &std::path::Path, rows: &[Row]) {
+    let mut curves = ListBuilder::new(Float64Builder::new());
+    for r in rows {
+        curves.values().append_slice(&r.curve);
+        curves.append(true);
+    }
+    let curves = curves.finish();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("meter", DataType::Utf8, false),
+        Field::new("region", DataType::Utf8, false),
+        Field::new("x", DataType::Float64, false),
+        Field::new("load", curves.data_type().clone(), true),
+    ]));
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(rows.iter().map(|r| r.meter.as_str()).collect::<Vec<_>>())),
+        Arc::new(StringArray::from(rows.iter().map(|r| r.region).collect::<Vec<_>>())),
+        Arc::new(Float64Array::from(rows.iter().map(|r| r.x).collect::<Vec<_>>())),
+        Arc::new(curves),
+    ];
+    let batch = RecordBatch::try_new(Arc::clone(&schema), cols).unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+struct Fixture {
+    dir: TempDir,
+    admin: Admin,
+}
+
+/// Tables: `with` (the big meter in), `without` (neighbour: the big meter out), `shuffled`
+/// (`with` in reverse order over three files), and `rowwise` (`with` without a privacy unit).
+async fn fixture(tag: &str) -> Fixture {
+    let dir = TempDir::new(tag);
+    let with = rows(true);
+    write(&dir.path("with.parquet"), &with);
+    write(&dir.path("without.parquet"), &rows(false));
+    write(&dir.path("rowwise.parquet"), &with);
+    std::fs::create_dir_all(dir.path("shuffled")).unwrap();
+    let mut reversed = with.clone();
+    reversed.reverse();
+    for (i, part) in reversed.chunks(reversed.len() / 3 + 1).enumerate() {
+        write(&dir.path(&format!("shuffled/part{i}.parquet")), part);
+    }
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    for t in ["with", "without", "rowwise", "shuffled"] {
+        let location = if t == "shuffled" { dir.str("shuffled") } else { dir.str(&format!("{t}.parquet")) };
+        admin.register(t, &location).await.unwrap();
+        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+        admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
+        if t != "rowwise" {
+            admin.set_privacy_unit(t, "meter", MAX_ROWS, MAX_GROUPS).await.unwrap();
+        }
+    }
+    Fixture { dir, admin }
+}
+
+impl Fixture {
+    async fn session(&self, noise: NoiseSource, partitions: usize) -> AnalystSession {
+        let opts = SessionOptions { noise, target_partitions: Some(partitions), ..Default::default() };
+        AnalystSession::open(&self.dir.path("catalog.db"), opts).await.unwrap()
+    }
+
+    fn spent(&self, table: &str) -> Budget {
+        self.admin.tables().unwrap().into_iter().find(|t| t.name == table).unwrap().policy.unwrap().spent
+    }
+}
+
+const KDE: &str = "private_kde(x, 0.02, 1.0, 1e-6, points => 101)";
+const MEAN: &str = "private_mean_curve(load, 1.0, 1e-6, points => 8, clip => 10)";
+
+fn one_f64(b: &[RecordBatch]) -> f64 {
+    b[0].column(0).as_primitive::<Float64Type>().value(0)
+}
+
+/// The noiseless kernel sum (density × mass) on the grid.
+async fn kernel_sum(s: &AnalystSession, table: &str) -> Vec<f64> {
+    let b = s.query(&format!("SELECT r['density'], r['mass'] FROM (SELECT {KDE} AS r FROM {table})")).await.unwrap();
+    let d = b[0].column(0).as_list::<i32>().value(0);
+    let mass = b[0].column(1).as_primitive::<Float64Type>().value(0);
+    d.as_primitive::<Float64Type>().values().iter().map(|v| v * mass).collect()
+}
+
+#[tokio::test]
+async fn a_unit_with_1000_rows_moves_a_release_by_at_most_its_bound() {
+    let f = fixture("units-bound").await;
+    let s = f.session(NoiseSource::Off, 2).await;
+    let mass = |t: &'static str| {
+        let s = &s;
+        async move { one_f64(&s.query(&format!("SELECT {KDE}['mass'] FROM {t}")).await.unwrap()) }
+    };
+    let n = |t: &'static str| {
+        let s = &s;
+        async move {
+            let b = s.query(&format!("SELECT {MEAN}['n'] FROM {t}")).await.unwrap();
+            b[0].column(0).as_primitive::<Int64Type>().value(0)
+        }
+    };
+    // Every ordinary meter has 5 rows, more than K = 4: each keeps exactly 4.
+    let (with, without, rowwise) = (mass("with").await, mass("without").await, mass("rowwise").await);
+    assert!((without - 800.0).abs() < 1e-6, "200 meters × 4 rows: {without}");
+    // (up to the kernel mass beyond hi = 1 of the rows at 0.9: 4·1e-6 at most)
+    assert!((with - without - MAX_ROWS as f64).abs() < 1e-5, "the big meter adds exactly K rows: {with} vs {without}");
+    // Negative control: without the unit the same table moves by the big meter's 1 000 rows (and
+    // every ordinary meter counts 5 rows).
+    assert!((rowwise - 2000.0).abs() < 1e-3, "{rowwise}");
+    assert_eq!((n("with").await, n("without").await), (804, 800));
+    // The kept rows are a random sample, not the first rows in file order: the big meter's first
+    // 10 rows sit at x = 0.1, its other 990 at 0.9; taking the first K would put all 4 at 0.1.
+    let diff: Vec<f64> =
+        kernel_sum(&s, "with").await.iter().zip(kernel_sum(&s, "without").await).map(|(a, b)| a - b).collect();
+    let at = |x: f64| diff[(x * 100.0).round() as usize];
+    let per_row = 1.0 / (0.02 * (2.0 * std::f64::consts::PI).sqrt());
+    let (low, high) = (at(0.1) / per_row, at(0.9) / per_row);
+    assert!(low < 1.5 && high > 2.5 && (low + high - 4.0).abs() < 0.05, "rows at 0.1: {low:.3}, at 0.9: {high:.3}");
+}
+
+#[tokio::test]
+async fn grouped_releases_keep_at_most_max_groups_per_unit_and_charge_once() {
+    let f = fixture("units-groups").await;
+    let s = f.session(NoiseSource::Off, 3).await;
+    let per_region = |t: &'static str| {
+        let s = &s;
+        async move {
+            let b = s
+                .query(&format!("SELECT region, {KDE}['mass'] FROM {t} GROUP BY region ORDER BY region"))
+                .await
+                .unwrap();
+            let b = &b[0];
+            let g = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+            let g: Vec<String> = g.as_string::<i32>().iter().map(|v| v.unwrap().to_string()).collect();
+            let m = b.column(1).as_primitive::<Float64Type>().values().to_vec();
+            (g, m)
+        }
+    };
+    let (groups, with) = per_region("with").await;
+    let (_, without) = per_region("without").await;
+    assert_eq!(groups, ["a", "b", "c", "d"]);
+    let moved: Vec<f64> = with.iter().zip(&without).map(|(a, b)| a - b).collect();
+    // The big meter has 250 rows in each of the four regions; it reaches exactly L = 2 of them
+    // with K = 4 rows each.
+    let reached: Vec<&f64> = moved.iter().filter(|d| d.abs() > 1e-9).collect();
+    assert_eq!(reached.len(), MAX_GROUPS as usize, "{moved:?}");
+    assert!(reached.iter().all(|d| (**d - MAX_ROWS as f64).abs() < 1e-5), "{moved:?}");
+    // The mean curve works grouped with units too.
+    let b = s.query(&format!("SELECT region, {MEAN}['n'] FROM with GROUP BY region ORDER BY region")).await.unwrap();
+    assert_eq!(b[0].num_rows(), 4);
+    // One charge per call, as for declared keys: the noise, not the charge, covers L groups.
+    assert_eq!(f.spent("with"), Budget::charge(2.0, 2e-6).unwrap());
+}
+
+#[tokio::test]
+async fn the_bounded_statistic_does_not_depend_on_files_order_or_partitions() {
+    let f = fixture("units-partitions").await;
+    let mut seen: Option<(u64, Vec<u64>, Vec<u64>)> = None;
+    for partitions in [1, 2, 4] {
+        let s = f.session(NoiseSource::Off, partitions).await;
+        for table in ["with", "shuffled"] {
+            let mass = one_f64(&s.query(&format!("SELECT {KDE}['mass'] FROM {table}")).await.unwrap()).to_bits();
+            let b = s.query(&format!("SELECT {MEAN}['mean'] FROM {table}")).await.unwrap();
+            let mean = b[0].column(0).as_list::<i32>().value(0);
+            let mean: Vec<u64> = mean.as_primitive::<Float64Type>().values().iter().map(|v| v.to_bits()).collect();
+            let b =
+                s.query(&format!("SELECT {KDE}['mass'] FROM {table} GROUP BY region ORDER BY region")).await.unwrap();
+            let grouped: Vec<u64> =
+                b[0].column(0).as_primitive::<Float64Type>().values().iter().map(|v| v.to_bits()).collect();
+            let now = (mass, mean, grouped);
+            match &seen {
+                None => seen = Some(now),
+                Some(first) => assert_eq!(first, &now, "{table} with {partitions} partitions"),
+            }
+        }
+    }
+}
+
+/// The noise is calibrated for the unit's bound: with K = 4, L = 1 (ungrouped) the mean curve's
+/// count has discrete Laplace noise of scale 4/ε_n instead of 1/ε_n (sd 56.6 vs 14.1 at ε_n = 0.1).
+#[tokio::test]
+async fn the_noise_scales_with_the_units_bound() {
+    let f = fixture("units-noise").await;
+    let s = f.session(NoiseSource::Os, 2).await;
+    let sd = |t: &'static str| {
+        let s = &s;
+        async move {
+            let mut v = Vec::new();
+            for _ in 0..60 {
+                let b = s.query(&format!("SELECT {MEAN}['n'] FROM {t}")).await.unwrap();
+                v.push(b[0].column(0).as_primitive::<Int64Type>().value(0) as f64);
+            }
+            let m = v.iter().sum::<f64>() / v.len() as f64;
+            (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
+        }
+    };
+    let (unit, row) = (sd("with").await, sd("rowwise").await);
+    // 60 draws: the sample sd is within ±40 % of the truth with overwhelming probability.
+    assert!(unit > 34.0 && unit < 80.0, "unit sd {unit}");
+    assert!(row > 8.0 && row < 20.0, "row sd {row}");
+}
+
+#[tokio::test]
+async fn unit_policy_is_validated_and_the_rewrite_leaks_nothing() {
+    let f = fixture("units-policy").await;
+    let e = f.admin.set_privacy_unit("with", "nope", 5, 1).await.unwrap_err().to_string();
+    assert!(e.contains("has no column"), "{e}");
+    let e = f.admin.set_privacy_unit("with", "meter", 0, 1).await.unwrap_err().to_string();
+    assert!(e.contains("--max-rows must be in [1, 1000000]"), "{e}");
+    let unit = f.admin.tables().unwrap().into_iter().find(|t| t.name == "with").unwrap().policy.unwrap().unit.unwrap();
+    assert_eq!((unit.column.as_str(), unit.max_rows, unit.max_groups), ("meter", MAX_ROWS, MAX_GROUPS));
+    let s = f.session(NoiseSource::Os, 2).await;
+    // EXPLAIN shows the bounding but never the sampling key, and costs nothing.
+    let b = s.query(&format!("EXPLAIN SELECT region, {KDE} FROM with GROUP BY region")).await.unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&b).unwrap().to_string();
+    assert!(
+        text.contains("row_number") && text.contains("dense_rank") && text.contains("dpcurve_sample_order"),
+        "{text}"
+    );
+    assert!(!text.to_lowercase().contains("key"), "{text}");
+    // Reserved names cannot be smuggled in to confuse the rewrite.
+    let e = s
+        .query("SELECT private_kde(__dpcurve_unit, 0.02, 1.0, 1e-6, lo => 0, hi => 2) FROM (SELECT x + 1 AS __dpcurve_unit FROM with)")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("reserved"), "{e}");
+    // Raw rows stay unreadable; the unit column is no loophole.
+    let e = s.query("SELECT meter FROM with").await.unwrap_err().to_string();
+    assert!(e.contains("[rule no-raw-rows]"), "{e}");
+    assert_eq!(f.spent("with"), Budget::ZERO);
+    let _ = Int64Array::from(vec![0]).len();
+}
