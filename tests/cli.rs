@@ -288,11 +288,29 @@ fn admin_memory_limit_keys_and_locations_commands() {
     assert!(err.contains("group keys can be declared for integer, string"), "{err}");
     let (code, out, err) = admin(&["set-privacy-unit", "p", "x", "--max-rows", "3"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("at most 3 rows and 1 groups"), "{out}");
+    assert!(out.contains("at most 3 rows per unit and group, in at most 1 groups"), "{out}");
     assert!(admin(&["list"]).1.contains("unit x (≤ 3 rows, ≤ 1 groups)"));
     let (code, _, err) = admin(&["set-privacy-unit", "p", "x"]);
     assert_eq!(code, 2, "{err}");
     let (code, out, err) = admin(&["migrate-locations"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("already absolute"), "{out}");
+}
+
+/// A grouped result plots one curve per group, each named by its group.
+#[test]
+fn grouped_curves_are_plotted_one_per_group() {
+    let dir = TempDir::new("cli-grouped-plot");
+    let table = data(&dir);
+    let svg = dir.str("g.svg");
+    let sql = "SELECT x > 0.5 AS upper_half, private_kde(x, 0.05, 1, 1e-6, lo => 0, hi => 1, points => 32) AS kde \
+               FROM t GROUP BY x > 0.5 ORDER BY upper_half";
+    let (code, out, err) = dpcurve(&["sql", "--table", &table, "-c", sql, "--plot", "--svg", &svg], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("kde [upper_half=false] (density)") && out.contains("kde [upper_half=true] (density)"),
+        "{out}"
+    );
+    let doc = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(doc.matches("<polyline").count(), 2, "{doc}");
 }

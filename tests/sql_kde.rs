@@ -129,9 +129,12 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ("private_kde(x, 0.1, 1 + x, 1e-6, 0, 1)", "argument 'epsilon' must be a literal constant"),
         ("private_kde(x, 0.1, 1, 1e-6, 0, max(x))", ""),
         ("private_kde(x, 0.1, NULL, 1e-6, 0, 1)", "argument 'epsilon' is required and may not be NULL"),
-        ("private_kde(x, 0.1, 1)", "takes 4 to 9 arguments"),
-        ("private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 5)", "takes 4 to 9 arguments"),
-        ("private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 5, nonneg => true)", "too many arguments"),
+        ("private_kde(x, 0.1, 1)", "takes 4 to 12 arguments"),
+        ("private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 5, 1e-6, 10, 7)", "takes 4 to 12 arguments"),
+        (
+            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 5, 1e-6, 10, 7, nonneg => true)",
+            "too many arguments",
+        ),
         ("private_kde('a', 0.1, 1, 1e-6, 0, 1)", "argument 'value' must be numeric, got type Utf8"),
         (
             "private_kde(x, bw => 0.1, epsilon => 1, delta => 1e-6)",

@@ -202,6 +202,17 @@ async fn grouped_releases_keep_at_most_max_groups_per_unit_and_charge_once() {
     // The mean curve works grouped with units too.
     let b = s.query(&format!("SELECT region, {MEAN}['n'] FROM with GROUP BY region ORDER BY region")).await.unwrap();
     assert_eq!(b[0].num_rows(), 4);
+    // …and by private keys through partition selection (noise off: only the meter whose row count
+    // reaches τ = 15 when the row is the unit).
+    let b = s
+        .query(&format!(
+            "SELECT meter, private_mean_curve(load, 1.0, 1e-6, points => 8, clip => 10, select_epsilon => 1, \
+             select_delta => 1e-6)['n'] FROM rowwise GROUP BY meter"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    assert_eq!(b[0].column(1).as_primitive::<Int64Type>().value(0), 1000);
     // One charge per call, as for declared keys: the noise, not the charge, covers L groups.
     assert_eq!(f.spent("with"), Budget::charge(2.0, 2e-6).unwrap());
 }

@@ -219,8 +219,8 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
         Command::SetPrivacyUnit { name, column, max_rows, max_groups } => {
             admin.set_privacy_unit(&name, &column, max_rows, max_groups).await.map_err(err)?;
             println!(
-                "'{name}' protects units of '{column}': at most {max_rows} rows and {max_groups} groups per unit \
-                 and release (queries on it are refused until contribution bounding is available)"
+                "'{name}' protects units of '{column}': each release keeps at most {max_rows} rows per unit and \
+                 group, in at most {max_groups} groups per unit, and its noise covers that bound"
             );
         }
         Command::SetKeysFrom { name, column, source } => {

@@ -278,7 +278,24 @@ pub fn curves(result: &QueryOutput) -> Vec<Series> {
                 else {
                     continue;
                 };
-                let name = format!("{} row {} ({})", field.name(), out.len() + 1, fields[lists[1]].name());
+                // A grouped result names each curve by its group: the row's scalar columns.
+                let keys: Vec<String> = result
+                    .schema
+                    .fields()
+                    .iter()
+                    .zip(b.columns())
+                    .filter(|(f, _)| !f.data_type().is_nested())
+                    .filter_map(|(f, c)| {
+                        datafusion::arrow::util::display::array_value_to_string(c, r)
+                            .ok()
+                            .map(|v| format!("{}={v}", f.name()))
+                    })
+                    .collect();
+                let name = if keys.is_empty() {
+                    format!("{} row {} ({})", field.name(), out.len() + 1, fields[lists[1]].name())
+                } else {
+                    format!("{} [{}] ({})", field.name(), keys.join(", "), fields[lists[1]].name())
+                };
                 out.push(Series { name, xs, ys });
             }
         }

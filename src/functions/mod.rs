@@ -110,6 +110,14 @@ pub fn plan_private_call(func: &AggregateUDF, args: &[Expr], schema: &DFSchema) 
     None
 }
 
+/// The declared parameters of a private aggregate, or None if `func` is not private.
+pub fn params_of(func: &AggregateUDF) -> Option<&'static params::FunctionParams> {
+    if func.inner().is::<PrivateKde>() {
+        return Some(&private_kde::PARAMS);
+    }
+    func.inner().is::<PrivateMeanCurve>().then_some(&private_mean_curve::PARAMS)
+}
+
 /// Whether `func` is one of the private aggregates.
 pub fn is_private(func: &AggregateUDF) -> bool {
     func.inner().is::<PrivateKde>() || func.inner().is::<PrivateMeanCurve>()

@@ -23,6 +23,9 @@ pub struct PermitSlot {
     per_execution: u64,
     /// The declared groups of a grouped call (SPEC §7), one key tuple each.
     groups: Option<Arc<Vec<Vec<ScalarValue>>>>,
+    /// A grant replaces what is left instead of adding to it (partition selection: at most the
+    /// public cap of groups per execution, however few were selected).
+    replace: bool,
 }
 
 impl PermitSlot {
@@ -36,20 +39,36 @@ impl PermitSlot {
         Self::make(groups.len() as u64, Some(Arc::new(groups)))
     }
 
+    /// A new slot for a call grouped by private keys: at most `max_groups` releases (the
+    /// selected groups) per execution.
+    pub fn for_selection(max_groups: u64) -> Arc<Self> {
+        let slot = Self::make(max_groups, None);
+        Arc::new(Self { replace: true, ..Arc::into_inner(slot).expect("fresh") })
+    }
+
     fn make(per_execution: u64, groups: Option<Arc<Vec<Vec<ScalarValue>>>>) -> Arc<Self> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        Arc::new(Self { id, available: AtomicU64::new(0), per_execution, groups })
+        Arc::new(Self { id, available: AtomicU64::new(0), per_execution, groups, replace: false })
     }
 
     /// One more execution is paid for (the gate, after the debit): one release per group.
     pub fn grant(&self) {
-        self.available.fetch_add(self.per_execution, Ordering::SeqCst);
+        if self.replace {
+            self.available.store(self.per_execution, Ordering::SeqCst);
+        } else {
+            self.available.fetch_add(self.per_execution, Ordering::SeqCst);
+        }
     }
 
     /// Takes one permit; false if none is left.
     pub fn take(&self) -> bool {
         self.available.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+    }
+
+    /// Whether this is the slot of a call grouped by private keys (partition selection).
+    pub fn is_selection(&self) -> bool {
+        self.replace
     }
 
     /// Permits granted and not yet used.
@@ -85,6 +104,11 @@ impl Permits {
                 exec_err!("{function}: no release permit — the call was not priced by the planner guard")
             }
         }
+    }
+
+    /// Whether the call is grouped by private keys (its slot is a partition selection's).
+    pub fn is_selection(&self) -> bool {
+        matches!(self, Permits::Slot(s) if s.is_selection())
     }
 
     /// The declared groups of a grouped call.

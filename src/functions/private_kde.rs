@@ -46,6 +46,9 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "points", kind: ParamKind::Int },
         ParamDef { name: "calibration", kind: ParamKind::Str },
         ParamDef { name: "nonneg", kind: ParamKind::Bool },
+        ParamDef { name: "select_epsilon", kind: ParamKind::Float },
+        ParamDef { name: "select_delta", kind: ParamKind::Float },
+        ParamDef { name: "select_max_groups", kind: ParamKind::Int },
     ],
     required: 3,
 };

@@ -13,8 +13,9 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 
+use super::selection::SelectionStage;
 use crate::functions::PermitSlot;
 use crate::policy::{Catalog, Charge};
 
@@ -27,6 +28,8 @@ pub struct BudgetGateExec {
     charges: Arc<Vec<Charge>>,
     slots: Arc<Vec<Arc<PermitSlot>>>,
     query: Arc<str>,
+    /// Partition selections to run after the debit, before the input (SPEC §7).
+    stages: Arc<Vec<SelectionStage>>,
 }
 
 impl BudgetGateExec {
@@ -43,7 +46,19 @@ impl BudgetGateExec {
         } else {
             input
         };
-        Self { input, ledger, charges: Arc::new(charges), slots: Arc::new(slots), query: Arc::from(query) }
+        Self {
+            input,
+            ledger,
+            charges: Arc::new(charges),
+            slots: Arc::new(slots),
+            query: Arc::from(query),
+            stages: Arc::new(Vec::new()),
+        }
+    }
+
+    /// The same gate, running `stages` (partition selections) after the debit.
+    pub fn with_stages(self, stages: Vec<SelectionStage>) -> Self {
+        Self { stages: Arc::new(stages), ..self }
     }
 
     /// What one execution debits.
@@ -110,6 +125,7 @@ impl ExecutionPlan for BudgetGateExec {
             charges: Arc::clone(&self.charges),
             slots: Arc::clone(&self.slots),
             query: Arc::clone(&self.query),
+            stages: Arc::clone(&self.stages),
         }))
     }
 
@@ -119,6 +135,7 @@ impl ExecutionPlan for BudgetGateExec {
         let charges = Arc::clone(&self.charges);
         let query = Arc::clone(&self.query);
         let slots = Arc::clone(&self.slots);
+        let stages = Arc::clone(&self.stages);
         let tables = self.tables();
         let debit_then_read = async move {
             let debit = tokio::task::spawn_blocking(move || ledger.charge(&charges, &query))
@@ -127,6 +144,20 @@ impl ExecutionPlan for BudgetGateExec {
             debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
             // Paid: each private call may now release once (SPEC §5.1).
             slots.iter().for_each(|s| s.grant());
+            // Partition selections: count candidate groups, select with noise, hand the selected
+            // keys to the membership filters. Nothing of it leaves the gate; a failure is withheld.
+            for stage in stages.iter() {
+                let Some(plan) = stage.physical.clone() else { return Err(withheld(&tables)) };
+                let selected =
+                    std::panic::AssertUnwindSafe(datafusion::physical_plan::collect(plan, Arc::clone(&context)))
+                        .catch_unwind()
+                        .await;
+                let batches = match selected {
+                    Ok(Ok(b)) => b,
+                    _ => return Err(withheld(&tables)),
+                };
+                stage.select(&batches).map_err(|_| withheld(&tables))?;
+            }
             // Only now are the children created: no scan exists before the debit is durable.
             let stream = input.execute(partition, context).map_err(|_| withheld(&tables))?;
             let tables2 = tables.clone();

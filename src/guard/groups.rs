@@ -38,29 +38,45 @@ pub type KeysMap = BTreeMap<(String, String), Vec<String>>;
 /// Most groups (product of the declared keys of the grouping columns) one aggregate may have.
 pub const MAX_GROUPS: usize = 100_000;
 
-/// The typed declared keys of each grouping column of `agg` over private table `table`, or
-/// None when it has no GROUP BY. Refuses anything but plain columns with declared keys.
-pub fn declared_groups(agg: &Aggregate, keys: &KeysMap, table: &str) -> Result<Option<Vec<Vec<ScalarValue>>>> {
+/// How a private aggregate over a private table is grouped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GroupMode {
+    /// No GROUP BY.
+    Ungrouped,
+    /// Plain columns with declared keys: the typed keys of each column.
+    Declared(Vec<Vec<ScalarValue>>),
+    /// Plain columns of the table, none with declared keys: groups only through DP partition
+    /// selection (SPEC §7, [`super::selection`]).
+    Private,
+}
+
+/// How `agg` over private table `table` is grouped. Refuses expressions, ROLLUP/CUBE/GROUPING
+/// SETS, a mix of declared and undeclared columns, and more than [`MAX_GROUPS`] declared groups.
+pub fn group_mode(agg: &Aggregate, keys: &KeysMap, table: &str) -> Result<GroupMode> {
     if agg.group_expr.is_empty() {
-        return Ok(None);
+        return Ok(GroupMode::Ungrouped);
     }
     let mut out = Vec::with_capacity(agg.group_expr.len());
+    let mut undeclared = Vec::new();
     let mut groups: usize = 1;
     for g in &agg.group_expr {
         if let Expr::GroupingSet(_) = g {
             return plan_err!(
                 "[rule no-group-by] ROLLUP, CUBE and GROUPING SETS over private table '{table}' are not supported: \
-                 group by plain columns with declared keys"
+                 group by plain columns"
             );
         }
-        let traced = trace_column(g, &agg.input).filter(|(t, _)| t == table);
-        let Some(declared) = traced.as_ref().and_then(|k| keys.get(k)) else {
-            let what = g.schema_name().to_string();
+        let what = g.schema_name().to_string();
+        let Some(traced) = trace_column(g, &agg.input).filter(|(t, _)| t == table) else {
             return plan_err!(
-                "[rule no-group-by] GROUP BY {what} over private table '{table}': only plain columns whose keys \
-                 the data owner declared public can group private rows (`dpcurve admin set-keys {table} COLUMN \
-                 VALUE…`); the set of groups would otherwise reveal private values"
+                "[rule no-group-by] GROUP BY {what} over private table '{table}': only plain columns of the table \
+                 can group private rows (with keys the data owner declared public — `dpcurve admin set-keys \
+                 {table} COLUMN VALUE…` — or through DP partition selection with select_epsilon => …)"
             );
+        };
+        let Some(declared) = keys.get(&traced) else {
+            undeclared.push(what);
+            continue;
         };
         let t = g.get_type(agg.input.schema())?;
         let typed = declared
@@ -73,13 +89,33 @@ pub fn declared_groups(agg: &Aggregate, keys: &KeysMap, table: &str) -> Result<O
         groups = groups.saturating_mul(typed.len());
         out.push(typed);
     }
+    if !undeclared.is_empty() {
+        if !out.is_empty() {
+            return plan_err!(
+                "[rule no-group-by] GROUP BY over private table '{table}' mixes columns with declared keys and \
+                 columns without ({}): group by declared columns only, or by undeclared ones only (partition \
+                 selection)",
+                undeclared.join(", ")
+            );
+        }
+        return Ok(GroupMode::Private);
+    }
     if groups > MAX_GROUPS {
         return plan_err!(
             "[rule no-group-by] this GROUP BY over private table '{table}' has {groups} declared groups (the \
              product of the keys of its columns); at most {MAX_GROUPS}"
         );
     }
-    Ok(Some(out))
+    Ok(GroupMode::Declared(out))
+}
+
+/// The typed declared keys of each grouping column of `agg` over private table `table`, or
+/// None when it has no GROUP BY or groups by private keys.
+pub fn declared_groups(agg: &Aggregate, keys: &KeysMap, table: &str) -> Result<Option<Vec<Vec<ScalarValue>>>> {
+    Ok(match group_mode(agg, keys, table)? {
+        GroupMode::Declared(k) => Some(k),
+        _ => None,
+    })
 }
 
 /// All combinations of the columns' keys, in declaration order.

@@ -25,6 +25,7 @@ pub mod bounds;
 pub mod expressions;
 pub mod gate;
 pub mod groups;
+pub mod selection;
 pub mod shape;
 pub mod units;
 
@@ -86,9 +87,17 @@ pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(Logi
             }
             let table = shape::find_private_scan(&agg.input);
             let reads_private = table.is_some();
-            let declared = match &table {
-                Some(t) => groups::declared_groups(agg, keys, t)?.map(|cols| groups::product(&cols)),
-                None => None,
+            let mode = match &table {
+                Some(t) => groups::group_mode(agg, keys, t)?,
+                None => groups::GroupMode::Ungrouped,
+            };
+            let selected = match mode {
+                groups::GroupMode::Private => selection::selection_args(agg)?.map(|a| a.max_groups),
+                _ => None,
+            };
+            let declared = match mode {
+                groups::GroupMode::Declared(cols) => Some(groups::product(&cols)),
+                _ => None,
             };
             let aggr_expr = agg
                 .aggr_expr
@@ -98,9 +107,10 @@ pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(Logi
                         .transform_up(|e| match e {
                             Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
                                 let permits = if reads_private {
-                                    let slot = match &declared {
-                                        Some(g) => PermitSlot::for_groups(g.clone()),
-                                        None => PermitSlot::new(),
+                                    let slot = match (&declared, selected) {
+                                        (Some(g), _) => PermitSlot::for_groups(g.clone()),
+                                        (None, Some(max)) => PermitSlot::for_selection(max),
+                                        (None, None) => PermitSlot::new(),
                                     };
                                     slots.push(Arc::clone(&slot));
                                     Permits::Slot(slot)
@@ -141,14 +151,33 @@ fn group_counts(plan: &LogicalPlan, keys: &groups::KeysMap) -> Result<Vec<u64>> 
     plan.apply_with_subqueries(|node| {
         if let LogicalPlan::Aggregate(agg) = node {
             if let Some(t) = shape::find_private_scan(&agg.input) {
-                if let Ok(Some(cols)) = groups::declared_groups(agg, keys, &t) {
-                    counts.push(cols.iter().map(|c| c.len() as u64).product());
+                match groups::group_mode(agg, keys, &t) {
+                    Ok(groups::GroupMode::Declared(cols)) => counts.push(cols.iter().map(|c| c.len() as u64).product()),
+                    Ok(groups::GroupMode::Private) => {
+                        if let Ok(Some(a)) = selection::selection_args(agg) {
+                            counts.push(a.max_groups);
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
     Ok(counts)
+}
+
+/// What the guard made of a plan: the plan to run, its charges, one release permit slot per
+/// priced call, and the partition selections the gate runs first.
+pub struct Checked {
+    /// The rewritten logical plan.
+    pub plan: LogicalPlan,
+    /// What one execution debits.
+    pub charges: Vec<Charge>,
+    /// One per priced call.
+    pub slots: Vec<Arc<PermitSlot>>,
+    /// Partition selections (GROUP BY over private keys).
+    pub stages: Vec<selection::SelectionStage>,
 }
 
 /// The SQL text of the statement being planned, attached to the session config so the
@@ -226,11 +255,7 @@ impl PrivacyPlanner {
 
     /// Everything but the physical planning: the rewritten plan, its charges, and one release
     /// permit slot per charge.
-    pub fn check(
-        &self,
-        logical_plan: &LogicalPlan,
-        partitions: usize,
-    ) -> Result<(LogicalPlan, Vec<Charge>, Vec<Arc<PermitSlot>>)> {
+    pub fn check(&self, logical_plan: &LogicalPlan, partitions: usize) -> Result<Checked> {
         let defaults = self.defaults()?;
         let plan = apply_default_bounds(logical_plan.clone(), &defaults)?;
         // A privacy unit's contribution bound sets the calls' sensitivity (SPEC §7) before
@@ -243,19 +268,23 @@ impl PrivacyPlanner {
         let charges = shape::check_and_price(&plan, &defaults.keys)?;
         self.check_memory(&calls, &group_counts(&plan, &defaults.keys)?, partitions)?;
         if self.ledger.is_none() {
-            return Ok((plan, charges, Vec::new()));
+            return Ok(Checked { plan, charges, slots: Vec::new(), stages: Vec::new() });
         }
         let plan = groups::filter_to_declared_keys(plan, &defaults.keys)?;
         let (plan, slots) = assign_permits(plan, &defaults.keys)?;
         let plan = units::bound_contributions(plan, &defaults.units, &defaults.keys)?;
-        if slots.len() != charges.len() {
+        let (plan, stages) = selection::split_selections(plan, &defaults.units)?;
+        let calls = charges.iter().filter(|c| c.function != selection::SELECTION_CHARGE).count();
+        if slots.len() != calls || stages.len() != charges.len() - calls {
             return internal_err!(
-                "{} private calls were priced but {} got release permits",
-                charges.len(),
-                slots.len()
+                "{calls} private calls and {} selections were priced but {} got release permits and {} selections \
+                 were planned",
+                charges.len() - calls,
+                slots.len(),
+                stages.len()
             );
         }
-        Ok((plan, charges, slots))
+        Ok(Checked { plan, charges, slots, stages })
     }
 }
 
@@ -267,8 +296,12 @@ impl QueryPlanner for PrivacyPlanner {
         session: &dyn datafusion::catalog::Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = session.config().target_partitions();
-        let (plan, charges, slots) = self.check(logical_plan, partitions)?;
-        let physical = DefaultPhysicalPlanner::default().create_physical_plan(&plan, session).await?;
+        let Checked { plan, charges, slots, mut stages } = self.check(logical_plan, partitions)?;
+        let planner = DefaultPhysicalPlanner::default();
+        let physical = planner.create_physical_plan(&plan, session).await?;
+        for stage in &mut stages {
+            stage.physical = Some(planner.create_physical_plan(&stage.plan, session).await?);
+        }
         // Grouped private aggregates output every declared group, reached by rows or not.
         let physical = groups::complete_declared_groups(physical)?;
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
@@ -278,6 +311,6 @@ impl QueryPlanner for PrivacyPlanner {
             return datafusion::common::internal_err!("a private table was planned without a ledger");
         };
         let query = session.config().get_extension::<QueryText>().map(|q| q.0.clone()).unwrap_or_default();
-        Ok(Arc::new(BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, &query)))
+        Ok(Arc::new(BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, &query).with_stages(stages)))
     }
 }

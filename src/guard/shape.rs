@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `no-raw-rows` | rows of a private table reaching the result, a join, a window, … |
 //! | `private-aggregates-only` | an ordinary aggregate (count, sum, …) over a private table |
-//! | `no-group-by` | GROUP BY over a private table except by plain columns with declared public keys; ROLLUP/CUBE/GROUPING SETS |
+//! | `no-group-by` | GROUP BY over a private table except by plain columns with declared public keys, or without declared keys through a paid partition selection; ROLLUP/CUBE/GROUPING SETS |
 //! | `row-wise-only` | anything but filters and projections between the table and the aggregate: joins, unions, DISTINCT, LIMIT, ORDER BY, UNNEST, … |
 //! | `no-explain-analyze` | EXPLAIN ANALYZE of a query reading a private table (it prints row counts) |
 //! | `no-physical-explain` | EXPLAIN formats other than the (logical-only) default on a private table: `FORMAT TREE` renders the physical plan, whose file groups reveal file sizes |
@@ -27,7 +27,7 @@ use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, TableScan};
 
-use super::groups::KeysMap;
+use super::groups::{GroupMode, KeysMap};
 use crate::functions::{is_private, plan_private_call};
 use crate::policy::Charge;
 use crate::policy::table::as_private;
@@ -208,9 +208,33 @@ fn check_private_aggregate(agg: &Aggregate, charges: &mut Cx<'_>) -> Result<()> 
             }
         }
     }
-    // GROUP BY only over declared public keys (SPEC §7): one release per declared group, one
-    // charge per call (the groups are disjoint).
-    super::groups::declared_groups(agg, charges.keys, &table)?;
+    // GROUP BY over declared public keys (SPEC §7): one release per declared group, one charge
+    // per call (the groups are disjoint). Over private keys: only through a partition
+    // selection, charged in addition.
+    let mode = super::groups::group_mode(agg, charges.keys, &table)?;
+    let selection = super::selection::selection_args(agg)?;
+    match (mode, selection) {
+        (GroupMode::Private, Some(args)) => {
+            charges.list.push(Charge { table, function: super::selection::SELECTION_CHARGE.into(), cost: args.cost })
+        }
+        (GroupMode::Private, None) => {
+            let cols: Vec<String> = agg.group_expr.iter().map(|g| g.schema_name().to_string()).collect();
+            return plan_err!(
+                "[rule no-group-by] GROUP BY {} over private table '{table}': the column has no keys declared \
+                 public, so which groups exist is private; either the data owner declares the keys (`dpcurve \
+                 admin set-keys {table} COLUMN VALUE…`) or the query pays for DP partition selection: add \
+                 select_epsilon => …, select_delta => … (and optionally select_max_groups => …) to the private call",
+                cols.join(", ")
+            );
+        }
+        (_, Some(_)) => {
+            return plan_err!(
+                "[rule no-group-by] select_epsilon/select_delta/select_max_groups apply only to a GROUP BY over \
+                 columns without declared keys; this call over private table '{table}' has no such GROUP BY"
+            );
+        }
+        _ => {}
+    }
     Ok(())
 }
 

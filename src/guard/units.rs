@@ -40,7 +40,8 @@ use datafusion::logical_expr::{
 use rand::Rng;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
-use super::groups::{KeysMap, declared_groups};
+use super::groups::{GroupMode, KeysMap, group_mode};
+use super::selection::selection_args;
 use super::shape::{aggregate_call, find_private_scan};
 use crate::functions::{CallContext, context_of, is_private, with_context};
 use crate::mechanism::{Contribution, NoiseSource};
@@ -51,6 +52,8 @@ pub type UnitsMap = BTreeMap<String, PrivacyUnit>;
 
 /// Column carrying the unit up to the bounding windows.
 pub const UNIT_COLUMN: &str = "__dpcurve_unit";
+/// True on one kept row per unit and group (what partition selection counts).
+pub const FIRST_OF_UNIT: &str = "__dpcurve_first_of_unit";
 const ROW_RANK: &str = "__dpcurve_row_rank";
 const GROUP_RANK: &str = "__dpcurve_group_rank";
 
@@ -58,13 +61,15 @@ const GROUP_RANK: &str = "__dpcurve_group_rank";
 /// group, and `max_groups` groups (never more than the query has: 1 ungrouped, the number of
 /// declared groups when grouped).
 pub fn contribution_for(agg: &Aggregate, unit: &PrivacyUnit, keys: &KeysMap, table: &str) -> Result<Contribution> {
-    let groups = if agg.group_expr.is_empty() {
-        1
-    } else {
-        let declared = declared_groups(agg, keys, table).ok().flatten();
-        let n = declared.map(|cols| cols.iter().map(|c| c.len() as u64).product()).unwrap_or(u64::MAX);
-        (unit.max_groups.max(1) as u64).min(n.max(1))
+    // Never more groups than the query can release: 1 ungrouped, the declared groups, or the
+    // selection's cap on released groups.
+    let most = match group_mode(agg, keys, table) {
+        Ok(GroupMode::Ungrouped) => 1,
+        Ok(GroupMode::Declared(cols)) => cols.iter().map(|c| c.len() as u64).product(),
+        Ok(GroupMode::Private) => selection_args(agg)?.map_or(u64::MAX, |a| a.max_groups),
+        Err(_) => u64::MAX, // refused by the shape rules
     };
+    let groups = (unit.max_groups.max(1) as u64).min(most.max(1));
     Contribution::new(unit.max_rows.max(1) as u64, groups).map_err(|e| {
         datafusion::common::DataFusionError::Plan(format!("[rule privacy-unit] private table '{table}': {e}"))
     })
@@ -132,7 +137,7 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         };
         let (bound, noise) = contribution;
         for f in agg.input.schema().fields() {
-            if [UNIT_COLUMN, ROW_RANK, GROUP_RANK].contains(&f.name().as_str()) {
+            if [UNIT_COLUMN, ROW_RANK, GROUP_RANK, FIRST_OF_UNIT].contains(&f.name().as_str()) {
                 return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
             }
         }
@@ -141,9 +146,13 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         let unit_expr = Expr::Column(unit_col);
         let order = Arc::new(ScalarUDF::from(SampleOrder::new(noise)?));
         let mut builder = LogicalPlanBuilder::from(input);
-        let groups = declared_groups(agg, keys, &table)?.map(|cols| cols.iter().map(|c| c.len() as u64).product());
-        if groups.is_some_and(|n| bound.groups < n) {
-            // At most L groups per unit: only needed when the query has more groups than L.
+        let needs_group_bound = match group_mode(agg, keys, &table)? {
+            GroupMode::Ungrouped => false,
+            GroupMode::Declared(cols) => bound.groups < cols.iter().map(|c| c.len() as u64).product(),
+            GroupMode::Private => true,
+        };
+        if needs_group_bound {
+            // At most L groups per unit: only needed when the query may have more groups than L.
             let mut key = vec![unit_expr.clone()];
             key.extend(agg.group_expr.iter().cloned());
             let rank = dense_rank()
@@ -158,7 +167,10 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         let mut partition = vec![unit_expr.clone()];
         partition.extend(agg.group_expr.iter().cloned());
         let mut row = original.clone();
-        row.push(unit_expr);
+        row.push(unit_expr.clone());
+        // Partition selection counts units: one row per unit and group is marked first.
+        let mut kept = original;
+        kept.push(Expr::Column(Column::from_name(ROW_RANK)).eq(lit(1u64)).alias(FIRST_OF_UNIT));
         let rank = row_number()
             .partition_by(partition)
             .order_by(vec![order.call(row).sort(true, false)])
@@ -167,7 +179,7 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         let input = builder
             .window(vec![rank])?
             .filter(Expr::Column(Column::from_name(ROW_RANK)).lt_eq(lit(bound.rows)))?
-            .project(original)?
+            .project(kept)?
             .build()?;
         let rewritten = Aggregate::try_new_with_schema(
             Arc::new(input),

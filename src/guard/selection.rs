@@ -1,0 +1,295 @@
+//! GROUP BY over private keys (SPEC §7): groups appear only through DP partition selection.
+//!
+//! ```sql
+//! SELECT city, private_kde(income, 2000, 0.5, 1e-6, select_epsilon => 0.2, select_delta => 1e-7)
+//! FROM people GROUP BY city
+//! ```
+//!
+//! When a private aggregate groups by plain columns without declared keys, the query pays for
+//! a selection (`select_epsilon`, `select_delta`, on one of its private calls — or the same on
+//! several — and `select_max_groups`, the public cap on released groups, default 1 000) in
+//! addition to its curves: one more charge, `partition_selection`, on the table.
+//!
+//! Execution, after the gate's debit:
+//! 1. a first pass counts each candidate group's units (one marked row per unit and group after
+//!    contribution bounding, or rows when the row is the unit) — the same bounded rows the curves
+//!    read; a plain count, which spills to disk like any aggregate;
+//! 2. the gate adds exact discrete Laplace noise of scale `L/ε_sel` to each count and keeps
+//!    the groups reaching the threshold τ ([`PartitionSelection`]: a group of one unit passes
+//!    with probability ≤ δ_sel/L), then the `select_max_groups` highest noisy counts among them
+//!    (post-processing of the noisy counts);
+//! 3. the grouped aggregate reads only rows of selected groups (a membership filter holding the
+//!    selection) and releases one curve per selected group.
+//!
+//! The candidate keys and their counts live only inside the gate: they are never output, never
+//! logged, never in an error (errors while private rows are read are withheld) and never in
+//! EXPLAIN, which shows the plan, not the data. The memory rule counts `select_max_groups`
+//! states. What remains observable is timing of the first pass, which grows with the number
+//! of candidate groups as a scan grows with rows.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Int64Type};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::tree_node::Transformed;
+use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
+use datafusion::functions_aggregate::expr_fn::count;
+use datafusion::logical_expr::{
+    Aggregate, ColumnarValue, Filter, LogicalPlan, LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature, Volatility, col, lit,
+};
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::groups::MAX_GROUPS;
+use super::shape::{aggregate_call, find_private_scan};
+use super::units::{FIRST_OF_UNIT, UnitsMap};
+use crate::functions::{context_of, is_private, params_of};
+use crate::mechanism::NoiseSource;
+use crate::mechanism::budget::Budget;
+use crate::mechanism::selection::PartitionSelection;
+
+/// Released groups per call when `select_max_groups` is not given.
+pub const DEFAULT_MAX_GROUPS: u64 = 1000;
+const COUNT_COLUMN: &str = "__dpcurve_units";
+/// The function name of a selection's charge in the ledger.
+pub const SELECTION_CHARGE: &str = "partition_selection";
+
+/// The selection a query asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelectionArgs {
+    /// What the selection costs (charged in addition to the curves).
+    pub cost: Budget,
+    /// At most this many groups are released.
+    pub max_groups: u64,
+}
+
+/// The `select_*` arguments of `agg`'s private calls: None if no call has them; refused if
+/// incomplete, out of range, or different between calls.
+pub fn selection_args(agg: &Aggregate) -> Result<Option<SelectionArgs>> {
+    let mut found: Option<SelectionArgs> = None;
+    for e in &agg.aggr_expr {
+        let Some(f) = aggregate_call(e) else { continue };
+        let Some(p) = params_of(&f.func) else { continue };
+        let values = p.literals_from_logical(&f.params.args)?;
+        let (eps, delta) = (p.float(&values, "select_epsilon")?, p.float(&values, "select_delta")?);
+        let max_groups = p.int(&values, "select_max_groups", (1, MAX_GROUPS as i64))?;
+        let args = match (eps, delta) {
+            (None, None) if max_groups.is_none() => continue,
+            (Some(eps), Some(delta)) => {
+                if !(eps.is_finite() && (1e-6..=1000.0).contains(&eps)) || !(delta > 0.0 && delta <= 0.5) {
+                    return Err(p.error(format!(
+                        "arguments 'select_epsilon' and 'select_delta' must be in [1e-6, 1000] and (0, 0.5], got \
+                         {eps} and {delta}"
+                    )));
+                }
+                let cost = Budget::charge(eps, delta).map_err(|e| p.error(e))?;
+                SelectionArgs { cost, max_groups: max_groups.map_or(DEFAULT_MAX_GROUPS, |m| m as u64) }
+            }
+            _ => {
+                return Err(p.error(
+                    "arguments 'select_epsilon' and 'select_delta' go together (and 'select_max_groups' needs them)",
+                ));
+            }
+        };
+        match &found {
+            Some(f) if f != &args => {
+                return plan_err!(
+                    "[rule no-group-by] the private calls of one GROUP BY share one partition selection: give \
+                     select_epsilon/select_delta/select_max_groups once, or identically"
+                );
+            }
+            _ => found = Some(args),
+        }
+    }
+    Ok(found)
+}
+
+/// The selected keys of one execution, shared by the gate (which fills it) and the membership
+/// filter (which reads it). Empty until the gate has run the selection: a plan run below the
+/// gate selects nothing.
+#[derive(Debug, Default)]
+pub struct SelectedKeys {
+    keys: Mutex<Option<HashSet<Vec<u8>>>>,
+}
+
+/// One partition selection to run in the gate before the query's rows are read.
+pub struct SelectionStage {
+    /// The first pass: (group columns…, unit count) per candidate group.
+    pub plan: LogicalPlan,
+    /// Its physical plan (set by the planner).
+    pub physical: Option<Arc<dyn ExecutionPlan>>,
+    selection: PartitionSelection,
+    max_groups: usize,
+    keys: Arc<SelectedKeys>,
+    noise: NoiseSource,
+}
+
+impl fmt::Debug for SelectionStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SelectionStage(τ = {}, max_groups = {})", self.selection.threshold(), self.max_groups)
+    }
+}
+
+impl SelectionStage {
+    /// Selects from the first pass's output (`batches`): noisy count ≥ τ, then the
+    /// `max_groups` highest, and hands the keys to the membership filter. Returns how many.
+    pub fn select(&self, batches: &[RecordBatch]) -> Result<usize> {
+        let mut rng = self.noise.release_rng().map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let mut kept: Vec<(i128, Vec<u8>)> = Vec::new();
+        for b in batches {
+            let width = b.num_columns() - 1;
+            let keys = key_rows(&b.columns()[..width])?;
+            let counts = b.column(width).as_primitive::<Int64Type>();
+            for (row, key) in keys.into_iter().enumerate() {
+                let c = counts.value(row).max(0) as u64;
+                let noisy = match rng.as_mut() {
+                    Some(r) => self.selection.noisy_count(c, r),
+                    None => c as i128, // test hook: noise off
+                };
+                if noisy >= self.selection.threshold() as i128 {
+                    kept.push((noisy, key));
+                }
+            }
+        }
+        kept.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        kept.truncate(self.max_groups);
+        let n = kept.len();
+        *self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))? =
+            Some(kept.into_iter().map(|(_, k)| k).collect());
+        Ok(n)
+    }
+}
+
+/// Arrow's canonical row encoding of each row of `columns` (the same for the first pass and the
+/// membership filter, whose columns have the same types).
+fn key_rows(columns: &[ArrayRef]) -> Result<Vec<Vec<u8>>> {
+    let fields = columns.iter().map(|a| SortField::new(a.data_type().clone())).collect();
+    let rows = RowConverter::new(fields)?.convert_columns(columns)?;
+    Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
+}
+
+/// Rewrites every private aggregate grouped by private keys into a membership-filtered
+/// aggregate and returns the selection stages the gate must run first. Runs after contribution
+/// bounding, so both passes read the same bounded rows.
+pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalPlan, Vec<SelectionStage>)> {
+    let mut stages = Vec::new();
+    let plan = plan
+        .transform_up_with_subqueries(|node| {
+            let LogicalPlan::Aggregate(agg) = &node else { return Ok(Transformed::no(node)) };
+            if !agg.aggr_expr.iter().any(|e| aggregate_call(e).is_some_and(|f| is_private(&f.func))) {
+                return Ok(Transformed::no(node));
+            }
+            let Some(table) = find_private_scan(&agg.input) else { return Ok(Transformed::no(node)) };
+            // The guard gave the calls of a GROUP BY over private keys selection permit slots
+            // (the input is already bounded here, so the grouping is not traced again).
+            let selecting = agg
+                .aggr_expr
+                .iter()
+                .any(|e| aggregate_call(e).and_then(|f| context_of(&f.func)).is_some_and(|c| c.permits.is_selection()));
+            if !selecting {
+                return Ok(Transformed::no(node));
+            }
+            let Some(args) = selection_args(agg)? else {
+                return internal_err!("a GROUP BY over private keys was priced without a selection");
+            };
+            let Some(cx) = agg.aggr_expr.iter().find_map(|e| aggregate_call(e).and_then(|f| context_of(&f.func)))
+            else {
+                return internal_err!("a private aggregate has no call context");
+            };
+            // Each unit reaches at most `groups` groups after bounding (1 when the row is the unit).
+            let per_unit = if units.contains_key(&table) { cx.contribution.groups } else { 1 };
+            let selection =
+                PartitionSelection::new(args.cost.calibration_epsilon(), args.cost.calibration_delta(), per_unit)
+                    .map_err(|e| DataFusionError::Plan(format!("[rule no-group-by] {e}")))?;
+            // Units per group: one marked row per unit and group after bounding (a plain count,
+            // which spills like any aggregate), or rows when the row is the unit.
+            let mut first_pass = LogicalPlanBuilder::from(agg.input.as_ref().clone());
+            if units.contains_key(&table) {
+                first_pass = first_pass.filter(col(FIRST_OF_UNIT))?;
+            }
+            let first_pass =
+                first_pass.aggregate(agg.group_expr.clone(), vec![count(lit(1i64)).alias(COUNT_COLUMN)])?.build()?;
+            let selected = Arc::new(SelectedKeys::default());
+            let member = ScalarUDF::from(SelectedFilter::new(Arc::clone(&selected))).call(agg.group_expr.clone());
+            let input = Arc::new(LogicalPlan::Filter(Filter::try_new(member, Arc::clone(&agg.input))?));
+            stages.push(SelectionStage {
+                plan: first_pass,
+                physical: None,
+                selection,
+                max_groups: args.max_groups as usize,
+                keys: selected,
+                noise: cx.noise,
+            });
+            let rewritten = Aggregate::try_new_with_schema(
+                input,
+                agg.group_expr.clone(),
+                agg.aggr_expr.clone(),
+                Arc::clone(&agg.schema),
+            )?;
+            Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+        })?
+        .data;
+    Ok((plan, stages))
+}
+
+/// `dpcurve_selected(g, …)`: whether the row's group was selected in this execution.
+pub struct SelectedFilter {
+    signature: Signature,
+    keys: Arc<SelectedKeys>,
+}
+
+impl SelectedFilter {
+    fn new(keys: Arc<SelectedKeys>) -> Self {
+        Self { signature: Signature::variadic_any(Volatility::Volatile), keys }
+    }
+}
+
+impl fmt::Debug for SelectedFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SelectedFilter")
+    }
+}
+
+impl PartialEq for SelectedFilter {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.keys, &other.keys)
+    }
+}
+
+impl Eq for SelectedFilter {}
+
+impl Hash for SelectedFilter {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (Arc::as_ptr(&self.keys) as usize).hash(state)
+    }
+}
+
+impl ScalarUDFImpl for SelectedFilter {
+    fn name(&self) -> &str {
+        "dpcurve_selected"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let columns = args.args.iter().map(|a| a.to_array(n)).collect::<Result<Vec<_>>>()?;
+        let guard = self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))?;
+        let out: BooleanArray = match guard.as_ref() {
+            None => BooleanArray::from(vec![false; n]),
+            Some(selected) => key_rows(&columns)?.iter().map(|k| Some(selected.contains(k))).collect(),
+        };
+        debug_assert_eq!(out.len(), n);
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}

@@ -1,0 +1,212 @@
+//! GROUP BY over private keys (SPEC §7) through real SQL: groups appear only through DP
+//! partition selection, charged in addition; unselected keys appear nowhere; with a privacy unit
+//! the selection counts units, not rows.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::TempDir;
+use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::mechanism::budget::Budget;
+use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
+
+/// Cities: big1 (500 rows), big2 (300), small (3), lone (1), spam (1 000 rows of one person).
+fn write(path: &std::path::Path) {
+    let mut city = Vec::new();
+    let mut person = Vec::new();
+    let mut x = Vec::new();
+    for (name, rows) in [("big1", 500), ("big2", 300), ("small", 3), ("lone", 1)] {
+        for i in 0..rows {
+            city.push(name.to_string());
+            person.push(format!("{name}-{i}"));
+            x.push((i % 97) as f64 / 97.0);
+        }
+    }
+    for i in 0..1000 {
+        city.push("spam".into());
+        person.push("spammer".into());
+        x.push((i % 13) as f64 / 13.0);
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("city", DataType::Utf8, false),
+        Field::new("person", DataType::Utf8, false),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let cols: Vec<ArrayRef> =
+        vec![Arc::new(StringArray::from(city)), Arc::new(StringArray::from(person)), Arc::new(Float64Array::from(x))];
+    let batch = RecordBatch::try_new(Arc::clone(&schema), cols).unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+struct Fixture {
+    dir: TempDir,
+    admin: Admin,
+}
+
+/// `rows` (the row is the unit) and `people` (the same file's copy with `person` as the unit).
+async fn fixture(tag: &str) -> Fixture {
+    let dir = TempDir::new(tag);
+    write(&dir.path("rows.parquet"));
+    write(&dir.path("people.parquet"));
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    for t in ["rows", "people"] {
+        admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
+        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+    }
+    admin.set_privacy_unit("people", "person", 2, 1).await.unwrap();
+    Fixture { dir, admin }
+}
+
+impl Fixture {
+    async fn session(&self, noise: NoiseSource) -> AnalystSession {
+        let opts = SessionOptions { noise, target_partitions: Some(2), ..Default::default() };
+        AnalystSession::open(&self.dir.path("catalog.db"), opts).await.unwrap()
+    }
+
+    fn spent(&self, table: &str) -> Budget {
+        self.admin.tables().unwrap().into_iter().find(|t| t.name == table).unwrap().policy.unwrap().spent
+    }
+}
+
+/// τ = 15 for (1, 1e-6) with one group per unit (mechanism::selection's reference value).
+const SELECT: &str = "select_epsilon => 1, select_delta => 1e-6";
+
+fn kde(extra: &str) -> String {
+    format!("private_kde(x, 0.05, 0.5, 1e-6, points => 64, {extra})")
+}
+
+/// (city, mass) rows, sorted by city.
+async fn cities(s: &AnalystSession, sql: &str) -> Vec<(String, f64)> {
+    let b = s.query(sql).await.unwrap();
+    let mut out = Vec::new();
+    for b in &b {
+        let c = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+        let c = c.as_string::<i32>();
+        let m = b.column(1).as_primitive::<Float64Type>();
+        for i in 0..b.num_rows() {
+            out.push((c.value(i).to_string(), m.value(i)));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[tokio::test]
+async fn only_groups_above_the_threshold_appear_and_the_selection_is_charged() {
+    let f = fixture("sel-threshold").await;
+    let s = f.session(NoiseSource::Off).await;
+    let sql = format!("SELECT city, {}['mass'] FROM rows GROUP BY city", kde(SELECT));
+    let got = cities(&s, &sql).await;
+    // Noise off: exactly the groups whose count reaches τ = 15.
+    let names: Vec<&str> = got.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(names, ["big1", "big2", "spam"]);
+    // Each selected group's curve is the ungrouped curve filtered to it.
+    for (c, m) in &got {
+        let one =
+            s.query(&format!("SELECT {}['mass'] FROM rows WHERE city = '{c}'", kde("nonneg => true"))).await.unwrap();
+        assert_eq!(m.to_bits(), one[0].column(0).as_primitive::<Float64Type>().value(0).to_bits(), "{c}");
+    }
+    // The curve (0.5, 1e-6) plus the selection (1, 1e-6) for the grouped query, plus 3 ungrouped.
+    let curve = Budget::charge(0.5, 1e-6).unwrap();
+    let selection = Budget::charge(1.0, 1e-6).unwrap();
+    let want = Budget::charge(2.0 + 1.0, 4e-6 + 1e-6).unwrap();
+    assert_eq!(f.spent("rows"), want, "{curve} + {selection} + 3 × {curve}");
+    let log = f.admin.release_log(Some("rows")).unwrap();
+    assert_eq!(log.iter().filter(|r| r.function == "partition_selection").count(), 1);
+    // A public cap on released groups: the highest noisy counts win.
+    let top = cities(
+        &s,
+        &format!("SELECT city, {}['mass'] FROM rows GROUP BY city", kde(&format!("{SELECT}, select_max_groups => 1"))),
+    )
+    .await;
+    assert_eq!(top.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["spam"]);
+}
+
+#[tokio::test]
+async fn with_a_unit_the_selection_counts_people_not_rows() {
+    let f = fixture("sel-unit").await;
+    let s = f.session(NoiseSource::Off).await;
+    let sql = |t: &str| format!("SELECT city, {}['mass'] FROM {t} GROUP BY city", kde(SELECT));
+    // One person with 1 000 rows is one unit: 'spam' is not selected. Negative control: when the
+    // row is the unit, it is.
+    let people: Vec<String> = cities(&s, &sql("people")).await.into_iter().map(|(c, _)| c).collect();
+    assert_eq!(people, ["big1", "big2"]);
+    let rows: Vec<String> = cities(&s, &sql("rows")).await.into_iter().map(|(c, _)| c).collect();
+    assert!(rows.contains(&"spam".to_string()));
+}
+
+#[tokio::test]
+async fn unselected_keys_appear_nowhere_and_rare_groups_stay_hidden_with_noise() {
+    let f = fixture("sel-hidden").await;
+    let s = f.session(NoiseSource::Os).await;
+    let sql = format!("SELECT city, {}['mass'] FROM rows GROUP BY city", kde(SELECT));
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..20 {
+        for (c, _) in cities(&s, &sql).await {
+            *seen.entry(c).or_insert(0) += 1;
+        }
+    }
+    // Counts 3 and 1 pass τ = 15 with probability < 1e-5 each run; 300 and more almost surely.
+    assert!(!seen.contains_key("small") && !seen.contains_key("lone"), "{seen:?}");
+    assert_eq!((seen["big1"], seen["big2"], seen["spam"]), (20, 20, 20), "{seen:?}");
+    let b = s.query(&format!("EXPLAIN {sql}")).await.unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&b).unwrap().to_string();
+    assert!(text.contains("dpcurve_selected"), "{text}");
+    for hidden in ["small", "lone", "big1"] {
+        assert!(!text.contains(hidden), "{text}");
+    }
+    // Below the gate nothing is selected and nothing released.
+    let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+    let below = Arc::clone(plan.children()[0]);
+    let b = datafusion::physical_plan::collect(below, s.task_ctx_for_tests()).await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+}
+
+#[tokio::test]
+async fn private_keys_without_a_selection_and_misplaced_arguments_are_refused() {
+    let f = fixture("sel-refused").await;
+    f.admin.set_keys("rows", "person", &["a".into()]).await.unwrap();
+    let s = f.session(NoiseSource::Os).await;
+    let refused = [
+        (format!("SELECT city, {} FROM rows GROUP BY city", kde("nonneg => true")), "select_epsilon =>"),
+        (format!("SELECT {} FROM rows", kde(SELECT)), "apply only to a GROUP BY"),
+        (format!("SELECT person, {} FROM rows GROUP BY person", kde(SELECT)), "apply only to a GROUP BY"),
+        (format!("SELECT city, person, {} FROM rows GROUP BY city, person", kde(SELECT)), "mixes columns"),
+        (format!("SELECT city, {} FROM rows GROUP BY city", kde("select_epsilon => 1")), "go together"),
+        (
+            format!("SELECT city, {} FROM rows GROUP BY city", kde("select_epsilon => 1, select_delta => 0.9")),
+            "(0, 0.5]",
+        ),
+        (
+            format!(
+                "SELECT city, {}, {} FROM rows GROUP BY city",
+                kde(SELECT),
+                kde("select_epsilon => 2, select_delta => 1e-6")
+            ),
+            "share one partition selection",
+        ),
+        (format!("SELECT upper(city), {} FROM rows GROUP BY upper(city)", kde(SELECT)), "plain columns"),
+    ];
+    for (sql, want) in &refused {
+        let e = s.query(sql).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{sql}: {e}");
+    }
+    // Memory: the cap on released groups counts as groups.
+    f.admin.set_memory_limit(64 << 20).unwrap();
+    let s = f.session(NoiseSource::Os).await;
+    let e = s
+        .query(&format!(
+            "SELECT city, private_kde(x, 0.001, 0.5, 1e-6, points => 4096, {SELECT}, select_max_groups => 5000) FROM rows GROUP BY city"
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[rule memory-limit]") && e.contains("5000 groups"), "{e}");
+    assert_eq!(f.spent("rows"), Budget::ZERO);
+}
