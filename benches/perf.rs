@@ -20,8 +20,10 @@
 //!   coordinates in double-double, noise, synthesis) for `private_kde` at G = 256…16384 and
 //!   `private_mean_curve` at m = 100, 1000;
 //! * `gate`: per-query cost of the budget gate, ledger on disk (fsync) vs in memory (tmpfs);
-//! * `groups`: `SELECT g, private_kde(x, …) … GROUP BY g` over 100 declared keys vs
-//!   `SELECT g, sum(x) … GROUP BY g` on the same file (10^7 rows by default: the largest `--rows`).
+//! * `groups`: `SELECT g, private_kde(x, …) … GROUP BY g` over 100 declared keys, the same with a
+//!   privacy unit (≈ 100 rows per unit; K = 10, L = 3) and over private keys (partition
+//!   selection), vs `SELECT g, sum(x) … GROUP BY g` on the same file (10^7 rows by default: the
+//!   largest `--rows`).
 //!
 //! Options: `--rows LIST` (default 1e6,1e7), `--curves LIST` (default 1e5), `--reps N`
 //! (default 7), `--data DIR` (default `target/bench-data`;
@@ -521,15 +523,19 @@ fn kde_spec(g: usize) -> KdeSpec {
     }
 }
 
-/// `rows` mixture draws `x` with a group key `g = i mod 100`.
+/// `rows` mixture draws `x` with a group key `g = i mod 100` and a unit `u = 7919·i mod 100 003`
+/// (≈ 100 rows per unit, spread over the groups).
 fn grouped_file(dir: &Path, rows: usize) -> PathBuf {
-    let path = dir.join(format!("grouped-{}.parquet", human(rows)));
+    let path = dir.join(format!("grouped-units-{}.parquet", human(rows)));
     if path.exists() {
         return path;
     }
     println!("  generating {} …", path.display());
-    let schema =
-        Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true), Field::new("g", DataType::Int64, false)]));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("x", DataType::Float64, true),
+        Field::new("g", DataType::Int64, false),
+        Field::new("u", DataType::Int64, false),
+    ]));
     let tmp = path.with_extension("tmp");
     let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), Arc::clone(&schema), None).unwrap();
     let (mut done, mut seed) = (0, 2000);
@@ -539,7 +545,10 @@ fn grouped_file(dir: &Path, rows: usize) -> PathBuf {
         let g = Arc::new(datafusion::arrow::array::Int64Array::from_iter_values(
             (done..done + n).map(|i| (i % 100) as i64),
         ));
-        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![x, g]).unwrap()).unwrap();
+        let u = Arc::new(datafusion::arrow::array::Int64Array::from_iter_values(
+            (done..done + n).map(|i| ((i as u64 * 7919) % 100_003) as i64),
+        ));
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![x, g, u]).unwrap()).unwrap();
         done += n;
         seed += 1;
     }
@@ -550,24 +559,50 @@ fn grouped_file(dir: &Path, rows: usize) -> PathBuf {
 
 async fn groups(o: &Options, report: &mut Report) {
     let rows = *o.rows.iter().max().unwrap_or(&10_000_000);
-    println!("\n# grouped private_kde over 100 declared keys vs sum(x) GROUP BY g, {} rows", human(rows));
+    println!(
+        "\n# grouped private_kde (100 declared keys; with a privacy unit; over private keys) vs sum(x) GROUP BY g, {} rows",
+        human(rows)
+    );
     let file = grouped_file(&o.data, rows);
-    let (admin, _) = catalog_with_admin(&o.data, "groups", &file).await;
-    admin.set_keys("priv_t", "g", &(0..100).map(|k: i64| k.to_string()).collect::<Vec<_>>()).await.unwrap();
-    let path = o.data.join(format!("catalog-groups-{}.db", std::process::id()));
-    let s = AnalystSession::open(&path, SessionOptions::default()).await.unwrap();
-    let names = ["SELECT g, sum(x) GROUP BY g", "SELECT g, private_kde GROUP BY g (100 groups)"];
+    let keys: Vec<String> = (0..100).map(|k: i64| k.to_string()).collect();
+    // Three catalogs over the same file: declared keys; declared keys and a unit (≈ 100 rows per
+    // unit, K = 10 rows per group, L = 3 groups); no keys (partition selection).
+    let mut sessions = Vec::new();
+    for name in ["groups", "groups-units", "groups-select"] {
+        let (admin, _) = catalog_with_admin(&o.data, name, &file).await;
+        if name != "groups-select" {
+            admin.set_keys("priv_t", "g", &keys).await.unwrap();
+        }
+        if name == "groups-units" {
+            admin.set_privacy_unit("priv_t", "u", 10, 3).await.unwrap();
+        }
+        let path = o.data.join(format!("catalog-{name}-{}.db", std::process::id()));
+        sessions.push(AnalystSession::open(&path, SessionOptions::default()).await.unwrap());
+    }
+    let names = [
+        "SELECT g, sum(x) GROUP BY g",
+        "SELECT g, private_kde GROUP BY g (100 groups)",
+        "the same, unit u: K = 10, L = 3",
+        "the same, private keys: selection",
+    ];
+    let kde = format!("private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}");
     let sqls = [
         "SELECT g, sum(x) FROM pub_t GROUP BY g".to_string(),
+        format!("SELECT g, {kde}) FROM priv_t GROUP BY g"),
+        format!("SELECT g, {kde}) FROM priv_t GROUP BY g"),
         format!(
-            "SELECT g, private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}) FROM priv_t GROUP BY g"
+            "SELECT g, {kde}, select_epsilon => 0.001, select_delta => 1e-9, select_max_groups => 100) FROM priv_t GROUP BY g"
         ),
     ];
-    let variants: Vec<_> = names.iter().zip(sqls).map(|(n, q)| (*n, &s, q)).collect();
+    let on = [0, 0, 1, 2];
+    let variants: Vec<_> = names.iter().zip(sqls).zip(on).map(|((n, q), i)| (*n, &sessions[i], q)).collect();
     let times = interleaved(&variants, o.reps).await;
     report_against(report, "groups", &format!("{} rows, 100 keys", human(rows)), &names, &times, 0);
-    drop(s);
-    remove_catalog(&o.data, "groups");
+    drop(variants);
+    drop(sessions);
+    for name in ["groups", "groups-units", "groups-select"] {
+        remove_catalog(&o.data, name);
+    }
 }
 
 async fn gate(o: &Options, report: &mut Report) {
