@@ -31,22 +31,15 @@ fn write_table(path: &std::path::Path) {
         curves.append(true);
     }
     let curves = curves.finish();
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("region", DataType::Utf8, false),
-        Field::new("weekday", DataType::Int64, false),
-        Field::new("x", DataType::Float64, false),
-        Field::new("load", curves.data_type().clone(), true),
-    ]));
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from(region)),
-        Arc::new(Int64Array::from(weekday)),
-        Arc::new(Float64Array::from(xs)),
-        Arc::new(curves),
-    ];
-    let batch = RecordBatch::try_new(Arc::clone(&schema), cols).unwrap();
-    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    common::write_columns(
+        path,
+        vec![
+            ("region", Arc::new(StringArray::from(region)) as ArrayRef),
+            ("weekday", Arc::new(Int64Array::from(weekday))),
+            ("x", Arc::new(Float64Array::from(xs))),
+            ("load", Arc::new(curves)),
+        ],
+    );
 }
 
 struct Fixture {
@@ -81,18 +74,7 @@ const KDE: &str = "private_kde(x, 0.05, 0.5, 1e-6, points => 64)";
 
 /// (group, mass) rows of a grouped KDE query.
 async fn masses(s: &AnalystSession, sql: &str) -> Vec<(String, f64)> {
-    let batches = s.query(sql).await.unwrap();
-    let mut out = Vec::new();
-    for b in &batches {
-        let g = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
-        let g = g.as_string::<i32>();
-        let m = b.column(1).as_primitive::<Float64Type>();
-        for i in 0..b.num_rows() {
-            out.push((g.value(i).to_string(), m.value(i)));
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    common::keyed_values(&s.query(sql).await.unwrap())
 }
 
 #[tokio::test]

@@ -7,9 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::TempDir;
-use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
-use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, StringArray};
+use datafusion::arrow::datatypes::Float64Type;
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
@@ -30,17 +29,14 @@ fn write(path: &std::path::Path) {
         person.push("spammer".into());
         x.push((i % 13) as f64 / 13.0);
     }
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("city", DataType::Utf8, false),
-        Field::new("person", DataType::Utf8, false),
-        Field::new("x", DataType::Float64, false),
-    ]));
-    let cols: Vec<ArrayRef> =
-        vec![Arc::new(StringArray::from(city)), Arc::new(StringArray::from(person)), Arc::new(Float64Array::from(x))];
-    let batch = RecordBatch::try_new(Arc::clone(&schema), cols).unwrap();
-    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    common::write_columns(
+        path,
+        vec![
+            ("city", Arc::new(StringArray::from(city)) as ArrayRef),
+            ("person", Arc::new(StringArray::from(person))),
+            ("x", Arc::new(Float64Array::from(x))),
+        ],
+    );
 }
 
 struct Fixture {
@@ -83,18 +79,7 @@ fn kde(extra: &str) -> String {
 
 /// (city, mass) rows, sorted by city.
 async fn cities(s: &AnalystSession, sql: &str) -> Vec<(String, f64)> {
-    let b = s.query(sql).await.unwrap();
-    let mut out = Vec::new();
-    for b in &b {
-        let c = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
-        let c = c.as_string::<i32>();
-        let m = b.column(1).as_primitive::<Float64Type>();
-        for i in 0..b.num_rows() {
-            out.push((c.value(i).to_string(), m.value(i)));
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    common::keyed_values(&s.query(sql).await.unwrap())
 }
 
 #[tokio::test]

@@ -155,13 +155,7 @@ pub fn filter_to_declared_keys(plan: LogicalPlan, keys: &KeysMap) -> Result<Logi
             return Ok(Transformed::no(node));
         };
         let input = Arc::new(LogicalPlan::Filter(Filter::try_new(predicate, Arc::clone(&agg.input))?));
-        let rewritten = Aggregate::try_new_with_schema(
-            input,
-            agg.group_expr.clone(),
-            agg.aggr_expr.clone(),
-            Arc::clone(&agg.schema),
-        )?;
-        Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+        super::with_input(agg, input)
     })
     .map(|t| t.data)
 }

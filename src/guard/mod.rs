@@ -14,7 +14,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, DataFusionError, Result, internal_err, plan_err};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, WindowFunctionDefinition};
+use datafusion::logical_expr::{Aggregate, AggregateUDF, Expr, LogicalPlan, WindowFunctionDefinition};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
@@ -99,39 +99,55 @@ pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(Logi
                 groups::GroupMode::Declared(cols) => Some(groups::product(&cols)),
                 _ => None,
             };
-            let aggr_expr = agg
-                .aggr_expr
-                .iter()
-                .map(|e| {
-                    e.clone()
-                        .transform_up(|e| match e {
-                            Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
-                                let permits = if reads_private {
-                                    let slot = match (&declared, selected) {
-                                        (Some(g), _) => PermitSlot::for_groups(g.clone()),
-                                        (None, Some(max)) => PermitSlot::for_selection(max),
-                                        (None, None) => PermitSlot::new(),
-                                    };
-                                    slots.push(Arc::clone(&slot));
-                                    Permits::Slot(slot)
-                                } else {
-                                    Permits::Free
-                                };
-                                let Some(func) = with_permits(&func, permits) else {
-                                    return internal_err!("{} is private but has no permits", func.name());
-                                };
-                                let func = Arc::new(func);
-                                Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
-                            }
-                            other => Ok(Transformed::no(other)),
-                        })
-                        .map(|t| t.data)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            with_aggr_exprs(agg, aggr_expr)
+            map_private_calls(agg, |func| {
+                let permits = if reads_private {
+                    let slot = match (&declared, selected) {
+                        (Some(g), _) => PermitSlot::for_groups(g.clone()),
+                        (None, Some(max)) => PermitSlot::for_selection(max),
+                        (None, None) => PermitSlot::new(),
+                    };
+                    slots.push(Arc::clone(&slot));
+                    Permits::Slot(slot)
+                } else {
+                    Permits::Free
+                };
+                with_permits(func, permits)
+                    .ok_or_else(|| DataFusionError::Internal(format!("{} is private but has no permits", func.name())))
+            })
         })?
         .data;
     Ok((plan, slots))
+}
+
+/// The same aggregate with every private aggregate function instance replaced by `f(instance)`
+/// (same arguments, same output schema).
+pub(crate) fn map_private_calls(
+    agg: &Aggregate,
+    mut f: impl FnMut(&AggregateUDF) -> Result<AggregateUDF>,
+) -> Result<Transformed<LogicalPlan>> {
+    let aggr_expr = agg
+        .aggr_expr
+        .iter()
+        .map(|e| {
+            e.clone()
+                .transform_up(|e| match e {
+                    Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
+                        let func = Arc::new(f(&func)?);
+                        Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
+                    }
+                    other => Ok(Transformed::no(other)),
+                })
+                .map(|t| t.data)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    with_aggr_exprs(agg, aggr_expr)
+}
+
+/// The same aggregate over another input (same output schema).
+pub(crate) fn with_input(agg: &Aggregate, input: Arc<LogicalPlan>) -> Result<Transformed<LogicalPlan>> {
+    let rewritten =
+        Aggregate::try_new_with_schema(input, agg.group_expr.clone(), agg.aggr_expr.clone(), Arc::clone(&agg.schema))?;
+    Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
 }
 
 /// The same aggregate with new aggregate expressions (same output schema).

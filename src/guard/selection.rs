@@ -224,13 +224,7 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
                 keys: selected,
                 noise: cx.noise,
             });
-            let rewritten = Aggregate::try_new_with_schema(
-                input,
-                agg.group_expr.clone(),
-                agg.aggr_expr.clone(),
-                Arc::clone(&agg.schema),
-            )?;
-            Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+            super::with_input(agg, input)
         })?
         .data;
     Ok((plan, stages))

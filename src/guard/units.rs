@@ -29,10 +29,9 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, FixedSizeBinaryBuilder};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, Result, internal_err, plan_err};
+use datafusion::common::tree_node::Transformed;
+use datafusion::common::{Column, DataFusionError, Result, internal_err, plan_err};
 use datafusion::functions_window::expr_fn::{dense_rank, row_number};
-use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{
     Aggregate, ColumnarValue, Expr, ExprFunctionExt, Filter, LogicalPlan, LogicalPlanBuilder, Projection,
     ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility, lit,
@@ -70,9 +69,8 @@ pub fn contribution_for(agg: &Aggregate, unit: &PrivacyUnit, keys: &KeysMap, tab
         Err(_) => u64::MAX, // refused by the shape rules
     };
     let groups = (unit.max_groups.max(1) as u64).min(most.max(1));
-    Contribution::new(unit.max_rows.max(1) as u64, groups).map_err(|e| {
-        datafusion::common::DataFusionError::Plan(format!("[rule privacy-unit] private table '{table}': {e}"))
-    })
+    Contribution::new(unit.max_rows.max(1) as u64, groups)
+        .map_err(|e| DataFusionError::Plan(format!("[rule privacy-unit] private table '{table}': {e}")))
 }
 
 fn private_aggregate_over<'a>(
@@ -97,25 +95,11 @@ pub fn set_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) ->
     plan.transform_up_with_subqueries(|node| {
         let Some((agg, table, unit)) = private_aggregate_over(&node, units) else { return Ok(Transformed::no(node)) };
         let contribution = contribution_for(agg, unit, keys, &table)?;
-        let aggr_expr = agg
-            .aggr_expr
-            .iter()
-            .map(|e| {
-                e.clone()
-                    .transform_up(|e| match e {
-                        Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
-                            let Some(cx) = context_of(&func) else { return internal_err!("no call context") };
-                            let cx = CallContext { contribution, ..cx.clone() };
-                            let Some(func) = with_context(&func, cx) else { return internal_err!("no call context") };
-                            let func = Arc::new(func);
-                            Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
-                        }
-                        other => Ok(Transformed::no(other)),
-                    })
-                    .map(|t| t.data)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        super::with_aggr_exprs(agg, aggr_expr)
+        super::map_private_calls(agg, |func| {
+            let cx = context_of(func).ok_or_else(|| DataFusionError::Internal("no call context".into()))?;
+            with_context(func, CallContext { contribution, ..cx.clone() })
+                .ok_or_else(|| DataFusionError::Internal("no call context".into()))
+        })
     })
     .map(|t| t.data)
 }
@@ -181,13 +165,7 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
             .filter(Expr::Column(Column::from_name(ROW_RANK)).lt_eq(lit(bound.rows)))?
             .project(kept)?
             .build()?;
-        let rewritten = Aggregate::try_new_with_schema(
-            Arc::new(input),
-            agg.group_expr.clone(),
-            agg.aggr_expr.clone(),
-            Arc::clone(&agg.schema),
-        )?;
-        Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
+        super::with_input(agg, Arc::new(input))
     })
     .map(|t| t.data)
 }

@@ -138,3 +138,32 @@ pub fn mean_result(batches: &[RecordBatch]) -> (Vec<f64>, Vec<f64>, i64) {
     let n = s.column_by_name("n").unwrap().as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0);
     (list("t"), list("mean"), n)
 }
+
+/// Writes `columns` (named, in order) to a Parquet file as one batch; non-nullable fields except
+/// lists.
+pub fn write_columns(path: &Path, columns: Vec<(&str, datafusion::arrow::array::ArrayRef)>) {
+    let fields: Vec<Field> = columns
+        .iter()
+        .map(|(n, c)| Field::new(*n, c.data_type().clone(), matches!(c.data_type(), DataType::List(_))))
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), columns.into_iter().map(|(_, c)| c).collect()).unwrap();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// (key as text, Float64 value) of the first two columns of a result, sorted by key.
+pub fn keyed_values(batches: &[RecordBatch]) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let k = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+        let k = k.as_string::<i32>();
+        let v = b.column(1).as_primitive::<Float64Type>();
+        for i in 0..b.num_rows() {
+            out.push((k.value(i).to_string(), v.value(i)));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
