@@ -281,7 +281,11 @@ impl ScalarUDFImpl for SelectedFilter {
         let guard = self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))?;
         let out: BooleanArray = match guard.as_ref() {
             None => BooleanArray::from(vec![false; n]),
-            Some(selected) => key_rows(&columns)?.iter().map(|k| Some(selected.contains(k))).collect(),
+            Some(selected) => {
+                let fields = columns.iter().map(|a| SortField::new(a.data_type().clone())).collect();
+                let rows = RowConverter::new(fields)?.convert_columns(&columns)?;
+                rows.iter().map(|k| Some(selected.contains(k.as_ref()))).collect()
+            }
         };
         debug_assert_eq!(out.len(), n);
         Ok(ColumnarValue::Array(Arc::new(out)))
