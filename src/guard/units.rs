@@ -4,13 +4,10 @@
 //! Neighbouring tables differ by all rows of one unit (a person, a meter). Before the
 //! statistic, the guard rewrites the rows reaching a private aggregate to keep
 //!
-//! 1. at most `max_rows` rows per unit and group:
+//! 1. at most `max_groups` groups per unit (grouped calls only, when the declared groups
+//!    outnumber it): `dense_rank() OVER (PARTITION BY unit ORDER BY order(unit, g…)) ≤ L`;
+//! 2. at most `max_rows` rows per unit and group:
 //!    `row_number() OVER (PARTITION BY unit, g… ORDER BY order(row)) ≤ K`;
-//! 2. with at most `max_groups` groups per unit (grouped calls only, when the query may have more
-//!    groups than that), both at once over one sort of each unit's rows by
-//!    `(order(unit, g…), g…, order(row))`: `dense_rank() OVER (PARTITION BY unit ORDER BY
-//!    order(unit, g…), g…) ≤ L` and `row_number() − rank() < K` (the row's position within its
-//!    group);
 //!
 //! where `order` is [`SampleOrder`]: a 128-bit SipHash-1-3 of the row's values (all columns the
 //! aggregate reads, and the unit), keyed per query from the OS CSPRNG. A unit's kept rows are
@@ -34,7 +31,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, DataFusionError, Result, internal_err, plan_err};
-use datafusion::functions_window::expr_fn::{dense_rank, rank, row_number};
+use datafusion::functions_window::expr_fn::{dense_rank, row_number};
 use datafusion::logical_expr::{
     Aggregate, ColumnarValue, Expr, ExprFunctionExt, Filter, LogicalPlan, LogicalPlanBuilder, Projection,
     ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility, lit,
@@ -58,7 +55,6 @@ pub const UNIT_COLUMN: &str = "__dpcurve_unit";
 pub const FIRST_OF_UNIT: &str = "__dpcurve_first_of_unit";
 const ROW_RANK: &str = "__dpcurve_row_rank";
 const GROUP_RANK: &str = "__dpcurve_group_rank";
-const GROUP_START: &str = "__dpcurve_group_start";
 
 /// The contribution bound of a private aggregate over `unit`'s table: `max_rows` rows per
 /// group, and `max_groups` groups (never more than the query has: 1 ungrouped, the number of
@@ -125,7 +121,7 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         };
         let (bound, noise) = contribution;
         for f in agg.input.schema().fields() {
-            if [UNIT_COLUMN, ROW_RANK, GROUP_RANK, GROUP_START, FIRST_OF_UNIT].contains(&f.name().as_str()) {
+            if [UNIT_COLUMN, ROW_RANK, GROUP_RANK, FIRST_OF_UNIT].contains(&f.name().as_str()) {
                 return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
             }
         }
@@ -133,50 +129,42 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         let (input, unit_col) = with_unit(&agg.input, &unit.column, &table)?;
         let unit_expr = Expr::Column(unit_col);
         let order = Arc::new(ScalarUDF::from(SampleOrder::new(noise)?));
-        let builder = LogicalPlanBuilder::from(input);
+        let mut builder = LogicalPlanBuilder::from(input);
         let needs_group_bound = match group_mode(agg, keys, &table)? {
             GroupMode::Ungrouped => false,
             GroupMode::Declared(cols) => bound.groups < cols.iter().map(|c| c.len() as u64).product(),
             GroupMode::Private => true,
         };
-        let column = |name: &str| Expr::Column(Column::from_name(name));
-        let mut row = original.clone();
-        row.push(unit_expr.clone());
-        let row_order = order.call(row).sort(true, false);
-        let mut kept = original;
-        let builder = if needs_group_bound {
-            // At most L groups per unit (only needed when the query may have more groups than
-            // L), and K rows per unit and group. One sort by (unit, group order, row order)
-            // serves three windows over a unit's rows: the group's dense rank (≤ L), the
-            // group's first position (rank) and the row's position (row_number); the row's
-            // position within its group is row_number − rank.
+        if needs_group_bound {
+            // At most L groups per unit: only needed when the query may have more groups than L.
             let mut key = vec![unit_expr.clone()];
             key.extend(agg.group_expr.iter().cloned());
-            let mut group_order = vec![order.call(key).sort(true, false)];
-            group_order.extend(agg.group_expr.iter().map(|g| g.clone().sort(true, false)));
-            let mut rows_order = group_order.clone();
-            rows_order.push(row_order);
-            let unit_only = vec![unit_expr.clone()];
-            let group_rank =
-                dense_rank().partition_by(unit_only.clone()).order_by(group_order.clone()).build()?.alias(GROUP_RANK);
-            let group_start = rank().partition_by(unit_only.clone()).order_by(group_order).build()?.alias(GROUP_START);
-            let row_rank = row_number().partition_by(unit_only).order_by(rows_order).build()?.alias(ROW_RANK);
-            kept.push(column(ROW_RANK).eq(column(GROUP_START)).alias(FIRST_OF_UNIT));
-            // The longest ordering first: its sort also satisfies the group windows'.
-            builder.window(vec![row_rank])?.window(vec![group_rank, group_start])?.filter(
-                column(GROUP_RANK)
-                    .lt_eq(lit(bound.groups))
-                    .and(column(ROW_RANK).lt(column(GROUP_START) + lit(bound.rows))),
-            )?
-        } else {
-            let mut partition = vec![unit_expr.clone()];
-            partition.extend(agg.group_expr.iter().cloned());
-            let row_rank = row_number().partition_by(partition).order_by(vec![row_order]).build()?.alias(ROW_RANK);
-            kept.push(column(ROW_RANK).eq(lit(1u64)).alias(FIRST_OF_UNIT));
-            builder.window(vec![row_rank])?.filter(column(ROW_RANK).lt_eq(lit(bound.rows)))?
-        };
-        // Partition selection counts units: one kept row per unit and group is marked first.
-        let input = builder.project(kept)?.build()?;
+            let rank = dense_rank()
+                .partition_by(vec![unit_expr.clone()])
+                .order_by(vec![order.call(key).sort(true, false)])
+                .build()?
+                .alias(GROUP_RANK);
+            builder = builder
+                .window(vec![rank])?
+                .filter(Expr::Column(Column::from_name(GROUP_RANK)).lt_eq(lit(bound.groups)))?;
+        }
+        let mut partition = vec![unit_expr.clone()];
+        partition.extend(agg.group_expr.iter().cloned());
+        let mut row = original.clone();
+        row.push(unit_expr.clone());
+        // Partition selection counts units: one row per unit and group is marked first.
+        let mut kept = original;
+        kept.push(Expr::Column(Column::from_name(ROW_RANK)).eq(lit(1u64)).alias(FIRST_OF_UNIT));
+        let rank = row_number()
+            .partition_by(partition)
+            .order_by(vec![order.call(row).sort(true, false)])
+            .build()?
+            .alias(ROW_RANK);
+        let input = builder
+            .window(vec![rank])?
+            .filter(Expr::Column(Column::from_name(ROW_RANK)).lt_eq(lit(bound.rows)))?
+            .project(kept)?
+            .build()?;
         super::with_input(agg, Arc::new(input))
     })
     .map(|t| t.data)
