@@ -146,11 +146,20 @@ async fn unselected_keys_appear_nowhere_and_rare_groups_stay_hidden_with_noise()
     for hidden in ["small", "lone", "big1"] {
         assert!(!text.contains(hidden), "{text}");
     }
-    // Below the gate nothing is selected and nothing released.
+    // Below the gate nothing is selected and nothing released; after a paid execution the
+    // selection's permits are used up exactly, so a re-run below the gate cannot release again.
     let plan = s.physical_plan_for_tests(&sql).await.unwrap();
     let below = Arc::clone(plan.children()[0]);
-    let b = datafusion::physical_plan::collect(below, s.task_ctx_for_tests()).await.unwrap();
+    let b = datafusion::physical_plan::collect(Arc::clone(&below), s.task_ctx_for_tests()).await.unwrap();
     assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+    let spent = f.spent("rows");
+    let plan = datafusion::physical_plan::execution_plan::reset_plan_states(plan).unwrap();
+    let b = datafusion::physical_plan::collect(Arc::clone(&plan), s.task_ctx_for_tests()).await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 3, "paid: big1, big2, spam");
+    assert_ne!(f.spent("rows"), spent);
+    let below = datafusion::physical_plan::execution_plan::reset_plan_states(Arc::clone(plan.children()[0])).unwrap();
+    let e = datafusion::physical_plan::collect(below, s.task_ctx_for_tests()).await.unwrap_err().to_string();
+    assert!(e.contains("no release permit"), "{e}");
 }
 
 #[tokio::test]

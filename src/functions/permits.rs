@@ -61,6 +61,12 @@ impl PermitSlot {
         }
     }
 
+    /// Sets the permits left for this execution (partition selection: exactly the groups
+    /// selected, so nothing is left over for anything else).
+    pub fn set_available(&self, n: u64) {
+        self.available.store(n.min(self.per_execution), Ordering::SeqCst);
+    }
+
     /// Takes one permit; false if none is left.
     pub fn take(&self) -> bool {
         self.available.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
@@ -103,6 +109,14 @@ impl Permits {
             Permits::Denied => {
                 exec_err!("{function}: no release permit — the call was not priced by the planner guard")
             }
+        }
+    }
+
+    /// The slot, if the call has one.
+    pub fn slot(&self) -> Option<&Arc<PermitSlot>> {
+        match self {
+            Permits::Slot(s) => Some(s),
+            _ => None,
         }
     }
 

@@ -47,7 +47,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use super::groups::MAX_GROUPS;
 use super::shape::{aggregate_call, find_private_scan};
 use super::units::{FIRST_OF_UNIT, UnitsMap};
-use crate::functions::{context_of, is_private, params_of};
+use crate::functions::{PermitSlot, context_of, is_private, params_of};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
 use crate::mechanism::selection::PartitionSelection;
@@ -126,6 +126,9 @@ pub struct SelectionStage {
     max_groups: usize,
     keys: Arc<SelectedKeys>,
     noise: NoiseSource,
+    /// The release permit slots of the GROUP BY's private calls: after the selection each
+    /// holds exactly one permit per selected group.
+    slots: Vec<Arc<PermitSlot>>,
 }
 
 impl fmt::Debug for SelectionStage {
@@ -158,6 +161,7 @@ impl SelectionStage {
         kept.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         kept.truncate(self.max_groups);
         let n = kept.len();
+        self.slots.iter().for_each(|s| s.set_available(n as u64));
         *self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))? =
             Some(kept.into_iter().map(|(_, k)| k).collect());
         Ok(n)
@@ -196,6 +200,12 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
             let Some(args) = selection_args(agg)? else {
                 return internal_err!("a GROUP BY over private keys was priced without a selection");
             };
+            let slots: Vec<Arc<PermitSlot>> = agg
+                .aggr_expr
+                .iter()
+                .filter_map(|e| aggregate_call(e).and_then(|f| context_of(&f.func)))
+                .filter_map(|c| c.permits.slot().cloned())
+                .collect();
             let Some(cx) = agg.aggr_expr.iter().find_map(|e| aggregate_call(e).and_then(|f| context_of(&f.func)))
             else {
                 return internal_err!("a private aggregate has no call context");
@@ -223,6 +233,7 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
                 max_groups: args.max_groups as usize,
                 keys: selected,
                 noise: cx.noise,
+                slots,
             });
             super::with_input(agg, input)
         })?
