@@ -6,8 +6,9 @@
 //! undeclared keys are dropped by a filter the guard adds below the aggregate, and groups no
 //! row reached are released by [`DeclaredGroupsExec`] from an empty state — noise only. The
 //! groups are disjoint, so one call costs one charge (parallel composition; the privacy unit is
-//! the row). Grouping by an expression, by a column without declared keys, or with
-//! `ROLLUP`/`CUBE`/`GROUPING SETS` is refused (`no-group-by`).
+//! the row). Grouping by an expression, or with `ROLLUP`/`CUBE`/`GROUPING SETS`, is refused
+//! (`no-group-by`); columns without declared keys group only through a paid partition selection
+//! ([`super::selection`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
