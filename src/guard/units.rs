@@ -5,7 +5,7 @@
 //! statistic, the guard rewrites the rows reaching a private aggregate to keep
 //!
 //! 1. at most `max_groups` groups per unit (grouped calls only, when the declared groups
-//!    outnumber it): `dense_rank() OVER (PARTITION BY unit ORDER BY order(unit, g…)) ≤ L`;
+//!    outnumber it): `dense_rank() OVER (PARTITION BY unit ORDER BY order(unit, g…), g…) ≤ L`;
 //! 2. at most `max_rows` rows per unit and group:
 //!    `row_number() OVER (PARTITION BY unit, g… ORDER BY order(row)) ≤ K`;
 //!
@@ -139,11 +139,11 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
             // At most L groups per unit: only needed when the query may have more groups than L.
             let mut key = vec![unit_expr.clone()];
             key.extend(agg.group_expr.iter().cloned());
-            let rank = dense_rank()
-                .partition_by(vec![unit_expr.clone()])
-                .order_by(vec![order.call(key).sort(true, false)])
-                .build()?
-                .alias(GROUP_RANK);
+            // The group values break (2^-128-rare) hash ties, so distinct groups never share a rank.
+            let mut group_order = vec![order.call(key).sort(true, false)];
+            group_order.extend(agg.group_expr.iter().map(|g| g.clone().sort(true, false)));
+            let rank =
+                dense_rank().partition_by(vec![unit_expr.clone()]).order_by(group_order).build()?.alias(GROUP_RANK);
             builder = builder
                 .window(vec![rank])?
                 .filter(Expr::Column(Column::from_name(GROUP_RANK)).lt_eq(lit(bound.groups)))?;
