@@ -104,6 +104,10 @@ impl Engine {
         for udaf in private_udafs(opts.noise, permits) {
             ctx.register_udaf(udaf);
         }
+        // Free post-processing of released curves (SPEC §0).
+        for udf in crate::functions::post::curve_udfs() {
+            ctx.register_udf(udf);
+        }
         let allow = opts.allow_statements;
         let options = SQLOptions::new().with_allow_ddl(allow).with_allow_dml(allow).with_allow_statements(allow);
         Ok(Self { ctx, options, queries_only: !allow })

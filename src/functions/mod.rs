@@ -4,6 +4,7 @@
 pub mod named_args;
 pub mod params;
 pub mod permits;
+pub mod post;
 pub mod private_kde;
 pub mod private_mean_curve;
 
