@@ -4,7 +4,7 @@
 mod common;
 
 use common::{TempDir, write_x};
-use datafusion::arrow::array::AsArray;
+use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::Float64Type;
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
@@ -56,4 +56,12 @@ async fn quantiles_moments_and_integrals_of_a_release_cost_nothing_more() {
         .unwrap();
     assert!((b[0].column(0).as_primitive::<Float64Type>().value(0) - 1.0).abs() < 1e-12);
     assert_eq!(b[0].column(1).as_primitive::<Float64Type>().value(0), 0.5);
+    // List forms: several quantiles at once (NULL for p outside [0, 1]) and the derivative.
+    let tri = "named_struct('x', [0.0, 0.5, 1.0], 'density', [0.0, 2.0, 0.0])";
+    let b = s.query(&format!("SELECT curve_quantiles({tri}, [0.125, 0.5, 7]), curve_derivative({tri})")).await.unwrap();
+    let q = b[0].column(0).as_list::<i32>().value(0);
+    let q = q.as_primitive::<Float64Type>();
+    assert!((q.value(0) - 0.25).abs() < 1e-12 && (q.value(1) - 0.5).abs() < 1e-12 && q.is_null(2), "{q:?}");
+    let d = b[0].column(1).as_list::<i32>().value(0);
+    assert_eq!(d.as_primitive::<Float64Type>().values().to_vec(), vec![4.0, 0.0, -4.0]);
 }

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StructArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Float64Builder, ListBuilder, StructArray};
 use datafusion::arrow::datatypes::{DataType, Float64Type};
 use datafusion::common::{Result, exec_err, plan_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
@@ -81,7 +81,10 @@ impl CurveFn {
 
 /// All post-processing functions, ready to register.
 pub fn curve_udfs() -> Vec<ScalarUDF> {
-    CurveFn::ALL.iter().map(|&k| ScalarUDF::from(CurveUdf::new(k))).collect()
+    let mut out: Vec<ScalarUDF> = CurveFn::ALL.iter().map(|&k| ScalarUDF::from(CurveUdf::new(k))).collect();
+    out.push(ScalarUDF::from(CurveListUdf::new(ListFn::Quantiles)));
+    out.push(ScalarUDF::from(CurveListUdf::new(ListFn::Derivative)));
+    out
 }
 
 /// A released curve: grid points (increasing) and values.
@@ -138,6 +141,18 @@ impl Curve {
             sum += (y0 - s * x0) * p(k + 1) + s * p(k + 2);
         }
         sum
+    }
+
+    /// The derivative of the curve at its grid points: central differences inside, one-sided at
+    /// the ends (the slope of the interpolant's adjacent segments, averaged inside).
+    pub fn derivative(&self) -> Vec<f64> {
+        let n = self.xs.len();
+        (0..n)
+            .map(|i| {
+                let (a, b) = (i.saturating_sub(1), (i + 1).min(n - 1));
+                (self.ys[b] - self.ys[a]) / (self.xs[b] - self.xs[a])
+            })
+            .collect()
     }
 
     /// The grid point with the largest value (the first of ties).
@@ -248,38 +263,148 @@ impl ScalarUDFImpl for CurveUdf {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let n = args.number_rows;
         let arrays = args.args.iter().map(|a| a.to_array(n)).collect::<Result<Vec<ArrayRef>>>()?;
-        let Some((xi, yi)) = curve_fields(arrays[0].data_type()) else {
-            return exec_err!("{}: not a curve", self.name());
-        };
-        let s: &StructArray = arrays[0].as_struct();
-        let (xs, ys) = (s.column(xi).as_list::<i32>(), s.column(yi).as_list::<i32>());
+        let curves = curves_of(self.name(), &arrays[0])?;
         let numbers = arrays[1..]
             .iter()
             .map(|a| datafusion::arrow::compute::cast(a, &DataType::Float64))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let numbers: Vec<&Float64Array> = numbers.iter().map(|a| a.as_primitive::<Float64Type>()).collect();
-        let values = |l: &datafusion::arrow::array::ListArray, r: usize| -> Option<Vec<f64>> {
-            if l.is_null(r) {
-                return None;
-            }
-            let v = l.value(r);
-            let v = v.as_primitive::<Float64Type>();
-            (v.null_count() == 0).then(|| v.values().to_vec())
-        };
-        let out: Float64Array = (0..n)
-            .map(|r| {
-                if s.is_null(r) || numbers.iter().any(|a| a.is_null(r)) {
-                    return None;
-                }
-                let curve = Curve { xs: values(xs, r)?, ys: values(ys, r)? };
-                if curve.xs.len() != curve.ys.len() || curve.xs.len() < 2 {
+        let out: Float64Array = curves
+            .iter()
+            .enumerate()
+            .map(|(r, curve)| {
+                if numbers.iter().any(|a| a.is_null(r)) {
                     return None;
                 }
                 let a: Vec<f64> = numbers.iter().map(|a| a.value(r)).collect();
-                self.kind.eval(&curve, &a).filter(|v| v.is_finite())
+                self.kind.eval(curve.as_ref()?, &a).filter(|v| v.is_finite())
             })
             .collect();
         Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
+/// The curve of each row of a curve-struct column (None for NULL, ragged or too short curves).
+fn curves_of(function: &str, array: &ArrayRef) -> Result<Vec<Option<Curve>>> {
+    let Some((xi, yi)) = curve_fields(array.data_type()) else {
+        return exec_err!("{function}: not a curve");
+    };
+    let s: &StructArray = array.as_struct();
+    let (xs, ys) = (s.column(xi).as_list::<i32>(), s.column(yi).as_list::<i32>());
+    let values = |l: &datafusion::arrow::array::ListArray, r: usize| -> Option<Vec<f64>> {
+        if l.is_null(r) {
+            return None;
+        }
+        let v = l.value(r);
+        let v = v.as_primitive::<Float64Type>();
+        (v.null_count() == 0).then(|| v.values().to_vec())
+    };
+    Ok((0..array.len())
+        .map(|r| {
+            if s.is_null(r) {
+                return None;
+            }
+            let c = Curve { xs: values(xs, r)?, ys: values(ys, r)? };
+            (c.xs.len() == c.ys.len() && c.xs.len() >= 2).then_some(c)
+        })
+        .collect())
+}
+
+/// List-valued post-processing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ListFn {
+    /// `curve_quantiles(curve, [p, …])`: the quantiles at each p (NULL entries for p outside [0, 1]).
+    Quantiles,
+    /// `curve_derivative(curve)`: the derivative at the grid points.
+    Derivative,
+}
+
+/// `curve_quantiles` and `curve_derivative`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CurveListUdf {
+    kind: ListFn,
+    signature: Signature,
+}
+
+impl CurveListUdf {
+    fn new(kind: ListFn) -> Self {
+        Self { kind, signature: Signature::user_defined(Volatility::Immutable) }
+    }
+}
+
+impl ScalarUDFImpl for CurveListUdf {
+    fn name(&self) -> &str {
+        match self.kind {
+            ListFn::Quantiles => "curve_quantiles",
+            ListFn::Derivative => "curve_derivative",
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let want = if self.kind == ListFn::Quantiles { 2 } else { 1 };
+        if arg_types.len() != want {
+            return plan_err!("{} takes {want} arguments, got {}", self.name(), arg_types.len());
+        }
+        if curve_fields(&arg_types[0]).is_none() {
+            return plan_err!(
+                "{}: the first argument must be a curve (the struct private_kde or private_mean_curve returns), got {}",
+                self.name(),
+                arg_types[0]
+            );
+        }
+        let mut out = vec![arg_types[0].clone()];
+        if want == 2 {
+            match &arg_types[1] {
+                DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)
+                    if f.data_type().is_numeric() || f.data_type() == &DataType::Null =>
+                {
+                    out.push(DataType::new_list(DataType::Float64, true))
+                }
+                other => return plan_err!("{}: argument 2 must be a list of numbers, got {other}", self.name()),
+            }
+        }
+        Ok(out)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::new_list(DataType::Float64, true))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let arrays = args.args.iter().map(|a| a.to_array(n)).collect::<Result<Vec<ArrayRef>>>()?;
+        let curves = curves_of(self.name(), &arrays[0])?;
+        let mut out = ListBuilder::new(Float64Builder::new());
+        for (r, curve) in curves.iter().enumerate() {
+            let Some(curve) = curve else {
+                out.append(false);
+                continue;
+            };
+            match self.kind {
+                ListFn::Derivative => {
+                    out.values().append_values(&curve.derivative(), &vec![true; curve.xs.len()]);
+                    out.append(true);
+                }
+                ListFn::Quantiles => {
+                    let ps = arrays[1].as_list::<i32>();
+                    if ps.is_null(r) {
+                        out.append(false);
+                        continue;
+                    }
+                    let ps = ps.value(r);
+                    let ps = datafusion::arrow::compute::cast(&ps, &DataType::Float64)?;
+                    for p in ps.as_primitive::<Float64Type>() {
+                        out.values().append_option(p.and_then(|p| curve.quantile(p)));
+                    }
+                    out.append(true);
+                }
+            }
+        }
+        Ok(ColumnarValue::Array(Arc::new(out.finish())))
     }
 }
 
@@ -319,6 +444,7 @@ mod tests {
             let q = t.quantile(p).unwrap();
             assert!((CurveFn::Cdf.eval(&t, &[q]).unwrap() - p).abs() < 1e-12, "{p}");
         }
+        assert_eq!(t.derivative(), vec![4.0, 0.0, -4.0]);
         // A curve without positive mass has no CDF.
         let zero = Curve { xs: vec![0.0, 1.0], ys: vec![0.0, 0.0] };
         assert_eq!(CurveFn::Cdf.eval(&zero, &[0.5]), None);
