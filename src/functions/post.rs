@@ -211,6 +211,21 @@ impl CurveUdf {
     }
 }
 
+/// Checks a `curve_*` call has `want` arguments, the first a curve struct; returns its type.
+fn curve_arg(function: &str, arg_types: &[DataType], want: usize) -> Result<DataType> {
+    if arg_types.len() != want {
+        return plan_err!("{function} takes {want} arguments, got {}", arg_types.len());
+    }
+    if curve_fields(&arg_types[0]).is_none() {
+        return plan_err!(
+            "{function}: the first argument must be a curve (the struct private_kde or private_mean_curve returns), \
+             got {}",
+            arg_types[0]
+        );
+    }
+    Ok(arg_types[0].clone())
+}
+
 /// The (grid, values) list columns of a curve struct: `x`/`t` and `density`/`mean`.
 fn curve_fields(t: &DataType) -> Option<(usize, usize)> {
     let DataType::Struct(fields) = t else { return None };
@@ -233,21 +248,9 @@ impl ScalarUDFImpl for CurveUdf {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        if arg_types.len() != 1 + self.kind.numbers() {
-            return plan_err!("{} takes {} arguments, got {}", self.name(), 1 + self.kind.numbers(), arg_types.len());
-        }
-        let mut out = Vec::with_capacity(arg_types.len());
-        for (i, t) in arg_types.iter().enumerate() {
-            if i == 0 {
-                if curve_fields(t).is_none() {
-                    return plan_err!(
-                        "{}: the first argument must be a curve (the struct private_kde or private_mean_curve \
-                         returns), got {t}",
-                        self.name()
-                    );
-                }
-                out.push(t.clone());
-            } else if t.is_numeric() || t == &DataType::Null {
+        let mut out = vec![curve_arg(self.name(), arg_types, 1 + self.kind.numbers())?];
+        for (i, t) in arg_types.iter().enumerate().skip(1) {
+            if t.is_numeric() || t == &DataType::Null {
                 out.push(DataType::Float64);
             } else {
                 return plan_err!("{}: argument {} must be a number, got {t}", self.name(), i + 1);
@@ -346,17 +349,7 @@ impl ScalarUDFImpl for CurveListUdf {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let want = if self.kind == ListFn::Quantiles { 2 } else { 1 };
-        if arg_types.len() != want {
-            return plan_err!("{} takes {want} arguments, got {}", self.name(), arg_types.len());
-        }
-        if curve_fields(&arg_types[0]).is_none() {
-            return plan_err!(
-                "{}: the first argument must be a curve (the struct private_kde or private_mean_curve returns), got {}",
-                self.name(),
-                arg_types[0]
-            );
-        }
-        let mut out = vec![arg_types[0].clone()];
+        let mut out = vec![curve_arg(self.name(), arg_types, want)?];
         if want == 2 {
             match &arg_types[1] {
                 DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)

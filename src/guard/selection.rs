@@ -32,9 +32,8 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
-use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
 use datafusion::functions_aggregate::expr_fn::count;
@@ -46,7 +45,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::groups::MAX_GROUPS;
 use super::shape::{aggregate_call, find_private_scan};
-use super::units::{FIRST_OF_UNIT, UnitsMap};
+use super::units::{FIRST_OF_UNIT, UnitsMap, canonical_rows};
 use crate::functions::{PermitSlot, context_of, is_private, params_of};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
@@ -171,9 +170,7 @@ impl SelectionStage {
 /// Arrow's canonical row encoding of each row of `columns` (the same for the first pass and the
 /// membership filter, whose columns have the same types).
 fn key_rows(columns: &[ArrayRef]) -> Result<Vec<Vec<u8>>> {
-    let fields = columns.iter().map(|a| SortField::new(a.data_type().clone())).collect();
-    let rows = RowConverter::new(fields)?.convert_columns(columns)?;
-    Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
+    Ok(canonical_rows(columns)?.iter().map(|r| r.as_ref().to_vec()).collect())
 }
 
 /// Rewrites every private aggregate grouped by private keys into a membership-filtered
@@ -292,11 +289,7 @@ impl ScalarUDFImpl for SelectedFilter {
         let guard = self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))?;
         let out: BooleanArray = match guard.as_ref() {
             None => BooleanArray::from(vec![false; n]),
-            Some(selected) => {
-                let fields = columns.iter().map(|a| SortField::new(a.data_type().clone())).collect();
-                let rows = RowConverter::new(fields)?.convert_columns(&columns)?;
-                rows.iter().map(|k| Some(selected.contains(k.as_ref()))).collect()
-            }
+            Some(selected) => canonical_rows(&columns)?.iter().map(|k| Some(selected.contains(k.as_ref()))).collect(),
         };
         debug_assert_eq!(out.len(), n);
         Ok(ColumnarValue::Array(Arc::new(out)))

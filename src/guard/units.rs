@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, FixedSizeBinaryBuilder};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, DataFusionError, Result, internal_err, plan_err};
 use datafusion::functions_window::expr_fn::{dense_rank, row_number};
@@ -212,6 +212,13 @@ fn with_unit(plan: &LogicalPlan, unit: &str, table: &str) -> Result<(LogicalPlan
     }
 }
 
+/// Arrow's canonical row encoding of `columns`: equal values give equal bytes whatever the batch,
+/// file or partition (what both the sampling order and the partition selection key rely on).
+pub(crate) fn canonical_rows(columns: &[ArrayRef]) -> Result<Rows> {
+    let fields = columns.iter().map(|a| SortField::new(a.data_type().clone())).collect();
+    Ok(RowConverter::new(fields)?.convert_columns(columns)?)
+}
+
 /// `dpcurve_sample_order(col, …)`: a 128-bit keyed SipHash-1-3 of the row's values (in Arrow's
 /// canonical row encoding), as 16 big-endian bytes. The key is drawn per query from the OS
 /// CSPRNG (fixed under the test hooks' noise sources) and never displayed.
@@ -245,8 +252,7 @@ impl SampleOrder {
 
     /// The order keys of the rows of `columns`.
     pub fn keys(&self, columns: &[ArrayRef]) -> Result<ArrayRef> {
-        let fields = columns.iter().map(|a| SortField::new(a.data_type().clone())).collect();
-        let rows = RowConverter::new(fields)?.convert_columns(columns)?;
+        let rows = canonical_rows(columns)?;
         let mut out = FixedSizeBinaryBuilder::with_capacity(rows.num_rows(), 16);
         for row in rows.iter() {
             let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
