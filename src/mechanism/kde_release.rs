@@ -345,6 +345,13 @@ impl KdeMechanism {
 
     /// `A·w̃`: the kernel sum on the grid for (noisy) lifted coordinates. Post-processing.
     pub fn curve_from_lifted(&self, w: &[f64]) -> Vec<f64> {
+        let y = self.circle_from_lifted(w);
+        let lat = self.layout.lattice();
+        (0..self.spec.grid.points).map(|k| y[k * lat.grid_stride + lat.grid_offset]).collect()
+    }
+
+    /// The kernel sum at every point of the lattice circle (the grid's points among them).
+    pub fn circle_from_lifted(&self, w: &[f64]) -> Vec<f64> {
         let m = self.basis.m;
         let mut y = vec![Complex::new(0.0, 0.0); m];
         let (inv_m, inv_2m) = (1.0 / (m as f64).sqrt(), 1.0 / (2.0 * m as f64).sqrt());
@@ -361,8 +368,37 @@ impl KdeMechanism {
             }
         }
         FftPlanner::new().plan_fft_inverse(m).process(&mut y);
+        y.into_iter().map(|v| v.re).collect()
+    }
+
+    /// The position of `x` on the lattice circle, in lattice steps (grid point k sits at
+    /// `grid_stride·k + grid_offset`).
+    pub fn lattice_position(&self, x: f64) -> f64 {
         let lat = self.layout.lattice();
-        (0..self.spec.grid.points).map(|k| y[k * lat.grid_stride + lat.grid_offset].re).collect()
+        lat.grid_offset as f64 + (x - self.spec.grid.lo) / lat.unit
+    }
+
+    /// The kernel sum of lifted coordinates `w` at a real lattice position `j`: the same
+    /// trigonometric sum [`Self::circle_from_lifted`] evaluates at the integers, at any `j` —
+    /// the band-limited continuation of the released sample path (post-processing).
+    pub fn sum_at_position(&self, w: &[f64], j: f64) -> f64 {
+        let m = self.basis.m;
+        let (inv_m, inv_2m) = (1.0 / (m as f64).sqrt(), 1.0 / (2.0 * m as f64).sqrt());
+        let turn = 2.0 * std::f64::consts::PI * j / m as f64;
+        let mut sum = 0.0;
+        let mut c = 0;
+        for k in 0..=self.basis.kmax {
+            let (sin, cos) = (turn * k as f64).sin_cos();
+            if k == 0 || 2 * k == m {
+                sum += self.basis.synth[c] * w[c] * inv_m * cos;
+                c += 1;
+            } else {
+                let s = self.basis.synth[c] * inv_2m;
+                sum += 2.0 * s * (w[c] * cos + w[c + 1] * sin);
+                c += 2;
+            }
+        }
+        sum
     }
 
     /// The private part of a release: the noisy lifted coordinates on the lattice (exact

@@ -17,6 +17,7 @@ pub mod mean_curve;
 pub mod rng;
 pub mod samplers;
 pub mod selection;
+pub mod stored;
 pub mod sums;
 
 pub use calibration::Calibration;

@@ -1,0 +1,368 @@
+//! Stored releases (Hall et al. §5, "online" release): what a release keeps so it can be
+//! evaluated later, anywhere, without the data and without spending budget.
+//!
+//! A [`Recipe`] is the release's public parameters and its *released* lifted coordinates
+//! `w̃` (plus the released count of a mean curve) — the output of the exact discrete
+//! mechanism, never the private statistic. Everything a [`StoredCurve`] computes from it is
+//! post-processing (SPEC §0):
+//!
+//! * **KDE**: `S̃(x) = Σ_k √λ_k·w̃_k·φ_k(j(x))`, the trigonometric sum the release's inverse
+//!   transform evaluates at the lattice integers, continued to any lattice position `j(x)`.
+//!   At lattice points it is the release's own sample path (bit-identical at the grid points,
+//!   to f64 rounding elsewhere); between them it is the band-limited continuation — for this
+//!   finite-rank Gaussian process the path is determined by its lattice values, so this is
+//!   exactly the GP conditional mean given them. The density is `max(S̃(x), 0)/Z̃` with the
+//!   release's own normaliser.
+//! * **Mean curve**: `Σ_j c̃_j·v_j(t)` with each eigenvector continued by its Nyström extension
+//!   `v_j(t) = (1/(m·λ_j))·Σ_k c(t, t_k)·v_j(t_k)`, which equals `v_j` on the grid (and is the
+//!   GP conditional mean of the finite-rank noise given its grid values).
+//!
+//! Outside the release's range (`[lo, hi]`, or `[0, 1]` for a mean curve) there is no value.
+
+use serde_json::{Value, json};
+
+use super::contribution::Contribution;
+use super::kde::Grid;
+use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec};
+use super::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
+use super::Calibration;
+
+/// What a stored release keeps: public parameters and the released coordinates.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recipe {
+    /// A `private_kde` release.
+    Kde {
+        /// Its public parameters.
+        spec: KdeSpec,
+        /// The privacy unit's contribution bound the noise was calibrated for.
+        contribution: Contribution,
+        /// Level of its bands.
+        alpha: f64,
+        /// The released (noisy) lifted coordinates.
+        lifted: Vec<f64>,
+    },
+    /// A `private_mean_curve` release.
+    MeanCurve {
+        /// Its public parameters.
+        spec: MeanCurveSpec,
+        /// The contribution bound.
+        contribution: Contribution,
+        /// Level of its band.
+        alpha: f64,
+        /// The released (noisy) lifted coordinates.
+        lifted: Vec<f64>,
+        /// The released (noisy) count.
+        n: i64,
+    },
+}
+
+fn field(v: &Value, name: &str) -> Result<f64, String> {
+    v.get(name).and_then(Value::as_f64).ok_or_else(|| format!("stored release: parameter '{name}' is missing"))
+}
+
+fn count(v: &Value, name: &str) -> Result<u64, String> {
+    v.get(name).and_then(Value::as_u64).ok_or_else(|| format!("stored release: parameter '{name}' is missing"))
+}
+
+fn text<'a>(v: &'a Value, name: &str) -> Result<&'a str, String> {
+    v.get(name).and_then(Value::as_str).ok_or_else(|| format!("stored release: parameter '{name}' is missing"))
+}
+
+impl Recipe {
+    /// The SQL function that made the release.
+    pub fn function(&self) -> &'static str {
+        match self {
+            Recipe::Kde { .. } => "private_kde",
+            Recipe::MeanCurve { .. } => "private_mean_curve",
+        }
+    }
+
+    /// The public parameters as JSON (every float printed so that it reads back exactly).
+    pub fn parameters(&self) -> String {
+        let v = match self {
+            Recipe::Kde { spec, contribution, alpha, .. } => json!({
+                "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
+                "bandwidth": spec.bandwidth, "epsilon": spec.epsilon, "delta": spec.delta,
+                "calibration": spec.calibration.name(), "nonneg": spec.nonneg,
+                "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
+            }),
+            Recipe::MeanCurve { spec, contribution, alpha, .. } => json!({
+                "points": spec.points, "kernel": spec.kernel.name(), "range": spec.range,
+                "penalty": spec.penalty, "eta": spec.eta, "clip": spec.clip, "epsilon": spec.epsilon,
+                "delta": spec.delta, "count_fraction": spec.count_fraction,
+                "calibration": spec.calibration.name(),
+                "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
+            }),
+        };
+        v.to_string()
+    }
+
+    /// The released numbers: the lifted coordinates as little-endian f64 (a mean curve's count
+    /// first, as a little-endian i64).
+    pub fn data(&self) -> Vec<u8> {
+        let (lifted, n) = match self {
+            Recipe::Kde { lifted, .. } => (lifted, None),
+            Recipe::MeanCurve { lifted, n, .. } => (lifted, Some(*n)),
+        };
+        let mut out = Vec::with_capacity(8 * (lifted.len() + 1));
+        if let Some(n) = n {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        lifted.iter().for_each(|w| out.extend_from_slice(&w.to_le_bytes()));
+        out
+    }
+
+    /// Reads a stored release back.
+    pub fn decode(function: &str, parameters: &str, data: &[u8]) -> Result<Recipe, String> {
+        let p: Value = serde_json::from_str(parameters).map_err(|e| format!("stored release: {e}"))?;
+        let calibration = Calibration::parse(text(&p, "calibration")?).ok_or("stored release: bad calibration")?;
+        let contribution = Contribution::new(count(&p, "unit_rows")?, count(&p, "unit_groups")?)?;
+        let alpha = field(&p, "band_alpha")?;
+        let floats = |bytes: &[u8]| -> Result<Vec<f64>, String> {
+            if bytes.len() % 8 != 0 {
+                return Err("stored release: truncated data".into());
+            }
+            Ok(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+        };
+        match function {
+            "private_kde" => Ok(Recipe::Kde {
+                spec: KdeSpec {
+                    grid: Grid { lo: field(&p, "lo")?, hi: field(&p, "hi")?, points: count(&p, "points")? as usize },
+                    bandwidth: field(&p, "bandwidth")?,
+                    epsilon: field(&p, "epsilon")?,
+                    delta: field(&p, "delta")?,
+                    calibration,
+                    nonneg: p.get("nonneg").and_then(Value::as_bool).ok_or("stored release: nonneg is missing")?,
+                },
+                contribution,
+                alpha,
+                lifted: floats(data)?,
+            }),
+            "private_mean_curve" => {
+                if data.len() < 8 {
+                    return Err("stored release: truncated data".into());
+                }
+                Ok(Recipe::MeanCurve {
+                    spec: MeanCurveSpec {
+                        points: count(&p, "points")? as usize,
+                        kernel: CovKernel::parse(text(&p, "kernel")?).ok_or("stored release: bad kernel")?,
+                        range: field(&p, "range")?,
+                        penalty: field(&p, "penalty")?,
+                        eta: field(&p, "eta")?,
+                        clip: field(&p, "clip")?,
+                        epsilon: field(&p, "epsilon")?,
+                        delta: field(&p, "delta")?,
+                        count_fraction: field(&p, "count_fraction")?,
+                        calibration,
+                    },
+                    contribution,
+                    alpha,
+                    n: i64::from_le_bytes(data[..8].try_into().expect("8 bytes")),
+                    lifted: floats(&data[8..])?,
+                })
+            }
+            other => Err(format!("stored release of unknown function '{other}'")),
+        }
+    }
+}
+
+/// A stored release, ready to evaluate.
+#[derive(Debug)]
+pub enum StoredCurve {
+    /// A KDE release.
+    Kde {
+        /// The mechanism (public parameters, cached basis).
+        mechanism: Box<KdeMechanism>,
+        /// Released lifted coordinates.
+        lifted: Vec<f64>,
+        /// The kernel sum at every lattice point of the circle.
+        circle: Vec<f64>,
+        /// The release as it was returned.
+        release: KdeRelease,
+        /// Its bands.
+        bands: Option<KdeBands>,
+    },
+    /// A mean-curve release.
+    MeanCurve {
+        /// The release as it was returned.
+        release: MeanRelease,
+        /// Its noise band.
+        band: Vec<f64>,
+        /// Nyström weights `a_k = (1/m)·Σ_j (c̃_j/λ_j)·v_jk`: the curve at t is `Σ_k c(t, t_k)·a_k`.
+        weights: Vec<f64>,
+        /// Covariance kernel and range.
+        kernel: CovKernel,
+        /// Range ρ.
+        range: f64,
+    },
+}
+
+/// Lattice positions closer than this to an integer are read from the released path itself.
+const ON_LATTICE: f64 = 1e-9;
+
+impl StoredCurve {
+    /// Rebuilds the release from its recipe (public computation only).
+    pub fn build(recipe: &Recipe) -> Result<Self, String> {
+        match recipe {
+            Recipe::Kde { spec, contribution, alpha, lifted } => {
+                let mechanism = KdeMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
+                if lifted.len() != mechanism.basis().dim() {
+                    return Err("stored release: coordinates of the wrong dimension".into());
+                }
+                let circle = mechanism.circle_from_lifted(lifted);
+                let release = mechanism.post_process(&mechanism.curve_from_lifted(lifted));
+                let bands = mechanism.bands(&release, *alpha);
+                Ok(StoredCurve::Kde { mechanism: Box::new(mechanism), lifted: lifted.clone(), circle, release, bands })
+            }
+            Recipe::MeanCurve { spec, contribution, alpha, lifted, n } => {
+                let mechanism =
+                    MeanCurveMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
+                let basis = mechanism.basis();
+                if lifted.len() != basis.lambda.len() {
+                    return Err("stored release: coordinates of the wrong dimension".into());
+                }
+                let release = mechanism.post_process(lifted, *n);
+                let band = mechanism.noise_band(*n, *alpha);
+                let m = spec.points;
+                let d = (*n).max(1) as f64;
+                let mut weights = vec![0.0; m];
+                for ((w, l), v) in lifted.iter().zip(&basis.lambda).zip(&basis.vectors) {
+                    let c = w * l.sqrt() / d / l / m as f64;
+                    weights.iter_mut().zip(v).for_each(|(a, vk)| *a += c * vk);
+                }
+                Ok(StoredCurve::MeanCurve { release, band, weights, kernel: spec.kernel, range: spec.range })
+            }
+        }
+    }
+
+    /// The released curve at `x` (density for a KDE, mean for a mean curve); None outside the
+    /// release's range or when the release has no curve (a KDE with too little mass).
+    pub fn eval(&self, x: f64) -> Option<f64> {
+        if !x.is_finite() {
+            return None;
+        }
+        match self {
+            StoredCurve::Kde { mechanism, lifted, circle, release, .. } => {
+                let grid = mechanism.spec().grid;
+                release.density.as_ref()?;
+                if !(x >= grid.lo && x <= grid.hi) {
+                    return None;
+                }
+                let j = mechanism.lattice_position(x);
+                let near = j.round();
+                let sum = if (j - near).abs() < ON_LATTICE && (near as usize) < circle.len() {
+                    circle[near as usize]
+                } else {
+                    mechanism.sum_at_position(lifted, j)
+                };
+                let v = if mechanism.spec().nonneg { sum.max(0.0) } else { sum };
+                Some(v / release.normaliser)
+            }
+            StoredCurve::MeanCurve { release, weights, kernel, range, .. } => {
+                if !(0.0..=1.0).contains(&x) {
+                    return None;
+                }
+                let m = release.t.len();
+                let k = (x * (m - 1) as f64).round() as usize;
+                if release.t[k] == x {
+                    return Some(release.mean[k]);
+                }
+                Some(release.t.iter().zip(weights).map(|(t, a)| kernel.eval(x - t, *range) * a).sum())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::ChaCha20Rng;
+
+    fn kde_recipe(bandwidth: f64) -> (Recipe, KdeRelease) {
+        let spec = KdeSpec {
+            grid: Grid { lo: 0.0, hi: 1.0, points: 101 },
+            bandwidth,
+            epsilon: 1.0,
+            delta: 1e-6,
+            calibration: Calibration::Analytic,
+            nonneg: true,
+        };
+        let m = KdeMechanism::new(spec.clone()).unwrap();
+        let xs: Vec<f64> = (0..500).map(|i| 0.2 + 0.5 * (i as f64 * 0.618).fract()).collect();
+        let mut st = m.layout().empty_state();
+        m.layout().add_all(&mut st, &xs);
+        let lifted = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(3)));
+        let release = m.post_process(&m.curve_from_lifted(&lifted));
+        (Recipe::Kde { spec, contribution: Contribution::ROW, alpha: 0.05, lifted }, release)
+    }
+
+    #[test]
+    fn a_kde_recipe_round_trips_and_evaluates_the_same_path() {
+        for h in [0.05, 0.004] {
+            let (recipe, release) = kde_recipe(h);
+            let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
+            assert_eq!(back, recipe, "exact round trip");
+            let curve = StoredCurve::build(&back).unwrap();
+            let density = release.density.unwrap();
+            // Bit-identical at the grid points.
+            for (x, d) in release.x.iter().zip(&density) {
+                assert_eq!(curve.eval(*x), Some(*d), "x = {x}");
+            }
+            // The trigonometric continuation passes through the lattice values.
+            let StoredCurve::Kde { mechanism, lifted, circle, .. } = &curve else { unreachable!() };
+            for j in [3usize, 100, 257, circle.len() / 2] {
+                let t = mechanism.sum_at_position(lifted, j as f64);
+                assert!((t - circle[j]).abs() <= 1e-9 * circle.iter().fold(0.0f64, |a, v| a.max(v.abs())), "j = {j}");
+            }
+            // Between grid points: continuous, close to linear interpolation on a fine grid.
+            let mid = curve.eval(0.505).unwrap();
+            let (a, b) = (curve.eval(0.5).unwrap(), curve.eval(0.51).unwrap());
+            if h > 2.0 * 0.01 {
+                assert!((mid - 0.5 * (a + b)).abs() < 0.05 * (a.abs() + b.abs()) + 1e-9, "{a} {mid} {b}");
+            } else {
+                assert!(mid.is_finite() && mid >= 0.0);
+            }
+            assert_eq!(curve.eval(-0.01), None);
+            assert_eq!(curve.eval(1.01), None);
+        }
+    }
+
+    #[test]
+    fn a_mean_curve_recipe_round_trips_and_nystrom_matches_the_grid() {
+        let spec = MeanCurveSpec {
+            points: 40,
+            kernel: CovKernel::Matern52,
+            range: 0.2,
+            penalty: 0.01,
+            eta: 1.0,
+            clip: 1.0,
+            epsilon: 1.0,
+            delta: 1e-6,
+            count_fraction: 0.1,
+            calibration: Calibration::Analytic,
+        };
+        let m = MeanCurveMechanism::new(spec.clone()).unwrap();
+        let mut st = m.empty_state();
+        for i in 0..30 {
+            m.add(&mut st, &(0..40).map(|k| ((k + i) as f64 / 9.0).sin() * 0.3).collect::<Vec<_>>());
+        }
+        let lifted = m.lattice().release(&m.lifted(&st), Some(&mut ChaCha20Rng::seed_from_u64(5)));
+        let release = m.post_process(&lifted, 31);
+        let recipe = Recipe::MeanCurve { spec, contribution: Contribution::ROW, alpha: 0.05, lifted, n: 31 };
+        let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
+        assert_eq!(back, recipe);
+        let curve = StoredCurve::build(&back).unwrap();
+        for (t, v) in release.t.iter().zip(&release.mean) {
+            assert_eq!(curve.eval(*t), Some(*v));
+        }
+        // The Nyström continuation agrees with the grid values when evaluated near them.
+        let scale = release.mean.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+        for k in [0usize, 7, 20, 39] {
+            let t = release.t[k];
+            let near = curve.eval((t + 1e-12).min(1.0) - if k == 39 { 2e-12 } else { 0.0 }).unwrap();
+            assert!((near - release.mean[k]).abs() < 1e-6 * scale, "k = {k}: {near} vs {}", release.mean[k]);
+        }
+        assert_eq!(curve.eval(1.5), None);
+    }
+}
