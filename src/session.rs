@@ -30,7 +30,7 @@ use crate::functions::{Permits, all_params, named_args, private_udafs};
 use crate::guard::{PrivacyPlanner, QueryText};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
-use crate::policy::{BudgetsTable, Catalog, PolicyError, PrivateTable, ReleaseRecord, TableInfo};
+use crate::policy::{BudgetsTable, Catalog, PolicyError, PrivateTable, ReleaseRecord, ReleasesTable, TableInfo};
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -264,6 +264,11 @@ impl AnalystSession {
         }
         let schema = Arc::new(MemorySchemaProvider::new());
         schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog))))?;
+        schema.register_table("releases".into(), Arc::new(ReleasesTable::new(Arc::clone(&catalog))))?;
+        // Stored releases: evaluated and re-read without data or budget (issue 12).
+        let (eval, table) = crate::functions::releases::release_functions(Arc::clone(&catalog) as _);
+        engine.ctx.register_udf(eval);
+        engine.ctx.register_udtf("release", table);
         engine
             .ctx
             .catalog("datafusion")

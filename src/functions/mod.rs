@@ -7,6 +7,7 @@ pub mod permits;
 pub mod post;
 pub mod private_kde;
 pub mod private_mean_curve;
+pub mod releases;
 
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use crate::mechanism::budget::Budget;
 use crate::mechanism::{Contribution, NoiseSource};
-pub use permits::{PermitSlot, Permits};
+pub use permits::{PermitSlot, Permits, ReleaseStore, SlotCharge};
 pub use private_kde::PrivateKde;
 pub use private_mean_curve::PrivateMeanCurve;
 

@@ -177,6 +177,15 @@ impl FunctionParams {
         }
     }
 
+    /// The level α of the result's simultaneous bands (`band_alpha`, default 0.05).
+    pub fn band_alpha(&self, values: &[Option<ScalarValue>]) -> Result<f64> {
+        match self.float(values, "band_alpha")? {
+            None => Ok(crate::mechanism::bands::DEFAULT_ALPHA),
+            Some(a) if a > 0.0 && a < 1.0 => Ok(a),
+            Some(a) => Err(self.error(format!("argument 'band_alpha' must be in the open interval (0, 1), got {a}"))),
+        }
+    }
+
     /// A required float parameter.
     pub fn required_float(&self, values: &[Option<ScalarValue>], name: &str) -> Result<f64> {
         self.float(values, name)?

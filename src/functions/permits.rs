@@ -9,10 +9,33 @@
 //! slots (fail closed); calls over public tables become [`Permits::Free`].
 
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use datafusion::common::{Result, ScalarValue, exec_err};
+use datafusion::common::{Result, ScalarValue, exec_datafusion_err, exec_err};
+
+use crate::mechanism::budget::Budget;
+use crate::mechanism::stored::Recipe;
+
+/// Where paid releases are kept (the catalog, in catalog sessions; issue 12).
+pub trait ReleaseStore: Send + Sync + std::fmt::Debug {
+    /// Keeps `recipe` under the ledger entry `charge` of `table`; returns the release's id.
+    fn store(&self, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String>;
+}
+
+/// What one private call is charged: the gate matches it with the ledger entry it debits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotCharge {
+    /// The private table.
+    pub table: String,
+    /// The private function.
+    pub function: String,
+    /// What one execution of the call costs.
+    pub cost: Budget,
+}
+
+/// Where the releases of one paid execution go: the store and the ledger entry.
+type Ticket = (Arc<dyn ReleaseStore>, i64);
 
 /// One private call's permits: granted by the gate, taken by the release.
 #[derive(Debug)]
@@ -26,6 +49,10 @@ pub struct PermitSlot {
     /// A grant replaces what is left instead of adding to it (partition selection: at most the
     /// public cap of groups per execution, however few were selected).
     replace: bool,
+    /// What the call is charged (set by the guard).
+    charge: OnceLock<SlotCharge>,
+    /// Where this execution's releases are kept (set by the gate after the debit).
+    ticket: Mutex<Option<Ticket>>,
 }
 
 impl PermitSlot {
@@ -49,7 +76,30 @@ impl PermitSlot {
     fn make(per_execution: u64, groups: Option<Arc<Vec<Vec<ScalarValue>>>>) -> Arc<Self> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        Arc::new(Self { id, available: AtomicU64::new(0), per_execution, groups, replace: false })
+        Arc::new(Self {
+            id,
+            available: AtomicU64::new(0),
+            per_execution,
+            groups,
+            replace: false,
+            charge: OnceLock::new(),
+            ticket: Mutex::new(None),
+        })
+    }
+
+    /// Records what the call is charged (the guard, once).
+    pub fn set_charge(&self, charge: SlotCharge) {
+        let _ = self.charge.set(charge);
+    }
+
+    /// What the call is charged, if the guard recorded it.
+    pub fn charge(&self) -> Option<&SlotCharge> {
+        self.charge.get()
+    }
+
+    /// Where the releases of the execution just paid are kept (the gate, after the debit).
+    pub fn set_ticket(&self, store: Arc<dyn ReleaseStore>, charge_id: i64) {
+        *self.ticket.lock().expect("ticket lock") = Some((store, charge_id));
     }
 
     /// One more execution is paid for (the gate, after the debit): one release per group.
@@ -110,6 +160,21 @@ impl Permits {
                 exec_err!("{function}: no release permit — the call was not priced by the planner guard")
             }
         }
+    }
+
+    /// Keeps a release made under a permit (catalog sessions) and returns its id; None for
+    /// releases that are not kept (sessions without a catalog, calls over public tables).
+    pub fn keep(&self, function: &str, recipe: &Recipe) -> Result<Option<String>> {
+        let Permits::Slot(slot) = self else { return Ok(None) };
+        let ticket = slot.ticket.lock().expect("ticket lock").clone();
+        let Some(charge) = slot.charge() else { return Ok(None) };
+        let Some((store, charge_id)) = ticket else {
+            return datafusion::common::internal_err!("{function}: a priced release has no ledger entry to be kept under");
+        };
+        store
+            .store(charge_id, &charge.table, recipe)
+            .map(Some)
+            .map_err(|e| exec_datafusion_err!("{function}: the release was drawn but could not be stored: {e}"))
     }
 
     /// The slot, if the call has one.

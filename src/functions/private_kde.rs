@@ -13,7 +13,7 @@
 use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StructArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StringArray, StructArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
 use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -26,6 +26,8 @@ use crate::functions::{CallContext, Permits};
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
+use crate::mechanism::kde_release::{KdeBands, KdeRelease};
+use crate::mechanism::stored::Recipe;
 use crate::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, NoiseSource};
 
 /// SQL name of the function.
@@ -46,6 +48,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "points", kind: ParamKind::Int },
         ParamDef { name: "calibration", kind: ParamKind::Str },
         ParamDef { name: "nonneg", kind: ParamKind::Bool },
+        ParamDef { name: "band_alpha", kind: ParamKind::Float },
         ParamDef { name: "select_epsilon", kind: ParamKind::Float },
         ParamDef { name: "select_delta", kind: ParamKind::Float },
         ParamDef { name: "select_max_groups", kind: ParamKind::Int },
@@ -113,7 +116,9 @@ pub fn mechanism_from_literals(
 
 /// Validates a logical call at planning time and returns what it costs.
 pub fn plan_call(args: &[Expr], contribution: Contribution) -> Result<PrivateCall> {
-    let (mechanism, cost) = mechanism_from_literals(&PARAMS.literals_from_logical(args)?, contribution)?;
+    let values = PARAMS.literals_from_logical(args)?;
+    PARAMS.band_alpha(&values)?;
+    let (mechanism, cost) = mechanism_from_literals(&values, contribution)?;
     let (state_bytes, work_bytes) = mechanism.memory_bytes();
     Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
 }
@@ -124,7 +129,24 @@ pub fn result_fields() -> Fields {
         Field::new_list("x", Field::new_list_field(DataType::Float64, true), true),
         Field::new_list("density", Field::new_list_field(DataType::Float64, true), true),
         Field::new("mass", DataType::Float64, true),
+        Field::new("release", DataType::Utf8, true),
+        Field::new_list("noise_band", Field::new_list_field(DataType::Float64, true), true),
+        Field::new_list("band", Field::new_list_field(DataType::Float64, true), true),
     ])
+}
+
+/// The result struct of a release: grid, density, mass, the stored release's id, and the
+/// simultaneous bands' half-widths (also what `release(id)` re-reads).
+pub fn result_value(release: &KdeRelease, bands: Option<&KdeBands>, id: Option<String>) -> Result<ScalarValue> {
+    let columns: Vec<ArrayRef> = vec![
+        float_list(Some(release.x.clone())),
+        float_list(release.density.clone()),
+        Arc::new(Float64Array::from(vec![release.mass])),
+        Arc::new(StringArray::from(vec![id])),
+        float_list(bands.map(|b| b.noise.clone())),
+        float_list(bands.and_then(|b| b.total.clone())),
+    ];
+    Ok(ScalarValue::Struct(Arc::new(StructArray::try_new(result_fields(), columns, None)?)))
 }
 
 static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
@@ -136,9 +158,11 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
         },
         "Differentially private kernel density estimate (Gaussian kernel) on a public grid, \
          released with Gaussian-process noise calibrated to (epsilon, delta). Returns \
-         {x, density, mass}: the grid, the density normalised by the released curve's own \
-         integral (NULL if it holds less than one point's mass), and a noisy count of the \
-         values in [lo, hi].",
+         {x, density, mass, release, noise_band, band}: the grid, the density normalised by the \
+         released curve's own integral (NULL if it holds less than one point's mass), a noisy \
+         count of the values in [lo, hi], the stored release's id (catalog sessions), and the \
+         half-widths of the simultaneous level-band_alpha bands for the privacy noise and for \
+         noise plus sampling error.",
         "private_kde(value, bandwidth, epsilon, delta [, lo, hi, points, calibration, nonneg])",
     )
     .with_sql_example(
@@ -153,6 +177,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("points", "grid size in [2, 65536], default 512")
     .with_argument("calibration", "'analytic' (default) or 'classic' (ε ≤ 1 only)")
     .with_argument("nonneg", "clamp negative values before normalising, default true")
+    .with_argument("band_alpha", "level of the simultaneous bands, in (0, 1), default 0.05")
     .build()
 });
 
@@ -232,9 +257,11 @@ impl AggregateUDFImpl for PrivateKde {
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         PARAMS.check_accumulator_args(&args)?;
-        let (mechanism, _) =
-            mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, self.cx.contribution)?;
-        Ok(Box::new(KdeAccumulator::new(mechanism, self.cx.noise).with_permits(self.cx.permits.clone())))
+        let values = PARAMS.literals_from_physical(args.exprs)?;
+        let alpha = PARAMS.band_alpha(&values)?;
+        let (mechanism, _) = mechanism_from_literals(&values, self.cx.contribution)?;
+        let acc = KdeAccumulator::new(mechanism, self.cx.noise).with_permits(self.cx.permits.clone());
+        Ok(Box::new(KdeAccumulator { alpha, contribution: self.cx.contribution, ..acc }))
     }
 
     fn documentation(&self) -> Option<&Documentation> {
@@ -250,12 +277,24 @@ pub struct KdeAccumulator {
     noise: NoiseSource,
     permits: Permits,
     released: Option<ScalarValue>,
+    /// Level of the bands.
+    alpha: f64,
+    /// The contribution bound the mechanism was calibrated for (kept with the release).
+    contribution: Contribution,
 }
 
 impl KdeAccumulator {
     fn new(mechanism: KdeMechanism, noise: NoiseSource) -> Self {
         let state = KdeAccumulation::new(mechanism.layout());
-        Self { mechanism, state, noise, permits: Permits::Free, released: None }
+        Self {
+            mechanism,
+            state,
+            noise,
+            permits: Permits::Free,
+            released: None,
+            alpha: crate::mechanism::bands::DEFAULT_ALPHA,
+            contribution: Contribution::ROW,
+        }
     }
 
     fn with_permits(self, permits: Permits) -> Self {
@@ -267,12 +306,14 @@ impl KdeAccumulator {
         self.permits.take(NAME)?;
         let state = self.state.totals();
         let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
-        let release = self.mechanism.release(state, rng.as_mut());
-        let x = float_list(Some(release.x));
-        let density = float_list(release.density);
-        let mass: ArrayRef = Arc::new(Float64Array::from(vec![release.mass]));
-        let s = StructArray::try_new(result_fields(), vec![x, density, mass], None)?;
-        Ok(ScalarValue::Struct(Arc::new(s)))
+        let lifted = self.mechanism.noisy_lifted(state, rng.as_mut());
+        // Everything from here on is post-processing of the released coordinates.
+        let release = self.mechanism.post_process(&self.mechanism.curve_from_lifted(&lifted));
+        let bands = self.mechanism.bands(&release, self.alpha);
+        let recipe =
+            Recipe::Kde { spec: self.mechanism.spec().clone(), contribution: self.contribution, alpha: self.alpha, lifted };
+        let id = self.permits.keep(NAME, &recipe)?;
+        result_value(&release, bands.as_ref(), id)
     }
 }
 

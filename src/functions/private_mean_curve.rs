@@ -12,7 +12,7 @@
 use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, StructArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, StringArray, StructArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, UInt64Type};
 use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -26,8 +26,9 @@ use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_ea
 use crate::functions::{CallContext, Permits};
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::mean_curve::{
-    CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanState,
+    CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
 };
+use crate::mechanism::stored::Recipe;
 use crate::mechanism::{Calibration, Contribution, NoiseSource};
 
 /// SQL name of the function.
@@ -56,6 +57,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "points", kind: ParamKind::Int },
         ParamDef { name: "count_fraction", kind: ParamKind::Float },
         ParamDef { name: "calibration", kind: ParamKind::Str },
+        ParamDef { name: "band_alpha", kind: ParamKind::Float },
         ParamDef { name: "select_epsilon", kind: ParamKind::Float },
         ParamDef { name: "select_delta", kind: ParamKind::Float },
         ParamDef { name: "select_max_groups", kind: ParamKind::Int },
@@ -173,6 +175,7 @@ pub fn mechanism_from_literals(
 /// Validates a logical call at planning time and returns what it costs.
 pub fn plan_call(args: &[Expr], schema: &DFSchema, contribution: Contribution) -> Result<PrivateCall> {
     let values = PARAMS.literals_from_logical(args)?;
+    PARAMS.band_alpha(&values)?;
     let fixed = args.first().and_then(|a| a.get_type(schema).ok()).as_ref().and_then(fixed_length);
     let (mechanism, cost) = mechanism_from_literals(&values, fixed, contribution)?;
     let (state_bytes, work_bytes) = mechanism.memory_bytes();
@@ -185,20 +188,38 @@ pub fn result_fields() -> Fields {
         Field::new_list("t", Field::new_list_field(DataType::Float64, true), true),
         Field::new_list("mean", Field::new_list_field(DataType::Float64, true), true),
         Field::new("n", DataType::Int64, true),
+        Field::new("release", DataType::Utf8, true),
+        Field::new_list("noise_band", Field::new_list_field(DataType::Float64, true), true),
     ])
+}
+
+/// The result struct of a release: grid, mean, noisy count, the stored release's id, and the
+/// half-widths of the simultaneous noise band (also what `release(id)` re-reads).
+pub fn result_value(release: &MeanRelease, band: &[f64], id: Option<String>) -> Result<ScalarValue> {
+    let columns: Vec<ArrayRef> = vec![
+        float_list(Some(release.t.clone())),
+        float_list(Some(release.mean.clone())),
+        Arc::new(Int64Array::from(vec![release.n])),
+        Arc::new(StringArray::from(vec![id])),
+        float_list(Some(band.to_vec())),
+    ];
+    Ok(ScalarValue::Struct(Arc::new(StructArray::try_new(result_fields(), columns, None)?)))
 }
 
 static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     Documentation::builder(
         datafusion::logical_expr::DocSection { include: true, label: "Differentially private functions", description: None },
         "Differentially private mean of curves stored one per row in a list column (RKHS-smoothed, \
-         Gaussian-process noise for delta > 0, ICLP noise for delta = 0). Returns {t, mean, n}.",
+         Gaussian-process noise for delta > 0, ICLP noise for delta = 0). Returns {t, mean, n, \
+         release, noise_band}: the grid, the mean, the noisy count, the stored release's id \
+         (catalog sessions) and the half-widths of the simultaneous noise band.",
         "private_mean_curve(curve, epsilon, delta [, kernel, range, penalty, eta, clip, points, count_fraction, calibration])",
     )
     .with_argument("curve", "List/LargeList/FixedSizeList of numbers; rows of another length or with a non-finite value are dropped")
     .with_argument("epsilon", "ε > 0")
     .with_argument("delta", "δ in [0, 1); 0 selects the pure-ε ICLP mechanism")
     .with_argument("clip", "public norm bound τ (or from the policy bounds)")
+    .with_argument("band_alpha", "level of the simultaneous noise band, in (0, 1), default 0.05")
     .build()
 });
 
@@ -284,8 +305,9 @@ impl AggregateUDFImpl for PrivateMeanCurve {
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         PARAMS.check_accumulator_args(&args)?;
         let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
-        let (mechanism, _) =
-            mechanism_from_literals(&PARAMS.literals_from_physical(args.exprs)?, fixed, self.cx.contribution)?;
+        let values = PARAMS.literals_from_physical(args.exprs)?;
+        let alpha = PARAMS.band_alpha(&values)?;
+        let (mechanism, _) = mechanism_from_literals(&values, fixed, self.cx.contribution)?;
         let state = MeanAccumulation::new(&mechanism);
         Ok(Box::new(MeanCurveAccumulator {
             mechanism,
@@ -293,6 +315,8 @@ impl AggregateUDFImpl for PrivateMeanCurve {
             noise: self.cx.noise,
             permits: self.cx.permits.clone(),
             released: None,
+            alpha,
+            contribution: self.cx.contribution,
         }))
     }
 
@@ -309,6 +333,10 @@ pub struct MeanCurveAccumulator {
     noise: NoiseSource,
     permits: Permits,
     released: Option<ScalarValue>,
+    /// Level of the band.
+    alpha: f64,
+    /// The contribution bound the mechanism was calibrated for (kept with the release).
+    contribution: Contribution,
 }
 
 impl MeanCurveAccumulator {
@@ -383,14 +411,19 @@ impl Accumulator for MeanCurveAccumulator {
         self.permits.take(NAME)?;
         let state = self.state.state();
         let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
-        let release = self.mechanism.release(state, rng.as_mut());
-        let n: ArrayRef = Arc::new(Int64Array::from(vec![release.n]));
-        let s = StructArray::try_new(
-            result_fields(),
-            vec![float_list(Some(release.t)), float_list(Some(release.mean)), n],
-            None,
-        )?;
-        let value = ScalarValue::Struct(Arc::new(s));
+        let (lifted, n) = self.mechanism.noisy_coordinates(state, rng.as_mut());
+        // Everything from here on is post-processing of the released coordinates and count.
+        let release = self.mechanism.post_process(&lifted, n);
+        let band = self.mechanism.noise_band(n, self.alpha);
+        let recipe = Recipe::MeanCurve {
+            spec: self.mechanism.spec().clone(),
+            contribution: self.contribution,
+            alpha: self.alpha,
+            lifted,
+            n,
+        };
+        let id = self.permits.keep(NAME, &recipe)?;
+        let value = result_value(&release, &band, id)?;
         self.released = Some(value.clone());
         Ok(value)
     }

@@ -16,8 +16,25 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Exe
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use super::selection::SelectionStage;
-use crate::functions::PermitSlot;
+use crate::functions::{PermitSlot, ReleaseStore};
+use crate::mechanism::stored::Recipe;
 use crate::policy::{Catalog, Charge};
+
+impl crate::functions::releases::ReleaseReader for Catalog {
+    fn load(&self, id: &str) -> std::result::Result<Option<Recipe>, String> {
+        match self.stored_release(id).map_err(|e| e.to_string())? {
+            None => Ok(None),
+            Some((function, parameters, data)) => Recipe::decode(&function, &parameters, &data).map(Some),
+        }
+    }
+}
+
+impl ReleaseStore for Catalog {
+    fn store(&self, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String> {
+        self.store_release(charge, table, recipe.function(), &recipe.parameters(), &recipe.data())
+            .map_err(|e| e.to_string())
+    }
+}
 
 /// Debits `charges` once per execution, grants each priced call one release permit, then
 /// runs `input` (always one output partition, so every `execute` is one execution and pays).
@@ -137,11 +154,27 @@ impl ExecutionPlan for BudgetGateExec {
         let slots = Arc::clone(&self.slots);
         let stages = Arc::clone(&self.stages);
         let tables = self.tables();
+        let store = Arc::clone(&self.ledger);
+        let charges_for_slots = Arc::clone(&self.charges);
         let debit_then_read = async move {
             let debit = tokio::task::spawn_blocking(move || ledger.charge(&charges, &query))
                 .await
                 .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
-            debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
+            let entries = debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
+            // Each call's releases are kept under the ledger entry of its charge (issue 12):
+            // slots and charges are matched by (table, function, cost), each entry used once.
+            let mut used = vec![false; charges_for_slots.len()];
+            for slot in slots.iter() {
+                let Some(c) = slot.charge() else { continue };
+                let found = charges_for_slots.iter().enumerate().position(|(i, k)| {
+                    !used[i] && k.table == c.table && k.function == c.function && k.cost == c.cost
+                });
+                let Some(i) = found else {
+                    return Err(DataFusionError::Internal("a release permit has no matching charge".into()));
+                };
+                used[i] = true;
+                slot.set_ticket(Arc::clone(&store) as Arc<dyn ReleaseStore>, entries[i]);
+            }
             // Paid: each private call may now release once (SPEC §5.1).
             slots.iter().for_each(|s| s.grant());
             // Partition selections: count candidate groups, select with noise, hand the selected

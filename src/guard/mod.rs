@@ -86,7 +86,6 @@ pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(Logi
                 return Ok(Transformed::no(node));
             }
             let table = shape::find_private_scan(&agg.input);
-            let reads_private = table.is_some();
             let mode = match &table {
                 Some(t) => groups::group_mode(agg, keys, t)?,
                 None => groups::GroupMode::Ungrouped,
@@ -99,13 +98,22 @@ pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(Logi
                 groups::GroupMode::Declared(cols) => Some(groups::product(&cols)),
                 _ => None,
             };
-            map_private_calls(agg, |func| {
-                let permits = if reads_private {
+            map_private_calls(agg, |func, args| {
+                let permits = if let Some(table) = &table {
                     let slot = match (&declared, selected) {
                         (Some(g), _) => PermitSlot::for_groups(g.clone()),
                         (None, Some(max)) => PermitSlot::for_selection(max),
                         (None, None) => PermitSlot::new(),
                     };
+                    // What the call is charged: the gate keeps its releases under that ledger entry.
+                    if let Some(call) = crate::functions::plan_private_call(func, args, agg.input.schema()) {
+                        let call = call?;
+                        slot.set_charge(crate::functions::SlotCharge {
+                            table: table.clone(),
+                            function: call.function.to_string(),
+                            cost: call.cost,
+                        });
+                    }
                     slots.push(Arc::clone(&slot));
                     Permits::Slot(slot)
                 } else {
@@ -123,7 +131,7 @@ pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(Logi
 /// (same arguments, same output schema).
 pub(crate) fn map_private_calls(
     agg: &Aggregate,
-    mut f: impl FnMut(&AggregateUDF) -> Result<AggregateUDF>,
+    mut f: impl FnMut(&AggregateUDF, &[Expr]) -> Result<AggregateUDF>,
 ) -> Result<Transformed<LogicalPlan>> {
     let aggr_expr = agg
         .aggr_expr
@@ -132,7 +140,7 @@ pub(crate) fn map_private_calls(
             e.clone()
                 .transform_up(|e| match e {
                     Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
-                        let func = Arc::new(f(&func)?);
+                        let func = Arc::new(f(&func, &params.args)?);
                         Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
                     }
                     other => Ok(Transformed::no(other)),

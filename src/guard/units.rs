@@ -95,7 +95,7 @@ pub fn set_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) ->
     plan.transform_up_with_subqueries(|node| {
         let Some((agg, table, unit)) = private_aggregate_over(&node, units) else { return Ok(Transformed::no(node)) };
         let contribution = contribution_for(agg, unit, keys, &table)?;
-        super::map_private_calls(agg, |func| {
+        super::map_private_calls(agg, |func, _| {
             let cx = context_of(func).ok_or_else(|| DataFusionError::Internal("no call context".into()))?;
             with_context(func, CallContext { contribution, ..cx.clone() })
                 .ok_or_else(|| DataFusionError::Internal("no call context".into()))

@@ -487,10 +487,17 @@ impl MeanCurveMechanism {
     }
 
     /// Releases the mean curve; `rng = None` is the noiseless test hook.
-    pub fn release<R: Rng + ?Sized>(&self, state: &MeanState, mut rng: Option<&mut R>) -> MeanRelease {
+    pub fn release<R: Rng + ?Sized>(&self, state: &MeanState, rng: Option<&mut R>) -> MeanRelease {
+        let (w, n) = self.noisy_coordinates(state, rng);
+        self.post_process(&w, n)
+    }
+
+    /// The private part of a release: the noisy lifted coordinates and the noisy count
+    /// (exact discrete noise). `rng = None` is the noiseless test hook.
+    pub fn noisy_coordinates<R: Rng + ?Sized>(&self, state: &MeanState, mut rng: Option<&mut R>) -> (Vec<f64>, i64) {
         let w = self.lattice.release(&self.lifted(state), rng.as_deref_mut());
         let n = self.count.release(&[DD::from_i128(state.count as i128)], rng)[0] as i64;
-        self.post_process(&w, n)
+        (w, n)
     }
 
     /// The mean curve from released lifted coordinates and the released count

@@ -19,7 +19,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use crate::mechanism::budget::Budget;
 
 /// The catalog format this version reads and writes.
-pub const FORMAT_VERSION: i64 = 2;
+pub const FORMAT_VERSION: i64 = 3;
 
 /// Most public keys one column may declare.
 pub const MAX_KEYS: usize = 100_000;
@@ -139,6 +139,30 @@ pub struct ReleaseRecord {
     pub query: String,
 }
 
+/// Prefix of stored release ids (`r1`, `r2`, …).
+pub const RELEASE_ID_PREFIX: &str = "r";
+
+/// One stored release (issue 12), without its numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredReleaseRecord {
+    /// Its id (`r<n>`), the `release` field of the result.
+    pub release: String,
+    /// UTC time it was stored (ISO 8601).
+    pub at: String,
+    /// The private table.
+    pub table: String,
+    /// The private function.
+    pub function: String,
+    /// Public parameters (JSON).
+    pub parameters: String,
+    /// What the call that made it cost (shared by the groups of a grouped call).
+    pub cost: Budget,
+    /// The release log entry of that charge.
+    pub charge: i64,
+    /// The SQL text of the query.
+    pub query: String,
+}
+
 /// One release to debit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Charge {
@@ -198,6 +222,29 @@ CREATE TABLE releases (
     delta INTEGER NOT NULL,
     query TEXT NOT NULL
 );
+CREATE TABLE stored_releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    charge_id INTEGER NOT NULL REFERENCES releases(id),
+    at TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    function TEXT NOT NULL,
+    parameters TEXT NOT NULL,
+    data BLOB NOT NULL
+);
+";
+
+/// Upgrades a format-2 catalog (before stored releases) to format 3.
+const UPGRADE_2_TO_3: &str = "
+CREATE TABLE stored_releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    charge_id INTEGER NOT NULL REFERENCES releases(id),
+    at TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    function TEXT NOT NULL,
+    parameters TEXT NOT NULL,
+    data BLOB NOT NULL
+);
+UPDATE meta SET value = '3' WHERE key = 'version';
 ";
 
 /// Upgrades a format-1 catalog (before declared group keys and privacy units) to format 2.
@@ -346,15 +393,14 @@ impl Catalog {
             return Err(PolicyError::Catalog("it has no dpcurve metadata (another application's database?)".into()));
         }
         let version: i64 = meta("version")?.and_then(|v| v.parse().ok()).unwrap_or(-1);
-        if version == 1 && upgradable {
+        if (1..FORMAT_VERSION).contains(&version) && upgradable {
             return Ok(()); // the data owner's open upgrades it (init_or_check)
         }
-        if version == 1 {
-            return Err(PolicyError::Catalog(
-                "it was written by an older version of dpcurve (catalog format 1); any `dpcurve admin` command \
-                 upgrades it to format 2 (analyst sessions never modify a catalog's format)"
-                    .into(),
-            ));
+        if (1..FORMAT_VERSION).contains(&version) {
+            return Err(PolicyError::Catalog(format!(
+                "it was written by an older version of dpcurve (catalog format {version}); any `dpcurve admin` \
+                 command upgrades it to format {FORMAT_VERSION} (analyst sessions never modify a catalog's format)"
+            )));
         }
         if version != FORMAT_VERSION {
             let who = if version < FORMAT_VERSION { "an older" } else { "a newer" };
@@ -388,8 +434,12 @@ impl Catalog {
             .query_row("SELECT value FROM meta WHERE key = 'version'", [], |r| r.get(0))
             .optional()
             .map_err(storage)?;
-        if create && version.as_deref() == Some("1") {
-            tx.execute_batch(UPGRADE_1_TO_2).map_err(storage)?;
+        let old = version.as_deref().and_then(|v| v.parse::<i64>().ok()).filter(|v| (1..FORMAT_VERSION).contains(v));
+        if let (true, Some(old)) = (create, old) {
+            if old == 1 {
+                tx.execute_batch(UPGRADE_1_TO_2).map_err(storage)?;
+            }
+            tx.execute_batch(UPGRADE_2_TO_3).map_err(storage)?;
             tx.commit().map_err(storage)?;
             return Self::validate(&conn, false);
         }
@@ -807,8 +857,9 @@ impl Catalog {
 
     /// Checks and debits all charges of one query execution atomically and durably: either
     /// every table has room for its total and everything is debited and logged, or
-    /// nothing changes and the first table without room is reported.
-    pub fn charge(&self, charges: &[Charge], query: &str) -> Result<(), PolicyError> {
+    /// nothing changes and the first table without room is reported. Returns the release
+    /// log's id of each charge, in order.
+    pub fn charge(&self, charges: &[Charge], query: &str) -> Result<Vec<i64>, PolicyError> {
         let mut per_table: BTreeMap<&str, Budget> = BTreeMap::new();
         for c in charges {
             let e = per_table.entry(&c.table).or_default();
@@ -840,6 +891,7 @@ impl Catalog {
                 )
                 .map_err(storage)?;
             }
+            let mut ids = Vec::with_capacity(charges.len());
             for c in charges {
                 tx.execute(
                     &format!(
@@ -848,9 +900,75 @@ impl Catalog {
                     params![c.table, c.function, c.cost.epsilon_units, c.cost.delta_units, query],
                 )
                 .map_err(storage)?;
+                ids.push(tx.last_insert_rowid());
             }
-            Ok(())
+            Ok(ids)
         })
+    }
+
+    /// Keeps one release (issue 12): its public parameters and released numbers, under the
+    /// charge that paid for it. Returns its id (`r<n>`).
+    pub fn store_release(
+        &self,
+        charge_id: i64,
+        table: &str,
+        function: &str,
+        parameters: &str,
+        data: &[u8],
+    ) -> Result<String, PolicyError> {
+        let id = self.with_tx(|tx| {
+            tx.execute(
+                &format!(
+                    "INSERT INTO stored_releases (charge_id, at, table_name, function, parameters, data)
+                     VALUES (?1, {NOW}, ?2, ?3, ?4, ?5)"
+                ),
+                params![charge_id, table, function, parameters, data],
+            )
+            .map_err(storage)?;
+            Ok(tx.last_insert_rowid())
+        })?;
+        Ok(format!("{RELEASE_ID_PREFIX}{id}"))
+    }
+
+    /// A stored release's function, parameters and released numbers; None if there is none
+    /// with that id.
+    pub fn stored_release(&self, id: &str) -> Result<Option<(String, String, Vec<u8>)>, PolicyError> {
+        let Some(n) = id.strip_prefix(RELEASE_ID_PREFIX).and_then(|n| n.parse::<i64>().ok()) else {
+            return Ok(None);
+        };
+        let conn = self.conn.lock().expect("catalog lock");
+        conn.query_row("SELECT function, parameters, data FROM stored_releases WHERE id = ?1", [n], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()
+        .map_err(storage)
+    }
+
+    /// The stored releases, oldest first, optionally of one table (without their numbers).
+    pub fn stored_releases(&self, table: Option<&str>) -> Result<Vec<StoredReleaseRecord>, PolicyError> {
+        let conn = self.conn.lock().expect("catalog lock");
+        let mut stmt = conn
+            .prepare(
+                "SELECT s.id, s.at, s.table_name, s.function, s.parameters, r.epsilon, r.delta, s.charge_id, r.query
+                 FROM stored_releases s JOIN releases r ON r.id = s.charge_id
+                 WHERE ?1 IS NULL OR s.table_name = ?1 ORDER BY s.id",
+            )
+            .map_err(storage)?;
+        stmt.query_map([table], |r| {
+            Ok(StoredReleaseRecord {
+                release: format!("{RELEASE_ID_PREFIX}{}", r.get::<_, i64>(0)?),
+                at: r.get(1)?,
+                table: r.get(2)?,
+                function: r.get(3)?,
+                parameters: r.get(4)?,
+                cost: Budget { epsilon_units: r.get(5)?, delta_units: r.get(6)? },
+                charge: r.get(7)?,
+                query: r.get(8)?,
+            })
+        })
+        .map_err(storage)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(storage)
     }
 }
 
@@ -1004,6 +1122,7 @@ mod tests {
                     "CREATE TABLE group_keys (\n    table_name TEXT NOT NULL REFERENCES tables(name),\n    column_name TEXT NOT NULL,\n    value TEXT NOT NULL,\n    PRIMARY KEY (table_name, column_name, value)\n);\n",
                     "",
                 );
+            let v1_schema = v1_schema[..v1_schema.find("CREATE TABLE stored_releases").unwrap()].to_string();
             assert!(!v1_schema.contains("unit_column") && !v1_schema.contains("group_keys"));
             conn.execute_batch(&v1_schema).unwrap();
             conn.execute("INSERT INTO meta VALUES ('format', ?1), ('version', '1')", [FORMAT_NAME]).unwrap();

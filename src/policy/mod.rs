@@ -4,5 +4,5 @@
 pub mod catalog;
 pub mod table;
 
-pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, TableInfo};
-pub use table::{BudgetsTable, PrivateTable};
+pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, TableInfo};
+pub use table::{BudgetsTable, PrivateTable, ReleasesTable};

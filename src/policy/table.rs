@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{ScanArgs, ScanResult, Session, TableProvider};
 use datafusion::common::{DataFusionError, Result};
@@ -118,6 +118,79 @@ impl BudgetsTable {
 
 #[async_trait]
 impl TableProvider for BudgetsTable {
+    fn schema(&self) -> SchemaRef {
+        Self::schema_ref()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mem = MemTable::try_new(Self::schema_ref(), vec![vec![self.batch()?]])?;
+        mem.scan(state, projection, filters, limit).await
+    }
+}
+
+/// `dpcurve.releases`: the stored releases of the catalog (issue 12) — id, table, function,
+/// public parameters, what the call cost, its ledger entry, time and query. Re-reading costs
+/// nothing: use `release(id)` or `release_eval(id, x)`.
+#[derive(Debug)]
+pub struct ReleasesTable {
+    catalog: Arc<Catalog>,
+}
+
+impl ReleasesTable {
+    /// The view over `catalog`.
+    pub fn new(catalog: Arc<Catalog>) -> Self {
+        Self { catalog }
+    }
+
+    fn schema_ref() -> SchemaRef {
+        let text = |n: &str| Field::new(n, DataType::Utf8, false);
+        Arc::new(Schema::new(vec![
+            text("release"),
+            text("table_name"),
+            text("function"),
+            text("parameters"),
+            Field::new("epsilon", DataType::Float64, false),
+            Field::new("delta", DataType::Float64, false),
+            Field::new("charge", DataType::Int64, false),
+            text("at"),
+            text("query"),
+        ]))
+    }
+
+    fn batch(&self) -> Result<RecordBatch> {
+        let rows = self.catalog.stored_releases(None).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let text = |f: &dyn Fn(&super::catalog::StoredReleaseRecord) -> &str| -> ArrayRef {
+            Arc::new(rows.iter().map(|r| Some(f(r))).collect::<StringArray>())
+        };
+        Ok(RecordBatch::try_new(
+            Self::schema_ref(),
+            vec![
+                text(&|r| &r.release),
+                text(&|r| &r.table),
+                text(&|r| &r.function),
+                text(&|r| &r.parameters),
+                Arc::new(rows.iter().map(|r| r.cost.epsilon()).collect::<Float64Array>()),
+                Arc::new(rows.iter().map(|r| r.cost.delta()).collect::<Float64Array>()),
+                Arc::new(rows.iter().map(|r| r.charge).collect::<Int64Array>()),
+                text(&|r| &r.at),
+                text(&|r| &r.query),
+            ],
+        )?)
+    }
+}
+
+#[async_trait]
+impl TableProvider for ReleasesTable {
     fn schema(&self) -> SchemaRef {
         Self::schema_ref()
     }
