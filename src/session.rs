@@ -30,7 +30,9 @@ use crate::functions::{Permits, all_params, named_args, private_udafs};
 use crate::guard::{PrivacyPlanner, QueryText};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
-use crate::policy::{BudgetsTable, Catalog, PolicyError, PrivateTable, ReleaseRecord, ReleasesTable, TableInfo};
+use crate::policy::{
+    BudgetsTable, Catalog, PolicyError, PrivateTable, ReleaseRecord, ReleasesTable, StoredReleaseRecord, TableInfo,
+};
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -533,5 +535,10 @@ impl Admin {
     /// The release log, optionally of one table.
     pub fn release_log(&self, table: Option<&str>) -> std::result::Result<Vec<ReleaseRecord>, PolicyError> {
         self.catalog.release_log(table)
+    }
+
+    /// The stored releases, optionally of one table (issue 12).
+    pub fn stored_releases(&self, table: Option<&str>) -> std::result::Result<Vec<StoredReleaseRecord>, PolicyError> {
+        self.catalog.stored_releases(table)
     }
 }

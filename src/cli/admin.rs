@@ -34,6 +34,8 @@ pub enum Command {
     List,
     /// Show the release log.
     Log { name: Option<String> },
+    /// List the stored releases.
+    Releases { name: Option<String> },
 }
 
 fn number(s: &str, what: &str) -> std::result::Result<f64, String> {
@@ -122,6 +124,8 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
         ["list"] => Command::List,
         ["log"] => Command::Log { name: None },
         ["log", name] => Command::Log { name: Some(name.to_string()) },
+        ["releases"] => Command::Releases { name: None },
+        ["releases", name] => Command::Releases { name: Some(name.to_string()) },
         [] => return Err("admin needs a command".into()),
         other => return Err(format!("unknown or incomplete admin command: {}", other.join(" "))),
     };
@@ -270,6 +274,14 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
         Command::Log { name } => {
             for r in admin.release_log(name.as_deref()).map_err(err)? {
                 println!("{:>5}  {}  {:<16} {:<20} {}  {}", r.id, r.at, r.table, r.function, r.cost, r.query);
+            }
+        }
+        Command::Releases { name } => {
+            for r in admin.stored_releases(name.as_deref()).map_err(err)? {
+                println!(
+                    "{:<8} {}  {:<16} {:<20} {} (charge {})  {}",
+                    r.release, r.at, r.table, r.function, r.cost, r.charge, r.parameters
+                );
             }
         }
     }

@@ -169,7 +169,9 @@ impl Permits {
         let ticket = slot.ticket.lock().expect("ticket lock").clone();
         let Some(charge) = slot.charge() else { return Ok(None) };
         let Some((store, charge_id)) = ticket else {
-            return datafusion::common::internal_err!("{function}: a priced release has no ledger entry to be kept under");
+            return datafusion::common::internal_err!(
+                "{function}: a priced release has no ledger entry to be kept under"
+            );
         };
         store
             .store(charge_id, &charge.table, recipe)

@@ -310,8 +310,12 @@ impl KdeAccumulator {
         // Everything from here on is post-processing of the released coordinates.
         let release = self.mechanism.post_process(&self.mechanism.curve_from_lifted(&lifted));
         let bands = self.mechanism.bands(&release, self.alpha);
-        let recipe =
-            Recipe::Kde { spec: self.mechanism.spec().clone(), contribution: self.contribution, alpha: self.alpha, lifted };
+        let recipe = Recipe::Kde {
+            spec: self.mechanism.spec().clone(),
+            contribution: self.contribution,
+            alpha: self.alpha,
+            lifted,
+        };
         let id = self.permits.keep(NAME, &recipe)?;
         result_value(&release, bands.as_ref(), id)
     }

@@ -126,9 +126,9 @@ impl ScalarUDFImpl for ReleaseEval {
             [id, x] if is_text(id) && (x.is_numeric() || x == &DataType::Null) => {
                 Ok(vec![DataType::Utf8, DataType::Float64])
             }
-            [id, x] => plan_err!(
-                "release_eval(release_id, x): release_id must be a string and x a number, got {id} and {x}"
-            ),
+            [id, x] => {
+                plan_err!("release_eval(release_id, x): release_id must be a string and x a number, got {id} and {x}")
+            }
             other => plan_err!("release_eval(release_id, x) takes 2 arguments, got {}", other.len()),
         }
     }

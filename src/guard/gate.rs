@@ -166,9 +166,10 @@ impl ExecutionPlan for BudgetGateExec {
             let mut used = vec![false; charges_for_slots.len()];
             for slot in slots.iter() {
                 let Some(c) = slot.charge() else { continue };
-                let found = charges_for_slots.iter().enumerate().position(|(i, k)| {
-                    !used[i] && k.table == c.table && k.function == c.function && k.cost == c.cost
-                });
+                let found = charges_for_slots
+                    .iter()
+                    .enumerate()
+                    .position(|(i, k)| !used[i] && k.table == c.table && k.function == c.function && k.cost == c.cost);
                 let Some(i) = found else {
                     return Err(DataFusionError::Internal("a release permit has no matching charge".into()));
                 };

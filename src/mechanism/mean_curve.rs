@@ -527,14 +527,18 @@ impl MeanCurveMechanism {
             static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
             let key = (self.spec.kernel, self.spec.range.to_bits(), self.spec.points, alpha.to_bits());
             let q = QUANTILES
-                .get_or_try_insert(key, |_| 8, || {
-                    Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile(
-                        alpha,
-                        &amplitudes,
-                        &self.basis.vectors,
-                        &sd,
-                    ))
-                })
+                .get_or_try_insert(
+                    key,
+                    |_| 8,
+                    || {
+                        Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile(
+                            alpha,
+                            &amplitudes,
+                            &self.basis.vectors,
+                            &sd,
+                        ))
+                    },
+                )
                 .unwrap_or_else(|e| match e {});
             // Discrete Laplace coordinates of sd σ are σ/√2 times a standard Laplace.
             *q * self.sigma() / std::f64::consts::SQRT_2
@@ -873,7 +877,8 @@ mod tests {
         // over 2 000 releases of one state, the sup over the grid of |release − noiseless|
         // stays inside the level-0.05 band in ≥ 94 % of them; a band half as wide (built
         // with σ/2) under-covers.
-        for (kernel, delta) in [(CovKernel::Gaussian, 1e-6), (CovKernel::Exponential, 1e-6), (CovKernel::Matern32, 0.0)] {
+        for (kernel, delta) in [(CovKernel::Gaussian, 1e-6), (CovKernel::Exponential, 1e-6), (CovKernel::Matern32, 0.0)]
+        {
             let m = MeanCurveMechanism::new(spec(kernel, delta)).unwrap();
             let mut st = m.empty_state();
             for i in 0..50 {
@@ -888,7 +893,8 @@ mod tests {
             let (mut covered, mut covered_half) = (0, 0);
             for _ in 0..draws {
                 let noisy = m.post_process(&m.lattice().release(&lifted, Some(&mut rng)), 50).mean;
-                let ratio = noisy.iter().zip(&exact).zip(&band).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max);
+                let ratio =
+                    noisy.iter().zip(&exact).zip(&band).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max);
                 covered += (ratio <= 1.0) as usize;
                 covered_half += (ratio <= 0.5) as usize;
             }

@@ -21,11 +21,11 @@
 
 use serde_json::{Value, json};
 
+use super::Calibration;
 use super::contribution::Contribution;
 use super::kde::Grid;
 use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec};
 use super::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
-use super::Calibration;
 
 /// What a stored release keeps: public parameters and the released coordinates.
 #[derive(Debug, Clone, PartialEq)]
@@ -205,7 +205,8 @@ impl StoredCurve {
     pub fn build(recipe: &Recipe) -> Result<Self, String> {
         match recipe {
             Recipe::Kde { spec, contribution, alpha, lifted } => {
-                let mechanism = KdeMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
+                let mechanism =
+                    KdeMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
                 if lifted.len() != mechanism.basis().dim() {
                     return Err("stored release: coordinates of the wrong dimension".into());
                 }

@@ -1,0 +1,220 @@
+//! Releases as objects (issue 12): every paid release is kept in the catalog with its id in the
+//! result; `dpcurve.releases` lists them; `release(id)` re-reads one and `release_eval(id, x)`
+//! evaluates it at any point — through real SQL on real Parquet, without reading data or
+//! spending budget.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{ListKind, TempDir, write_columns, write_curves, write_x};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+use dpcurve::mechanism::budget::Budget;
+use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
+
+fn list(s: &datafusion::arrow::array::StructArray, name: &str) -> Option<Vec<f64>> {
+    let l = s.column_by_name(name).unwrap().as_list::<i32>();
+    l.is_valid(0).then(|| l.value(0).as_primitive::<Float64Type>().values().to_vec())
+}
+
+fn text(s: &datafusion::arrow::array::StructArray, name: &str) -> Option<String> {
+    let c = s.column_by_name(name).unwrap().as_string::<i32>();
+    c.is_valid(0).then(|| c.value(0).to_string())
+}
+
+fn floats(batches: &[RecordBatch], col: usize) -> Vec<Option<f64>> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = b.column(col).as_primitive::<Float64Type>();
+            (0..b.num_rows()).map(move |i| c.is_valid(i).then(|| c.value(i)))
+        })
+        .collect()
+}
+
+struct Fixture {
+    dir: TempDir,
+    admin: Admin,
+}
+
+async fn fixture(tag: &str) -> Fixture {
+    let dir = TempDir::new(tag);
+    let xs: Vec<Option<f64>> = (0..5_000).map(|i| Some(0.3 + 0.3 * ((i as f64 * 0.618_034) % 1.0))).collect();
+    write_x(&dir.path("p.parquet"), &xs);
+    // Public points to evaluate releases at: the grid of the release below, midpoints, and
+    // points outside its range.
+    let pts: Vec<f64> = (0..=100).map(|k| k as f64 / 100.0).chain([0.005, 0.4321, -0.5, 1.5]).collect();
+    write_columns(&dir.path("points.parquet"), vec![("x", Arc::new(Float64Array::from(pts)) as ArrayRef)]);
+    let regions: Vec<&str> = (0..5_000).map(|i| ["a", "b", "c"][i % 3]).collect();
+    let rx: Vec<f64> = (0..5_000).map(|i| (i as f64 * 0.618_034) % 1.0).collect();
+    write_columns(
+        &dir.path("g.parquet"),
+        vec![
+            ("region", Arc::new(StringArray::from(regions)) as ArrayRef),
+            ("x", Arc::new(Float64Array::from(rx)) as ArrayRef),
+        ],
+    );
+    let curves: Vec<Option<Vec<f64>>> =
+        (0..200).map(|i| Some((0..40).map(|k| ((k + i % 7) as f64 / 8.0).sin() * 0.4).collect())).collect();
+    write_curves(&dir.path("c.parquet"), &curves, ListKind::List);
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    for t in ["p", "points", "g", "c"] {
+        admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
+    }
+    for t in ["p", "g", "c"] {
+        admin.make_private(t, 10.0, 1e-3).unwrap();
+    }
+    admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
+    admin.set_bounds("g", "x", 0.0, 1.0).await.unwrap();
+    admin.set_keys("g", "region", &["a".into(), "b".into(), "c".into()]).await.unwrap();
+    Fixture { dir, admin }
+}
+
+fn spent(admin: &Admin, table: &str) -> Budget {
+    admin.tables().unwrap().into_iter().find(|t| t.name == table).unwrap().policy.unwrap().spent
+}
+
+#[tokio::test]
+async fn a_kde_release_is_kept_listed_reread_and_evaluated_for_free() {
+    let f = fixture("releases-kde").await;
+    let s = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let b = s.query("SELECT private_kde(x, 0.03, 1.0, 1e-6, points => 101) AS k FROM p").await.unwrap();
+    let k = b[0].column(0).as_struct();
+    let id = text(k, "release").expect("a catalog release has an id");
+    assert!(id.starts_with('r'), "{id}");
+    let (xs, density) = (list(k, "x").unwrap(), list(k, "density").unwrap());
+    let (noise_band, band) = (list(k, "noise_band").unwrap(), list(k, "band").unwrap());
+    assert_eq!(noise_band.len(), 101);
+    assert!(noise_band.iter().all(|w| *w > 0.0 && *w == noise_band[0]), "constant noise band");
+    assert!(band.iter().zip(&noise_band).all(|(t, n)| t >= n), "the plug-in band adds sampling error");
+    let paid = spent(&f.admin, "p");
+    assert_eq!(paid, Budget::charge(1.0, 1e-6).unwrap());
+
+    // Listed, with its table, function, public parameters and cost.
+    let b = s
+        .query(&format!(
+            "SELECT table_name, function, parameters, epsilon, delta, charge, query FROM dpcurve.releases \
+             WHERE release = '{id}'"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    assert_eq!(b[0].column(0).as_string::<i32>().value(0), "p");
+    assert_eq!(b[0].column(1).as_string::<i32>().value(0), "private_kde");
+    let params = b[0].column(2).as_string::<i32>().value(0);
+    assert!(params.contains("\"bandwidth\":0.03") && params.contains("\"points\":101"), "{params}");
+    assert_eq!(b[0].column(3).as_primitive::<Float64Type>().value(0), 1.0);
+    assert_eq!(b[0].column(4).as_primitive::<Float64Type>().value(0), 1e-6);
+    assert!(b[0].column(6).as_string::<i32>().value(0).contains("private_kde(x, 0.03"));
+    // The ledger entry it names is the charge of that query.
+    let log = f.admin.release_log(Some("p")).unwrap();
+    assert_eq!(log.last().unwrap().id, b[0].column(5).as_primitive::<Int64Type>().value(0));
+
+    // Evaluated over a public table of points: the release itself at its grid points (bit
+    // for bit), a continuous curve between them, NULL outside [lo, hi].
+    let b = s.query(&format!("SELECT x, release_eval('{id}', x) FROM points ORDER BY x")).await.unwrap();
+    let at: Vec<f64> = floats(&b, 0).into_iter().map(Option::unwrap).collect();
+    let ev = floats(&b, 1);
+    for (x, v) in at.iter().zip(&ev) {
+        if let Some(k) = xs.iter().position(|g| g == x) {
+            assert_eq!(*v, Some(density[k]), "grid point {x}");
+        } else if (0.0..=1.0).contains(x) {
+            let k = (x * 100.0).floor() as usize;
+            let (lo, hi) = (density[k].min(density[k + 1]), density[k].max(density[k + 1]));
+            let v = v.unwrap();
+            assert!(v > lo - 0.2 * (hi - lo) - 0.05 && v < hi + 0.2 * (hi - lo) + 0.05, "x = {x}: {v} vs [{lo}, {hi}]");
+        } else {
+            assert_eq!(*v, None, "outside the range at {x}");
+        }
+    }
+    // A scalar argument works too, and so does the CLI's way of asking (plain SQL).
+    let b = s.query(&format!("SELECT release_eval('{id}', 0.5)")).await.unwrap();
+    assert_eq!(floats(&b, 0), vec![Some(density[50])]);
+
+    // Re-read whole: the same struct (and so the same derived quantities), for nothing.
+    let b = s.query(&format!("SELECT * FROM release('{id}')")).await.unwrap();
+    let again = b[0].column(0).as_struct();
+    assert_eq!(b[0].schema().field(0).name(), "private_kde");
+    assert_eq!(list(again, "density").unwrap(), density);
+    assert_eq!(list(again, "noise_band").unwrap(), noise_band);
+    assert_eq!(text(again, "release").unwrap(), id);
+    let b = s.query(&format!("SELECT curve_quantile(private_kde, 0.5) FROM release('{id}')")).await.unwrap();
+    let median = floats(&b, 0)[0].unwrap();
+    assert!((median - 0.45).abs() < 0.05, "{median}");
+    assert_eq!(spent(&f.admin, "p"), paid, "evaluating and re-reading spent nothing");
+    assert_eq!(f.admin.release_log(Some("p")).unwrap().len(), 1);
+
+    // Unknown ids are an error naming the id, not a panic; so is a non-literal release().
+    let e = s.query("SELECT release_eval('r999', 0.5)").await.unwrap_err().to_string();
+    assert!(e.contains("no stored release 'r999'"), "{e}");
+    let e = s.query("SELECT * FROM release('nope')").await.unwrap_err().to_string();
+    assert!(e.contains("no stored release 'nope'"), "{e}");
+    // release_eval is not a way to transform private rows.
+    let e = s
+        .query(&format!("SELECT private_kde(release_eval('{id}', x), 0.03, 1.0, 1e-6, lo => 0, hi => 1) FROM p"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("release_eval") && e.contains("allowlist"), "{e}");
+    assert_eq!(spent(&f.admin, "p"), paid);
+
+    // A new session (another process, later) reads the same release.
+    drop(s);
+    let s = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let b = s.query(&format!("SELECT release_eval('{id}', 0.25)")).await.unwrap();
+    assert_eq!(floats(&b, 0), vec![Some(density[25])]);
+}
+
+#[tokio::test]
+async fn grouped_and_mean_curve_releases_are_kept_one_per_curve_under_one_charge() {
+    let f = fixture("releases-groups").await;
+    let opts = SessionOptions { noise: NoiseSource::Os, ..Default::default() };
+    let s = AnalystSession::open(&f.dir.path("catalog.db"), opts).await.unwrap();
+    let b = s
+        .query(
+            "SELECT region, private_kde(x, 0.05, 0.5, 1e-6, points => 64) AS k FROM g GROUP BY region ORDER BY region",
+        )
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for batch in &b {
+        let k = batch.column(1).as_struct();
+        let r = k.column_by_name("release").unwrap().as_string::<i32>();
+        ids.extend((0..batch.num_rows()).map(|i| r.value(i).to_string()));
+    }
+    assert_eq!(ids.len(), 3);
+    let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), 3, "one release per group: {ids:?}");
+    let b = s.query("SELECT DISTINCT charge, epsilon FROM dpcurve.releases WHERE table_name = 'g'").await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1, "one charge for the three curves");
+    assert_eq!(spent(&f.admin, "g"), Budget::charge(0.5, 1e-6).unwrap());
+
+    // A mean curve: evaluated at its grid it is the release; between, the Nyström continuation.
+    let b = s.query("SELECT private_mean_curve(c, 1.0, 1e-5, clip => 2.0, points => 40) AS m FROM c").await.unwrap();
+    let m = b[0].column(0).as_struct();
+    let id = text(m, "release").unwrap();
+    let (t, mean, band) = (list(m, "t").unwrap(), list(m, "mean").unwrap(), list(m, "noise_band").unwrap());
+    assert_eq!(band.len(), t.len());
+    assert!(band.iter().all(|w| *w > 0.0));
+    let b = s
+        .query(&format!("SELECT release_eval('{id}', x) FROM points WHERE x >= 0 AND x <= 1 ORDER BY x"))
+        .await
+        .unwrap();
+    let ev = floats(&b, 0);
+    assert_eq!(ev.len(), 103);
+    assert!(ev.iter().all(|v| v.is_some_and(f64::is_finite)), "defined everywhere on [0, 1]");
+    let b = s.query(&format!("SELECT release_eval('{id}', {})", t[13])).await.unwrap();
+    assert_eq!(floats(&b, 0), vec![Some(mean[13])], "bit-identical at a grid point");
+    let b = s.query(&format!("SELECT release_eval('{id}', {})", (t[13] + t[14]) / 2.0)).await.unwrap();
+    let mid = floats(&b, 0)[0].unwrap();
+    let scale = mean.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+    assert!((mid - (mean[13] + mean[14]) / 2.0).abs() < 0.2 * scale, "{mid} between {} and {}", mean[13], mean[14]);
+    let b = s.query(&format!("SELECT * FROM release('{id}')")).await.unwrap();
+    assert_eq!(b[0].schema().field(0).name(), "private_mean_curve");
+    assert_eq!(list(b[0].column(0).as_struct(), "mean").unwrap(), mean);
+    assert_eq!(f.admin.release_log(Some("c")).unwrap().len(), 1);
+    // The admin view lists every kept release, per table.
+    assert_eq!(f.admin.stored_releases(Some("g")).unwrap().len(), 3);
+    assert_eq!(f.admin.stored_releases(None).unwrap().len(), 4);
+}
