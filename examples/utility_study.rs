@@ -166,7 +166,7 @@ fn main() {
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     let mut series: Vec<Series> = ["Gaussian (analytic)", "Gaussian (classic)", "ICLP", "IID-Laplace K = 10"]
         .iter()
-        .map(|n| Series { name: n.to_string(), xs: vec![], ys: vec![] })
+        .map(|n| Series::new(n.to_string(), vec![], vec![]))
         .collect();
     let truth = true_mean(M);
     for n in NS {

@@ -89,6 +89,42 @@ fn file_of_statements_plot_and_svg() {
     assert!(out.lines().filter(|l| l.contains('|')).count() > 10, "no plot drawn:\n{out}");
     let doc = std::fs::read_to_string(&svg).unwrap();
     assert!(doc.starts_with("<svg") && doc.contains("<polyline"));
+    // The release's simultaneous band is drawn: shaded in SVG, dotted in the terminal.
+    assert!(doc.contains(r#"<polygon class="band""#), "no band in the SVG");
+    assert!(out.contains(". = band") && out.lines().any(|l| l.contains("|") && l.contains('.')), "{out}");
+}
+
+/// A release in a catalog session is kept: `admin releases` lists it and `dpcurve sql`
+/// evaluates it at new points without a charge.
+#[test]
+fn stored_releases_are_listed_and_evaluated_from_the_cli() {
+    let dir = TempDir::new("cli-releases");
+    let v: Vec<Option<f64>> = mixture(2_000, 3).into_iter().map(Some).collect();
+    write_x(&dir.path("p.parquet"), &v);
+    let cat = dir.str("catalog.db");
+    let admin = |args: &[&str]| admin_cmd(&cat, args);
+    assert_eq!(admin(&["register", "p", &dir.str("p.parquet")]).0, 0);
+    assert_eq!(admin(&["make-private", "p", "--epsilon", "1", "--delta", "1e-6"]).0, 0);
+    let sql =
+        "SELECT k.release FROM (SELECT private_kde(x, 0.05, 0.5, 1e-7, lo => -3, hi => 3, points => 64) AS k FROM p)";
+    let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "-c", sql, "--format", "csv"], None);
+    assert_eq!(code, 0, "{err}");
+    let id = out.lines().nth(1).unwrap().trim().to_string();
+    assert!(id.starts_with('r'), "{out}");
+    let (code, out, _) = admin(&["releases"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(&id) && out.contains("private_kde") && out.contains("\"bandwidth\":0.05"), "{out}");
+    assert!(admin(&["releases", "p"]).1.contains(&id));
+    assert!(!admin(&["releases", "other"]).1.contains(&id));
+    let svg = dir.str("r.svg");
+    let eval = format!(
+        "SELECT value / 10.0 AS x, release_eval('{id}', value / 10.0) AS density FROM generate_series(-30, 30)"
+    );
+    let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "-c", &eval, "--plot", "--svg", &svg], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().filter(|l| l.contains('|')).count() > 10, "no plot:\n{out}");
+    let (_, out, _) = admin(&["log"]);
+    assert_eq!(out.lines().count(), 1, "one charge only: {out}");
 }
 
 #[test]

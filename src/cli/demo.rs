@@ -112,10 +112,7 @@ async fn compare(session: &AnalystSession, spec: &KdeSpec, values: &[f64], every
     let gap = private.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / peak;
     let count = rows.iter().filter(|v| (spec.grid.lo..=spec.grid.hi).contains(*v)).count();
     let title = format!("n = {} rows, ε = {:?}, δ = {:?}", rows.len(), spec.epsilon, spec.delta);
-    let series = vec![
-        Series { name: "private_kde".into(), xs: xs.clone(), ys: private },
-        Series { name: "non-private KDE".into(), xs, ys: exact },
-    ];
+    let series = vec![Series::new("private_kde", xs.clone(), private), Series::new("non-private KDE", xs, exact)];
     Ok(Comparison { title, series, mass, count, gap })
 }
 
@@ -214,8 +211,8 @@ pub async fn run(dir: &Path) -> Result<()> {
     let l2 =
         |a: &[f64], b: &[f64]| (a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
     let series = vec![
-        Series { name: "private_mean_curve".into(), xs: t.clone(), ys: private_mean.clone() },
-        Series { name: "non-private sample mean".into(), xs: t.clone(), ys: sample_mean.clone() },
+        Series::new("private_mean_curve", t.clone(), private_mean.clone()),
+        Series::new("non-private sample mean", t.clone(), sample_mean.clone()),
     ];
     println!("{}", plot::terminal(&series, 72, 14));
     println!(

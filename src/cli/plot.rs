@@ -16,13 +16,35 @@ pub struct Series {
     pub xs: Vec<f64>,
     /// y coordinates.
     pub ys: Vec<f64>,
+    /// Half-widths of a band around the curve (drawn shaded), if the result carries one.
+    pub band: Option<Vec<f64>>,
+}
+
+impl Series {
+    /// A curve without a band.
+    pub fn new(name: impl Into<String>, xs: Vec<f64>, ys: Vec<f64>) -> Self {
+        Self { name: name.into(), xs, ys, band: None }
+    }
+
+    /// The band's lower and upper edges, if any.
+    fn edges(&self) -> Option<(Series, Series)> {
+        let band = self.band.as_ref()?;
+        let edge =
+            |sign: f64| Series::new("", self.xs.clone(), self.ys.iter().zip(band).map(|(y, w)| y + sign * w).collect());
+        Some((edge(-1.0), edge(1.0)))
+    }
 }
 
 const MARKERS: [char; 4] = ['*', 'o', '+', 'x'];
 const COLORS: [&str; 4] = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
 
 fn bounds(series: &[Series]) -> Option<(f64, f64, f64, f64)> {
-    let pts = series.iter().flat_map(|s| s.xs.iter().zip(&s.ys)).filter(|(x, y)| x.is_finite() && y.is_finite());
+    let edges: Vec<Series> = series.iter().filter_map(Series::edges).flat_map(|(a, b)| [a, b]).collect();
+    let pts = series
+        .iter()
+        .chain(&edges)
+        .flat_map(|s| s.xs.iter().zip(&s.ys))
+        .filter(|(x, y)| x.is_finite() && y.is_finite());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, 0.0f64, f64::MIN);
     let mut any = false;
     for (&x, &y) in pts {
@@ -77,6 +99,21 @@ pub fn terminal(series: &[Series], width: usize, height: usize) -> String {
     };
     let mut canvas = vec![vec![' '; width]; height];
     let row_of = |y: f64| ((y - y0) / (y1 - y0) * (height - 1) as f64).round().clamp(0.0, (height - 1) as f64) as usize;
+    // Bands first, as dots between their edges; the curves are drawn over them.
+    for s in series {
+        let Some((lower, upper)) = s.edges() else { continue };
+        for c in 0..width {
+            let x = x0 + (x1 - x0) * c as f64 / (width - 1).max(1) as f64;
+            let (Some(a), Some(b)) = (value_at(&lower, x), value_at(&upper, x)) else { continue };
+            if !(a.is_finite() && b.is_finite()) {
+                continue;
+            }
+            for rr in row_of(a)..=row_of(b) {
+                canvas[height - 1 - rr][c] = '.';
+            }
+        }
+    }
+    let bands = series.iter().any(|s| s.band.is_some());
     for (si, s) in series.iter().enumerate() {
         let marker = MARKERS[si % MARKERS.len()];
         let mut prev: Option<usize> = None;
@@ -94,7 +131,7 @@ pub fn terminal(series: &[Series], width: usize, height: usize) -> String {
             };
             for rr in a.min(r)..=b.max(r) {
                 let cell = &mut canvas[height - 1 - rr][c];
-                *cell = if *cell == ' ' || *cell == marker { marker } else { '#' };
+                *cell = if *cell == ' ' || *cell == '.' || *cell == marker { marker } else { '#' };
             }
             prev = Some(r);
         }
@@ -121,7 +158,8 @@ pub fn terminal(series: &[Series], width: usize, height: usize) -> String {
     let _ = writeln!(out, "{}  {l}{}{m}{}{r}", " ".repeat(lw), " ".repeat(gap1), " ".repeat(gap2));
     let legend: Vec<String> =
         series.iter().enumerate().map(|(i, s)| format!("{} {}", MARKERS[i % MARKERS.len()], s.name)).collect();
-    let _ = writeln!(out, "{}  {}   (# = overlap)", " ".repeat(lw), legend.join("   "));
+    let note = if bands { "   (# = overlap, . = band)" } else { "   (# = overlap)" };
+    let _ = writeln!(out, "{}  {}{note}", " ".repeat(lw), legend.join("   "));
     out
 }
 
@@ -221,6 +259,21 @@ fn chart(s: &mut String, series: &[Series], title: &str, x_label: &str, y_label:
     );
     for (i, se) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
+        if let Some((lower, upper)) = se.edges() {
+            let pts: Vec<String> = lower
+                .xs
+                .iter()
+                .zip(&lower.ys)
+                .chain(upper.xs.iter().zip(&upper.ys).rev())
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .map(|(&x, &y)| format!("{:.2},{:.2}", px(x), py(y)))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polygon class="band" fill="{color}" fill-opacity="0.18" stroke="none" points="{}"/>"#,
+                pts.join(" ")
+            );
+        }
         let dash = if i == 0 { "" } else { r#" stroke-dasharray="6 4""# };
         let pts: Vec<String> = se
             .xs
@@ -296,7 +349,14 @@ pub fn curves(result: &QueryOutput) -> Vec<Series> {
                 } else {
                     format!("{} [{}] ({})", field.name(), keys.join(", "), fields[lists[1]].name())
                 };
-                out.push(Series { name, xs, ys });
+                // A release's band: the plug-in band (noise and sampling) if it has one, else the
+                // noise band.
+                let band = ["band", "noise_band"]
+                    .iter()
+                    .filter_map(|n| fields.iter().position(|f| f.name() == n))
+                    .find_map(|i| float_values(s.column(i).as_ref(), r))
+                    .filter(|b| b.len() == ys.len());
+                out.push(Series { name, xs, ys, band });
             }
         }
     }
@@ -316,7 +376,7 @@ pub fn curves(result: &QueryOutput) -> Vec<Series> {
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             if pts.len() >= 2 {
                 let name = result.schema.field(1).name().clone();
-                out.push(Series { name, xs: pts.iter().map(|p| p.0).collect(), ys: pts.iter().map(|p| p.1).collect() });
+                out.push(Series::new(name, pts.iter().map(|p| p.0).collect(), pts.iter().map(|p| p.1).collect()));
             }
         }
     }
@@ -330,7 +390,7 @@ mod tests {
     fn bump() -> Series {
         let xs: Vec<f64> = (0..100).map(|i| i as f64 / 99.0).collect();
         let ys = xs.iter().map(|x| (-(x - 0.5) * (x - 0.5) / 0.02).exp()).collect();
-        Series { name: "bump".into(), xs, ys }
+        Series::new("bump", xs, ys)
     }
 
     #[test]

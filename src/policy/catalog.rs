@@ -1140,6 +1140,28 @@ mod tests {
         assert_eq!(t.policy.as_ref().unwrap().keys["g"], vec!["a".to_string(), "b".to_string()]);
         assert_eq!(t.policy.as_ref().unwrap().unit.as_ref().unwrap().max_rows, 3);
 
+        // Format 2 (before stored releases): the same, and the upgrade adds the release store.
+        let v2 = temp("v2");
+        drop(Catalog::create_or_open(&v2).unwrap());
+        Connection::open(&v2)
+            .unwrap()
+            .execute_batch("DROP TABLE stored_releases; UPDATE meta SET value = '2' WHERE key = 'version';")
+            .unwrap();
+        let e = Catalog::open(&v2).unwrap_err().to_string();
+        assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 3"), "{e}");
+        let c = Catalog::create_or_open(&v2).unwrap();
+        c.register_table("p", "/data/p.parquet").unwrap();
+        c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        let cost = Budget::charge(0.5, 0.0).unwrap();
+        let ids = c.charge(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "q").unwrap();
+        let id = c.store_release(ids[0], "p", "private_kde", "{}", &[1, 2, 3]).unwrap();
+        drop(c);
+        let c = Catalog::open(&v2).unwrap();
+        assert_eq!(c.stored_release(&id).unwrap().unwrap().2, vec![1, 2, 3]);
+        assert_eq!(c.stored_releases(Some("p")).unwrap()[0].cost, cost);
+        assert_eq!(c.stored_release("r999").unwrap(), None);
+        assert_eq!(c.stored_release("x1").unwrap(), None);
+
         // A valid catalog whose pages were damaged.
         let damaged = temp("damaged");
         {
