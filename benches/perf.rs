@@ -519,7 +519,7 @@ fn kde_spec(g: usize) -> KdeSpec {
         epsilon: 1.0,
         delta: 1e-6,
         calibration: Calibration::Analytic,
-        nonneg: true,
+        normalise: dpcurve::mechanism::Normalise::Project,
     }
 }
 

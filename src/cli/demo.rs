@@ -72,7 +72,7 @@ pub fn demo_spec() -> KdeSpec {
         epsilon: 0.5,
         delta: 1e-6,
         calibration: Calibration::Analytic,
-        nonneg: true,
+        normalise: crate::mechanism::Normalise::Project,
     }
 }
 

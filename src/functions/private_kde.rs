@@ -2,7 +2,8 @@
 //!
 //! ```sql
 //! private_kde(value, bandwidth, epsilon, delta
-//!             [, lo => …, hi => …, points => 512, calibration => 'analytic', nonneg => true])
+//!             [, lo => …, hi => …, points => 512, calibration => 'analytic', nonneg => true,
+//!              normalize => 'project', band_alpha => 0.05, select_…])
 //!   -> {x: List<Float64>, density: List<Float64>, mass: Float64}
 //! ```
 //!
@@ -26,7 +27,7 @@ use crate::functions::{CallContext, Permits};
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
-use crate::mechanism::kde_release::{KdeBands, KdeRelease};
+use crate::mechanism::kde_release::{KdeBands, KdeRelease, Normalise};
 use crate::mechanism::stored::Recipe;
 use crate::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, NoiseSource};
 
@@ -48,7 +49,9 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "points", kind: ParamKind::Int },
         ParamDef { name: "calibration", kind: ParamKind::Str },
         ParamDef { name: "nonneg", kind: ParamKind::Bool },
+        ParamDef { name: "normalize", kind: ParamKind::Str },
         ParamDef { name: "band_alpha", kind: ParamKind::Float },
+        ParamDef { name: "mechanism", kind: ParamKind::Str },
         ParamDef { name: "select_epsilon", kind: ParamKind::Float },
         ParamDef { name: "select_delta", kind: ParamKind::Float },
         ParamDef { name: "select_max_groups", kind: ParamKind::Int },
@@ -74,8 +77,10 @@ pub fn mechanism_from_literals(
             p.error(format!("argument 'epsilon' must be a finite number in [{MIN_EPSILON:e}, {MAX_EPSILON}] (one budget unit to the per-release maximum), got {epsilon}"))
         );
     }
-    if !(delta > 0.0 && delta < 1.0) {
-        return Err(p.error(format!("argument 'delta' must be in the open interval (0, 1), got {delta}")));
+    if !(delta >= 0.0 && delta < 1.0) {
+        return Err(p.error(format!(
+            "argument 'delta' must be in [0, 1) (0 selects the pure-ε mechanism), got {delta}"
+        )));
     }
     let (lo, hi) = match (p.float(values, "lo")?, p.float(values, "hi")?) {
         (Some(lo), Some(hi)) => (lo, hi),
@@ -101,17 +106,76 @@ pub fn mechanism_from_literals(
     if calibration == Calibration::Classic && epsilon > 1.0 {
         return Err(p.error(CalibrationError::ClassicNeedsSmallEpsilon(epsilon)));
     }
-    let nonneg = p.boolean(values, "nonneg")?.unwrap_or(true);
-    let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
-    let spec = KdeSpec {
-        grid: Grid { lo, hi, points },
-        bandwidth,
-        epsilon: cost.calibration_epsilon(),
-        delta: cost.calibration_delta(),
-        calibration,
-        nonneg,
+    let normalise = match (p.boolean(values, "nonneg")?, p.string(values, "normalize")?) {
+        (_, Some(s)) => {
+            let n = Normalise::parse(&s).ok_or_else(|| {
+                p.error(format!("argument 'normalize' must be 'project', 'rescale' or 'none', got '{s}'"))
+            })?;
+            if p.boolean(values, "nonneg")? == Some(n == Normalise::Raw) {
+                return Err(p.error(format!(
+                    "arguments 'nonneg' and 'normalize' disagree (normalize => '{}' {} negative values); give one of them",
+                    n.name(),
+                    if n == Normalise::Raw { "keeps" } else { "removes" }
+                )));
+            }
+            n
+        }
+        (Some(false), None) => Normalise::Raw,
+        (Some(true) | None, None) => Normalise::Project,
     };
-    Ok((KdeMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?, cost))
+    let choice = match p.string(values, "mechanism")? {
+        None => Mechanism::Auto,
+        Some(s) => match s.to_ascii_lowercase().as_str() {
+            "auto" => Mechanism::Auto,
+            "gaussian" => Mechanism::Gaussian,
+            "laplace" => Mechanism::Laplace,
+            _ => {
+                return Err(p.error(format!("argument 'mechanism' must be 'auto', 'gaussian' or 'laplace', got '{s}'")));
+            }
+        },
+    };
+    if choice == Mechanism::Gaussian && delta == 0.0 {
+        return Err(p.error("mechanism => 'gaussian' needs delta > 0 (delta => 0 is the pure-ε Laplace mechanism)"));
+    }
+    // A release is charged what its mechanism uses: (ε, δ) for the Gaussian process, (ε, 0)
+    // for the pure-ε release.
+    let build = |delta: f64| -> Result<(KdeMechanism, Budget)> {
+        let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
+        let spec = KdeSpec {
+            grid: Grid { lo, hi, points },
+            bandwidth,
+            epsilon: cost.calibration_epsilon(),
+            delta: cost.calibration_delta(),
+            calibration,
+            normalise,
+        };
+        Ok((KdeMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?, cost))
+    };
+    match choice {
+        Mechanism::Gaussian => build(delta),
+        Mechanism::Laplace => build(0.0),
+        Mechanism::Auto if delta == 0.0 => build(0.0),
+        // 'auto': whichever adds less noise to the released kernel sum for these public
+        // parameters (the pure-ε one where it is available and quieter).
+        Mechanism::Auto => {
+            let gaussian = build(delta)?;
+            match build(0.0) {
+                Ok(laplace) if laplace.0.noise_variance() < gaussian.0.noise_variance() => Ok(laplace),
+                _ => Ok(gaussian),
+            }
+        }
+    }
+}
+
+/// The noise of a `private_kde` release (`mechanism => …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mechanism {
+    /// Whichever adds less noise for the requested (ε, δ) and bandwidth.
+    Auto,
+    /// The Gaussian-process release (δ > 0).
+    Gaussian,
+    /// The pure-ε release: discrete Laplace noise on counts at nodes every ≈ h/2.
+    Laplace,
 }
 
 /// Validates a logical call at planning time and returns what it costs.
@@ -163,7 +227,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
          count of the values in [lo, hi], the stored release's id (catalog sessions), and the \
          half-widths of the simultaneous level-band_alpha bands for the privacy noise and for \
          noise plus sampling error.",
-        "private_kde(value, bandwidth, epsilon, delta [, lo, hi, points, calibration, nonneg])",
+        "private_kde(value, bandwidth, epsilon, delta [, lo, hi, points, calibration, nonneg, normalize, band_alpha])",
     )
     .with_sql_example(
         "```sql\nSELECT private_kde(x, bandwidth => 0.02, epsilon => 1.0, delta => 1e-6, lo => 0, hi => 1) FROM t;\n```",
@@ -171,13 +235,15 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("value", "numeric column; NULL, NaN and ±inf rows are dropped")
     .with_argument("bandwidth", "kernel bandwidth h > 0 (literal)")
     .with_argument("epsilon", "privacy parameter ε > 0 (literal)")
-    .with_argument("delta", "privacy parameter δ in (0, 1) (literal)")
+    .with_argument("delta", "privacy parameter δ in [0, 1) (literal); 0 selects the pure-ε release")
     .with_argument("lo", "first grid point (literal; required until the table policy has bounds)")
     .with_argument("hi", "last grid point, lo < hi (literal)")
     .with_argument("points", "grid size in [2, 65536], default 512")
     .with_argument("calibration", "'analytic' (default) or 'classic' (ε ≤ 1 only)")
-    .with_argument("nonneg", "clamp negative values before normalising, default true")
+    .with_argument("nonneg", "false: keep negative values (normalize => 'none'); default true")
+    .with_argument("normalize", "'project' (default: L2 projection onto densities), 'rescale' (clamp, rescale) or 'none'")
     .with_argument("band_alpha", "level of the simultaneous bands, in (0, 1), default 0.05")
+    .with_argument("mechanism", "'auto' (default: the one adding less noise), 'gaussian' (δ > 0) or 'laplace' (pure ε, charged (ε, 0))")
     .build()
 });
 
@@ -370,7 +436,7 @@ mod tests {
             epsilon: 1.0,
             delta: 1e-6,
             calibration: Calibration::Analytic,
-            nonneg: true,
+            normalise: Normalise::Project,
         };
         KdeAccumulator::new(KdeMechanism::new(spec).unwrap(), noise)
     }

@@ -111,6 +111,35 @@ pub fn laplace_sup_quantile(alpha: f64, amplitudes: &[f64], vectors: &[Vec<f64>]
     sups[rank - 1]
 }
 
+/// The (1 − α) quantile of `max_k |Σ_i w_ki·ℓ_i| / s_k` for iid standard Laplace `ℓ_i` over
+/// `nodes` coordinates, with sparse weights `taps[k] = [(i, w_ki)]` and `s_k = sqrt(Σ_i w_ki²)`,
+/// by simulation from the fixed public seed; returns the quantile and s. The number of draws
+/// keeps the work near 4·10⁸ weight products (at least 500, at most [`SIMULATION_DRAWS`]).
+pub fn laplace_sup_quantile_sparse(alpha: f64, taps: &[Vec<(usize, f64)>], nodes: usize) -> (f64, Vec<f64>) {
+    let sd: Vec<f64> = taps.iter().map(|t| t.iter().map(|(_, w)| w * w).sum::<f64>().sqrt()).collect();
+    let work: usize = taps.iter().map(Vec::len).sum::<usize>().max(1);
+    let draws = (400_000_000 / work).clamp(500, SIMULATION_DRAWS);
+    let mut rng = ChaCha20Rng::seed_from_u64(SIMULATION_SEED);
+    let mut l = vec![0.0; nodes];
+    let mut sups = Vec::with_capacity(draws);
+    for _ in 0..draws {
+        for v in l.iter_mut() {
+            let u = (rng.next_u64() >> 11) as f64 * 2f64.powi(-53) - 0.5;
+            *v = -u.signum() * (1.0 - 2.0 * u.abs()).max(f64::MIN_POSITIVE).ln();
+        }
+        let sup = taps
+            .iter()
+            .zip(&sd)
+            .filter(|(_, s)| **s > 0.0)
+            .map(|(t, s)| (t.iter().map(|&(i, w)| w * l[i]).sum::<f64>() / s).abs())
+            .fold(0.0, f64::max);
+        sups.push(sup);
+    }
+    sups.sort_by(f64::total_cmp);
+    let rank = (((1.0 - alpha) * (draws + 1) as f64).ceil() as usize).clamp(1, draws);
+    (sups[rank - 1], sd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -233,6 +233,14 @@ impl KdeLayout {
         self.bandwidth
     }
 
+    /// The bins of binned mode: (position of bin 0, spacing, number of bins); None in exact mode.
+    pub fn bins(&self) -> Option<(f64, f64, usize)> {
+        match &self.mode {
+            Mode::Binned { origin, spacing, nbins, .. } => Some((*origin, *spacing, *nbins)),
+            Mode::Exact { .. } => None,
+        }
+    }
+
     /// Whether the statistic uses linear binning (false: exact kernel values per grid point).
     pub fn is_binned(&self) -> bool {
         matches!(self.mode, Mode::Binned { .. })

@@ -61,8 +61,65 @@ pub struct KdeSpec {
     pub delta: f64,
     /// σ calibration.
     pub calibration: Calibration,
-    /// Clamp negative values to zero before normalising.
-    pub nonneg: bool,
+    /// How the released kernel sum becomes a density.
+    pub normalise: Normalise,
+}
+
+/// How the released kernel sum `S̃` becomes a density on the grid (post-processing). With
+/// `g = S̃/Z`, `Z = ∫S̃` (trapezoid rule over the grid):
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Normalise {
+    /// The L2 projection of g onto densities on the grid: `f = max(g − c, 0)` with the
+    /// `c ≥ 0` that makes `∫f = 1` (exact: the trapezoid integral is piecewise linear in c).
+    #[default]
+    Project,
+    /// Clamp and rescale: `f = max(S̃, 0)/∫max(S̃, 0)`.
+    Rescale,
+    /// No clamping: `f = g` (integrates to 1, may be negative).
+    Raw,
+}
+
+impl Normalise {
+    /// Parses the SQL spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "project" => Some(Normalise::Project),
+            "rescale" => Some(Normalise::Rescale),
+            "none" => Some(Normalise::Raw),
+            _ => None,
+        }
+    }
+
+    /// The SQL spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Normalise::Project => "project",
+            Normalise::Rescale => "rescale",
+            Normalise::Raw => "none",
+        }
+    }
+}
+
+/// The shift `c ≥ 0` of the L2 projection: `step·Σ_k w_k·max(g_k − c, 0) = 1` with trapezoid
+/// weights w (½ at the ends). Needs `step·Σ w_k·max(g_k, 0) ≥ 1`, which holds when `∫g = 1`.
+pub fn projection_shift(g: &[f64], step: f64) -> f64 {
+    let n = g.len();
+    let weight = |k: usize| if k == 0 || k + 1 == n { 0.5 } else { 1.0 };
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| g[b].total_cmp(&g[a]));
+    // With the j largest values above c: step·(G − c·W) = 1, c = (G − 1/step)/W; valid if it
+    // lies between the j-th and (j+1)-th largest values.
+    let (mut big_w, mut big_g) = (0.0, 0.0);
+    for (j, &k) in order.iter().enumerate() {
+        big_w += weight(k);
+        big_g += weight(k) * g[k];
+        let c = (big_g - 1.0 / step) / big_w;
+        let next = order.get(j + 1).map_or(f64::NEG_INFINITY, |&i| g[i]);
+        if c >= next {
+            return c.max(0.0);
+        }
+    }
+    0.0
 }
 
 /// A parameter problem, found before any data is read.
@@ -104,8 +161,10 @@ pub struct KdeRelease {
     pub density: Option<Vec<f64>>,
     /// `Z/(sqrt(2π)·h)`: a noisy estimate of the number of values in `[lo, hi]`.
     pub mass: f64,
-    /// What the (clamped) noisy sum was divided by to give the density (NaN without one).
+    /// What the noisy sum was divided by to give the density (NaN without one).
     pub normaliser: f64,
+    /// The L2 projection's shift c (0 for the other normalisations).
+    pub shift: f64,
 }
 
 /// Simultaneous level-α bands of a KDE release, as half-widths on the grid in density units.
@@ -263,6 +322,25 @@ pub struct KdeMechanism {
     layout: KdeLayout,
     basis: Arc<KdeBasis>,
     lattice: LatticeMechanism,
+    /// The pure-ε release (δ = 0), if this is one.
+    laplace: Option<LaplaceNodes>,
+}
+
+/// The pure-ε KDE (δ = 0): the binned statistic linearly re-binned onto nodes every r bins
+/// (spacing ≤ h/2), discrete Laplace noise on the node counts — one row moves them by weights
+/// that sum to exactly 1, so the L1 sensitivity is 1 — and the kernel sum of the noisy counts
+/// at the grid (post-processing). Re-binning is exact: the coarse hat functions are piecewise
+/// linear on the fine bins, so fine-then-coarse linear binning equals coarse linear binning.
+#[derive(Debug, Clone, PartialEq)]
+struct LaplaceNodes {
+    /// Bins per node.
+    r: usize,
+    /// Position of node 0 (= bin 0).
+    origin: f64,
+    /// Node spacing.
+    spacing: f64,
+    /// Number of nodes.
+    nodes: usize,
 }
 
 impl KdeMechanism {
@@ -282,12 +360,78 @@ impl KdeMechanism {
     /// `rows·Δ` (+ the float slack, once per group), and the noise covers all groups jointly.
     pub fn with_contribution(spec: KdeSpec, c: Contribution) -> Result<Self, MechanismError> {
         let layout = KdeLayout::new(spec.grid, spec.bandwidth).map_err(MechanismError::Kde)?;
+        if spec.delta == 0.0 {
+            return Self::pure_epsilon(spec, layout, c);
+        }
         let rho =
             calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
         let basis = KdeBasis::cached(&layout)?;
         let sensitivity = c.per_group() * basis.stat_sensitivity + 2.0 * basis.float_error;
         let lattice = LatticeMechanism::gaussian_over(sensitivity, basis.dim(), rho, c.groups)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None })
+    }
+
+    fn pure_epsilon(spec: KdeSpec, layout: KdeLayout, c: Contribution) -> Result<Self, MechanismError> {
+        let Some((origin, bin_spacing, nbins)) = layout.bins() else {
+            return Err(MechanismError::Noise(format!(
+                "the pure-ε KDE (delta => 0) needs a bandwidth of at least {:e} for a grid of {} points on \
+                 [{}, {}] (its counts are linearly binned); use a larger bandwidth or fewer points, or delta > 0",
+                16.0 * (spec.grid.hi - spec.grid.lo) / super::kde::MAX_BINS as f64,
+                spec.grid.points,
+                spec.grid.lo,
+                spec.grid.hi
+            )));
+        };
+        if !(spec.epsilon.is_finite() && spec.epsilon > 0.0) {
+            return Err(MechanismError::Noise(format!("epsilon must be a finite number > 0, got {}", spec.epsilon)));
+        }
+        let r = ((0.5 * spec.bandwidth / bin_spacing).floor() as usize).max(1);
+        let nodes = (nbins - 1).div_ceil(r) + 1;
+        // Each coordinate is an exact integer times the double-double 1/r (relative error
+        // ≤ 2 ops): over all nodes the L1 error is ≤ 2·DD_OP_ERR·(total mass ≤ ROW_LIMIT rows).
+        let float_error = 2.0 * lattice::DD_OP_ERR * ROW_LIMIT;
+        let lattice = LatticeMechanism::laplace_over(c.per_group() + 2.0 * float_error, nodes, spec.epsilon, c.groups)?;
+        let basis = KdeBasis::cached(&layout)?;
+        let laplace = Some(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes });
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace })
+    }
+
+    /// Whether this is the pure-ε (discrete Laplace) release.
+    pub fn is_pure_epsilon(&self) -> bool {
+        self.laplace.is_some()
+    }
+
+    /// The pure-ε release's kernel sum of node counts `w` at x (the nodes within 8h).
+    fn node_sum_at(&self, n: &LaplaceNodes, w: &[f64], x: f64) -> f64 {
+        let h = self.spec.bandwidth;
+        let reach = TRUNCATION_BANDWIDTHS * h;
+        let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
+        let last = (((x + reach - n.origin) / n.spacing).floor().max(-1.0) + 1.0) as usize;
+        (first..last.min(n.nodes)).map(|i| w[i] * super::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h)).sum()
+    }
+
+    /// The noise variance of the released kernel sum at a grid point, averaged over the grid
+    /// (what `mechanism => 'auto'` compares): σ² for the Gaussian release; for the pure-ε one
+    /// `σ²·mean_k Σ_i K(t_k − node_i)²`.
+    pub fn noise_variance(&self) -> f64 {
+        let s2 = self.sigma().powi(2);
+        let Some(n) = &self.laplace else { return s2 };
+        let g = self.spec.grid;
+        let sample = g.points.min(257);
+        let mean: f64 = (0..sample)
+            .map(|j| {
+                let x = g.lo + (g.hi - g.lo) * j as f64 / (sample - 1).max(1) as f64;
+                let h = self.spec.bandwidth;
+                let reach = TRUNCATION_BANDWIDTHS * h;
+                (0..n.nodes)
+                    .map(|i| n.origin + i as f64 * n.spacing)
+                    .filter(|p| (p - x).abs() <= reach)
+                    .map(|p| super::kde::gaussian_kernel(x, p, h).powi(2))
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            / sample as f64;
+        s2 * mean
     }
 
     /// The parameters.
@@ -334,6 +478,19 @@ impl KdeMechanism {
 
     /// The lifted coordinates `w` of a statistic, in double-double.
     pub fn lifted(&self, state: &[i128]) -> Vec<DD> {
+        if let Some(n) = &self.laplace {
+            // Node counts: bin l = i·r + m gives (r − m)/r of its mass to node i, m/r to node i + 1.
+            let mut c = vec![0i128; n.nodes];
+            for (l, &v) in state.iter().enumerate() {
+                let (i, m) = (l / n.r, (l % n.r) as i128);
+                c[i] = c[i].saturating_add(v.saturating_mul(n.r as i128 - m));
+                if m > 0 {
+                    c[i + 1] = c[i + 1].saturating_add(v.saturating_mul(m));
+                }
+            }
+            let inv_r = DD::from_i128(n.r as i128).recip();
+            return c.iter().map(|&u| DD::from_i128(u).scale_pow2(-40).mul(inv_r)).collect();
+        }
         let mut v = vec![DD::default(); self.basis.m / self.basis.stride];
         // Every entry is converted (no branch on the data: the work is the same for any table).
         for (vj, &units) in v.iter_mut().zip(state) {
@@ -345,6 +502,10 @@ impl KdeMechanism {
 
     /// `A·w̃`: the kernel sum on the grid for (noisy) lifted coordinates. Post-processing.
     pub fn curve_from_lifted(&self, w: &[f64]) -> Vec<f64> {
+        if let Some(n) = &self.laplace {
+            let g = self.spec.grid;
+            return (0..g.points).map(|k| self.node_sum_at(n, w, g.at(k))).collect();
+        }
         let y = self.circle_from_lifted(w);
         let lat = self.layout.lattice();
         (0..self.spec.grid.points).map(|k| y[k * lat.grid_stride + lat.grid_offset]).collect()
@@ -352,6 +513,9 @@ impl KdeMechanism {
 
     /// The kernel sum at every point of the lattice circle (the grid's points among them).
     pub fn circle_from_lifted(&self, w: &[f64]) -> Vec<f64> {
+        if self.laplace.is_some() {
+            return Vec::new(); // the pure-ε release is evaluated directly (`sum_at`)
+        }
         let m = self.basis.m;
         let mut y = vec![Complex::new(0.0, 0.0); m];
         let (inv_m, inv_2m) = (1.0 / (m as f64).sqrt(), 1.0 / (2.0 * m as f64).sqrt());
@@ -369,6 +533,22 @@ impl KdeMechanism {
         }
         FftPlanner::new().plan_fft_inverse(m).process(&mut y);
         y.into_iter().map(|v| v.re).collect()
+    }
+
+    /// The released kernel sum at any x for released coordinates `w` and their lattice circle
+    /// ([`Self::circle_from_lifted`]): read from the circle at lattice points, the
+    /// trigonometric continuation between them; the pure-ε release's node sum everywhere.
+    pub fn sum_at(&self, w: &[f64], circle: &[f64], x: f64) -> f64 {
+        if let Some(n) = &self.laplace {
+            return self.node_sum_at(n, w, x);
+        }
+        let j = self.lattice_position(x);
+        let near = j.round();
+        if (j - near).abs() < 1e-9 && near >= 0.0 && (near as usize) < circle.len() {
+            circle[near as usize]
+        } else {
+            self.sum_at_position(w, j)
+        }
     }
 
     /// The position of `x` on the lattice circle, in lattice steps (grid point k sits at
@@ -423,20 +603,34 @@ impl KdeMechanism {
         let h = self.spec.bandwidth;
         let one_point = (2.0 * std::f64::consts::PI).sqrt() * h;
         let z = trapezoid(noisy_sum, grid.step());
-        let density = if z > one_point {
-            let curve: Vec<f64> =
-                if self.spec.nonneg { noisy_sum.iter().map(|v| v.max(0.0)).collect() } else { noisy_sum.to_vec() };
-            // With nonneg, ∫max(S̃,0) ≥ Z > 0, so this never divides by zero.
-            let area = trapezoid(&curve, grid.step());
-            Some((curve.iter().map(|v| v / area).collect(), area))
-        } else {
-            None
-        };
-        let (density, normaliser) = match density {
-            Some((d, area)) => (Some(d), area),
-            None => (None, f64::NAN),
-        };
-        KdeRelease { x: grid.xs(), density, mass: z / one_point, normaliser }
+        let mut release =
+            KdeRelease { x: grid.xs(), density: None, mass: z / one_point, normaliser: f64::NAN, shift: 0.0 };
+        if z > one_point {
+            match self.spec.normalise {
+                Normalise::Project => {
+                    let g: Vec<f64> = noisy_sum.iter().map(|v| v / z).collect();
+                    release.shift = projection_shift(&g, grid.step());
+                    release.normaliser = z;
+                }
+                // ∫max(S̃,0) ≥ Z > 0, so this never divides by zero.
+                Normalise::Rescale => {
+                    release.normaliser = trapezoid(&noisy_sum.iter().map(|v| v.max(0.0)).collect::<Vec<_>>(), grid.step())
+                }
+                Normalise::Raw => release.normaliser = z,
+            }
+            release.density = Some(noisy_sum.iter().map(|&v| self.density_of(&release, v)).collect());
+        }
+        release
+    }
+
+    /// The density a released kernel-sum value `v` becomes under the release's normalisation
+    /// (the same arithmetic at the grid and anywhere else).
+    pub fn density_of(&self, release: &KdeRelease, v: f64) -> f64 {
+        match self.spec.normalise {
+            Normalise::Project => (v / release.normaliser - release.shift).max(0.0),
+            Normalise::Rescale => v.max(0.0) / release.normaliser,
+            Normalise::Raw => v / release.normaliser,
+        }
     }
 
     /// The level-α threshold `u` of the noise band: the released kernel sum's noise is a
@@ -447,21 +641,58 @@ impl KdeMechanism {
         bands::gaussian_kernel_threshold(alpha, g.points, g.step(), self.spec.bandwidth)
     }
 
+    /// The pure-ε release's band threshold (quantile of the simulated standardised supremum
+    /// from a public seed, cached per grid, bandwidth and α) and its sd profile `s_k`
+    /// (per unit σ: the noise at grid point k has sd `σ·s_k`).
+    fn laplace_threshold(&self, n: &LaplaceNodes, alpha: f64) -> (f64, Vec<f64>) {
+        let g = self.spec.grid;
+        let h = self.spec.bandwidth;
+        let reach = TRUNCATION_BANDWIDTHS * h;
+        let taps: Vec<Vec<(usize, f64)>> = (0..g.points)
+            .map(|k| {
+                let x = g.at(k);
+                let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
+                let last = ((((x + reach - n.origin) / n.spacing).floor() + 1.0).max(0.0) as usize).min(n.nodes);
+                (first..last).map(|i| (i, super::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))).collect()
+            })
+            .collect();
+        // s_k for standard Laplace coordinates (variance 2) normalised to unit-variance ones.
+        type Key = (u64, u64, usize, u64, u64);
+        static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
+        let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, h.to_bits(), alpha.to_bits());
+        let q = QUANTILES
+            .get_or_try_insert(key, |_| 8, || {
+                Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile_sparse(alpha, &taps, n.nodes).0)
+            })
+            .unwrap_or_else(|e| match e {});
+        let s = taps.iter().map(|t| t.iter().map(|(_, w)| w * w).sum::<f64>().sqrt()).collect();
+        // |noise_k| ≤ q·b·s_k with b = σ/√2 the Laplace scale: in units of σ·s_k, q/√2.
+        (*q / std::f64::consts::SQRT_2, s)
+    }
+
     /// Simultaneous level-α bands of a release (post-processing: public σ, kernel and grid,
     /// and for the plug-in band the released density and mass). None without a density.
     pub fn bands(&self, release: &KdeRelease, alpha: f64) -> Option<KdeBands> {
         let density = release.density.as_ref()?;
         let h = self.spec.bandwidth;
-        let u = self.noise_threshold(alpha);
-        let noise_sd = self.sigma() / release.normaliser;
-        let noise = vec![u * noise_sd; density.len()];
+        let (u, profile) = match &self.laplace {
+            None => (self.noise_threshold(alpha), None),
+            Some(n) => {
+                let (q, s) = self.laplace_threshold(n, alpha);
+                (q, Some(s))
+            }
+        };
+        // Per-point noise sd in density units (the Laplace release's varies with the position
+        // between nodes: sd_k = σ·s_k).
+        let sd = |k: usize| self.sigma() * profile.as_ref().map_or(1.0, |s| s[k]) / release.normaliser;
+        let noise: Vec<f64> = (0..density.len()).map(|k| u * sd(k)).collect();
         // Sampling error of a Gaussian-kernel estimate: Var f̂(x) ≈ f(x)·R(K)/(n·h) with
         // R(K) = 1/(2√π), correlation exp(−d²/4h²) at lag d. The sum of the two independent
         // errors is no rougher than the noise (its neighbour correlations are averages of the
         // two, so its path angle is at most the noise's): the noise's threshold covers it.
         let total = (release.mass >= 2.0).then(|| {
             let rk = 0.5 / std::f64::consts::PI.sqrt();
-            density.iter().map(|&f| u * noise_sd.hypot((f.max(0.0) * rk / (release.mass * h)).sqrt())).collect()
+            density.iter().enumerate().map(|(k, &f)| u * sd(k).hypot((f.max(0.0) * rk / (release.mass * h)).sqrt())).collect()
         });
         Some(KdeBands { noise, total })
     }
@@ -486,7 +717,7 @@ mod tests {
             epsilon: 1.0,
             delta: 1e-6,
             calibration: Calibration::Analytic,
-            nonneg: true,
+            normalise: Normalise::Rescale,
         }
     }
 
@@ -556,8 +787,39 @@ mod tests {
         let d = r.density.unwrap();
         assert_eq!(d[3], 0.0);
         assert!((trapezoid(&d, 0.005) - 1.0).abs() < 1e-12);
-        let m2 = KdeMechanism::new(KdeSpec { nonneg: false, ..spec() }).unwrap();
+        let m2 = KdeMechanism::new(KdeSpec { normalise: Normalise::Raw, ..spec() }).unwrap();
         assert!(m2.post_process(&s).density.unwrap()[3] < 0.0);
+    }
+
+    #[test]
+    fn the_projection_is_the_closest_density_on_the_grid() {
+        let m = KdeMechanism::new(KdeSpec { normalise: Normalise::Project, ..spec() }).unwrap();
+        let xs: Vec<f64> = (0..201).map(|k| k as f64 / 200.0).collect();
+        // A noisy bump with negative tails.
+        let s: Vec<f64> = xs.iter().enumerate().map(|(k, x)| 50.0 * (-(x - 0.5f64).powi(2) / 0.01).exp() - 3.0 + (k % 7) as f64).collect();
+        let r = m.post_process(&s);
+        let f = r.density.clone().unwrap();
+        assert!(f.iter().all(|v| *v >= 0.0));
+        assert!((trapezoid(&f, 0.005) - 1.0).abs() < 1e-12, "{}", trapezoid(&f, 0.005));
+        assert!(r.shift > 0.0);
+        // f = max(g − c, 0): on the support it is g shifted by c; off it, g ≤ c.
+        let z = trapezoid(&s, 0.005);
+        for (fk, sk) in f.iter().zip(&s) {
+            let g = sk / z;
+            if *fk > 0.0 {
+                assert!((fk - (g - r.shift)).abs() < 1e-12);
+            } else {
+                assert!(g <= r.shift + 1e-12);
+            }
+        }
+        // Closer to g (discrete L2) than clamp-and-rescale, which is also a density.
+        let rescaled = KdeMechanism::new(spec()).unwrap().post_process(&s).density.unwrap();
+        let dist = |d: &[f64]| d.iter().zip(&s).map(|(a, b)| (a - b / z).powi(2)).sum::<f64>();
+        assert!(dist(&f) < dist(&rescaled), "{} vs {}", dist(&f), dist(&rescaled));
+        // A nonnegative g is its own projection.
+        let pos: Vec<f64> = xs.iter().map(|x| 1.0 + x).collect();
+        let rp = m.post_process(&pos);
+        assert!(rp.shift.abs() < 1e-12, "{}", rp.shift);
     }
 
     #[test]
@@ -592,5 +854,95 @@ mod tests {
             assert!((b.noise[7] - half / r.normaliser).abs() < 1e-12 * b.noise[7]);
             assert!(b.total.unwrap().iter().zip(&b.noise).all(|(t, n)| t >= n));
         }
+    }
+
+    fn pure(spec: KdeSpec) -> KdeMechanism {
+        KdeMechanism::new(KdeSpec { delta: 0.0, ..spec }).unwrap()
+    }
+
+    #[test]
+    fn the_pure_epsilon_release_has_l1_sensitivity_one_through_the_real_path() {
+        // Neighbouring tables (one value added, anywhere — in range, at a bin edge, far
+        // outside) move the node counts by exactly one unit of L1 mass, or none if dropped.
+        let m = pure(spec());
+        assert!(m.is_pure_epsilon());
+        let base: Vec<f64> = (0..500).map(|i| (i as f64 * 0.618).fract()).collect();
+        let mut st = m.layout().empty_state();
+        m.layout().add_all(&mut st, &base);
+        let w0: Vec<f64> = m.lifted(&st).iter().map(|d| d.to_f64()).collect();
+        for extra in [0.5, 0.123_456_7, 0.0, 1.0, -0.39, 1.39, 7.0] {
+            let mut st1 = st.clone();
+            m.layout().add_all(&mut st1, &[extra]);
+            let w1: Vec<f64> = m.lifted(&st1).iter().map(|d| d.to_f64()).collect();
+            let l1: f64 = w0.iter().zip(&w1).map(|(a, b)| (a - b).abs()).sum();
+            let dropped = !(-0.4..=1.4).contains(&extra);
+            let want = if dropped { 0.0 } else { 1.0 };
+            assert!((l1 - want).abs() < 1e-9, "x = {extra}: L1 change {l1}");
+        }
+        // The Laplace scale is the L1 sensitivity (1 + slack) over ε.
+        assert!((m.sigma() / std::f64::consts::SQRT_2 - 1.0).abs() < 1e-6, "{}", m.sigma());
+        // Node spacing ≤ h/2 and > h/4.
+        let n = m.laplace.as_ref().unwrap();
+        assert!(n.spacing <= 0.025 + 1e-12 && n.spacing > 0.0125, "{}", n.spacing);
+        // A bandwidth too small for bins is refused with a precise message, never a panic.
+        let tiny = KdeMechanism::new(KdeSpec { delta: 0.0, bandwidth: 1e-7, ..spec() }).unwrap_err().to_string();
+        assert!(tiny.contains("pure-ε KDE (delta => 0) needs a bandwidth of at least"), "{tiny}");
+    }
+
+    #[test]
+    fn the_pure_epsilon_noise_band_covers_and_half_of_it_does_not() {
+        use rand::SeedableRng;
+        let m = pure(spec());
+        let xs: Vec<f64> = (0..300).map(|i| (i as f64 * 0.618).fract()).collect();
+        let mut st = m.layout().empty_state();
+        m.layout().add_all(&mut st, &xs);
+        let exact = m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None);
+        let r = m.post_process(&exact);
+        let band = m.bands(&r, 0.05).unwrap().noise;
+        // Back to kernel-sum units.
+        let half: Vec<f64> = band.iter().map(|b| b * r.normaliser).collect();
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(21);
+        let draws = 2000;
+        let (mut covered, mut covered_half) = (0, 0);
+        for _ in 0..draws {
+            let noisy = m.noisy_sum(&st, Some(&mut rng));
+            let ratio = noisy.iter().zip(&exact).zip(&half).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max);
+            covered += (ratio <= 1.0) as usize;
+            covered_half += (ratio <= 0.5) as usize;
+        }
+        let (cov, neg) = (covered as f64 / draws as f64, covered_half as f64 / draws as f64);
+        eprintln!("pure-ε kde noise band: coverage {cov}, σ/2 control {neg}");
+        assert!(cov >= 0.94, "coverage {cov}");
+        assert!(neg < 0.6, "negative control covers {neg}");
+    }
+
+    #[test]
+    fn at_equal_epsilon_the_pure_release_is_quieter_than_the_gaussian_one() {
+        // The noise each adds to the kernel sum (σ² vs σ_L²·ΣK²) and the resulting error of
+        // the released density against the noiseless one, n = 1000, ε = 1 (δ = 1e-6 for the
+        // Gaussian release). Negative control: at ε = 1 but δ = 0.3 the Gaussian one is quieter.
+        use rand::SeedableRng;
+        let g = KdeMechanism::new(spec()).unwrap();
+        let l = pure(spec());
+        assert!(l.noise_variance() < g.noise_variance(), "{} vs {}", l.noise_variance(), g.noise_variance());
+        let loose = KdeMechanism::new(KdeSpec { delta: 0.3, ..spec() }).unwrap();
+        assert!(loose.noise_variance() < l.noise_variance(), "{} vs {}", loose.noise_variance(), l.noise_variance());
+        let xs: Vec<f64> = (0..1000).map(|i| 0.5 + 0.15 * ((i as f64 * 0.618).fract() - 0.5) * 2.0).collect();
+        let ise = |m: &KdeMechanism| {
+            let mut st = m.layout().empty_state();
+            m.layout().add_all(&mut st, &xs);
+            let truth = m.post_process(&m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None)).density.unwrap();
+            let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(4);
+            (0..40)
+                .map(|_| {
+                    let d = m.release(&st, Some(&mut rng)).density.unwrap();
+                    d.iter().zip(&truth).map(|(a, b)| (a - b).powi(2)).sum::<f64>() * 0.005
+                })
+                .sum::<f64>()
+                / 40.0
+        };
+        let (eg, el) = (ise(&g), ise(&l));
+        eprintln!("n = 1000, ε = 1: ISE Gaussian {eg:.4}, pure ε {el:.4}, ratio {:.2}", eg / el);
+        assert!(el < eg, "{el} vs {eg}");
     }
 }

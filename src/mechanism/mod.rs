@@ -23,5 +23,5 @@ pub mod sums;
 pub use calibration::Calibration;
 pub use contribution::Contribution;
 pub use kde::{Grid, KdeLayout};
-pub use kde_release::{KdeMechanism, KdeRelease, KdeSpec};
+pub use kde_release::{KdeMechanism, KdeRelease, KdeSpec, Normalise};
 pub use rng::NoiseSource;

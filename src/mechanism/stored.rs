@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use super::Calibration;
 use super::contribution::Contribution;
 use super::kde::Grid;
-use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec};
+use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, Normalise};
 use super::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
 
 /// What a stored release keeps: public parameters and the released coordinates.
@@ -83,7 +83,7 @@ impl Recipe {
             Recipe::Kde { spec, contribution, alpha, .. } => json!({
                 "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
                 "bandwidth": spec.bandwidth, "epsilon": spec.epsilon, "delta": spec.delta,
-                "calibration": spec.calibration.name(), "nonneg": spec.nonneg,
+                "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
                 "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
             }),
             Recipe::MeanCurve { spec, contribution, alpha, .. } => json!({
@@ -132,7 +132,7 @@ impl Recipe {
                     epsilon: field(&p, "epsilon")?,
                     delta: field(&p, "delta")?,
                     calibration,
-                    nonneg: p.get("nonneg").and_then(Value::as_bool).ok_or("stored release: nonneg is missing")?,
+                    normalise: Normalise::parse(text(&p, "normalize")?).ok_or("stored release: bad normalize")?,
                 },
                 contribution,
                 alpha,
@@ -197,9 +197,6 @@ pub enum StoredCurve {
     },
 }
 
-/// Lattice positions closer than this to an integer are read from the released path itself.
-const ON_LATTICE: f64 = 1e-9;
-
 impl StoredCurve {
     /// Rebuilds the release from its recipe (public computation only).
     pub fn build(recipe: &Recipe) -> Result<Self, String> {
@@ -249,15 +246,7 @@ impl StoredCurve {
                 if !(x >= grid.lo && x <= grid.hi) {
                     return None;
                 }
-                let j = mechanism.lattice_position(x);
-                let near = j.round();
-                let sum = if (j - near).abs() < ON_LATTICE && (near as usize) < circle.len() {
-                    circle[near as usize]
-                } else {
-                    mechanism.sum_at_position(lifted, j)
-                };
-                let v = if mechanism.spec().nonneg { sum.max(0.0) } else { sum };
-                Some(v / release.normaliser)
+                Some(mechanism.density_of(release, mechanism.sum_at(lifted, circle, x)))
             }
             StoredCurve::MeanCurve { release, weights, kernel, range, .. } => {
                 if !(0.0..=1.0).contains(&x) {
@@ -287,7 +276,7 @@ mod tests {
             epsilon: 1.0,
             delta: 1e-6,
             calibration: Calibration::Analytic,
-            nonneg: true,
+            normalise: Normalise::Project,
         };
         let m = KdeMechanism::new(spec.clone()).unwrap();
         let xs: Vec<f64> = (0..500).map(|i| 0.2 + 0.5 * (i as f64 * 0.618).fract()).collect();
