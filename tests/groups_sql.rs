@@ -70,7 +70,7 @@ impl Fixture {
     }
 }
 
-const KDE: &str = "private_kde(x, 0.05, 0.5, 1e-6, points => 64)";
+const KDE: &str = "private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian')";
 
 /// (group, mass) rows of a grouped KDE query.
 async fn masses(s: &AnalystSession, sql: &str) -> Vec<(String, f64)> {
@@ -99,7 +99,7 @@ async fn one_row_per_declared_key_and_one_charge_per_call() {
     // Two calls, two charges; grouping by two columns gives the product of their keys.
     let b = s
         .query(&format!(
-            "SELECT region, weekday, {KDE}['mass'], private_kde(x, 0.1, 0.5, 1e-6, points => 16)['mass'] \
+            "SELECT region, weekday, {KDE}['mass'], private_kde(x, 0.1, 0.5, 1e-6, points => 16, mechanism => 'gaussian')['mass'] \
              FROM p GROUP BY region, weekday"
         ))
         .await
@@ -185,7 +185,7 @@ async fn keys_from_a_public_table_and_memory_per_group() {
     f.admin.set_memory_limit(64 << 20).unwrap();
     let s = f.session(NoiseSource::Os, 2).await;
     let e = s
-        .query("SELECT weekday, private_kde(x, 0.001, 0.5, 1e-6, points => 4096) FROM p GROUP BY weekday")
+        .query("SELECT weekday, private_kde(x, 0.001, 0.5, 1e-6, points => 4096, mechanism => 'gaussian') FROM p GROUP BY weekday")
         .await
         .unwrap_err()
         .to_string();

@@ -170,7 +170,7 @@ fn kde_price() -> Budget {
 
 /// The three places an analyst can put a predicate evaluated on private rows.
 fn placements(pred: &str) -> [String; 3] {
-    let kde = |arg: &str| format!("private_kde({arg}, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32)");
+    let kde = |arg: &str| format!("private_kde({arg}, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32, mechanism => 'gaussian')");
     [
         format!("SELECT {}['mass'] FROM people WHERE {pred}", kde("x")),
         format!("SELECT {} FILTER (WHERE {pred}) FROM people", kde("x")),
@@ -361,7 +361,7 @@ async fn negative_control_the_tricks_separate_neighbours_on_public_tables() {
 #[tokio::test]
 async fn shapes_that_repeat_or_amplify_are_refused() {
     let pair = pair().await;
-    let kde = format!("private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32)");
+    let kde = format!("private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32, mechanism => 'gaussian')");
     let mut doubling = String::from("WITH l0 AS (SELECT name AS v, x FROM people)");
     for i in 1..=12 {
         doubling.push_str(&format!(", l{i} AS (SELECT concat(v, v) AS v, x FROM l{})", i - 1));
@@ -391,9 +391,12 @@ async fn shapes_that_repeat_or_amplify_are_refused() {
         (format!("EXPLAIN FORMAT TREE SELECT {kde} FROM people"), "no-physical-explain"),
         (format!("EXPLAIN FORMAT PGJSON SELECT {kde} FROM people"), "no-physical-explain"),
         (format!("EXPLAIN ANALYZE SELECT {kde} FROM people"), "no-explain-analyze"),
-        ("SELECT private_kde(x, 0.1, 1e-12, 1e-18, -1e308, 1e308) FROM people".into(), "private_kde"),
-        ("SELECT private_kde(x, 5e15, 0.1, 1e-6, 0, 1) FROM people".into(), "private_kde"),
-        ("SELECT private_kde(x, 0.1, 1e-300, 1e-6, 0, 1) FROM people".into(), "epsilon"),
+        (
+            "SELECT private_kde(x, 0.1, 1e-12, 1e-18, -1e308, 1e308, mechanism => 'gaussian') FROM people".into(),
+            "private_kde",
+        ),
+        ("SELECT private_kde(x, 5e15, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM people".into(), "private_kde"),
+        ("SELECT private_kde(x, 0.1, 1e-300, 1e-6, 0, 1, mechanism => 'gaussian') FROM people".into(), "epsilon"),
         (format!("SELECT {kde} FROM people WHERE name = 'alice'; SELECT x FROM people"), "no-raw-rows"),
     ];
     for (sql, want) in &cases {
@@ -638,7 +641,7 @@ async fn the_allowlist_is_total_on_extreme_values() {
         // simplified away).
         let sql = format!(
             "SELECT private_kde(CASE WHEN ({e}) IS NULL THEN 0.25 ELSE 0.5 END, \
-             0.1, 1e-3, 1e-9, 0, 1, 8) FROM ext"
+             0.1, 1e-3, 1e-9, 0, 1, 8, mechanism => 'gaussian') FROM ext"
         );
         let before = spent();
         match s.query(&sql).await {
@@ -687,7 +690,7 @@ async fn a_private_subtree_reexecuted_below_the_gate_cannot_release() {
     let n = neighbour(true).await;
     let s = &n.session;
     let sql = format!(
-        "SELECT private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32), private_kde(x, 0.2, {KDE_EPS}, 1e-9, 0, 1, 32) FROM people"
+        "SELECT private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32, mechanism => 'gaussian'), private_kde(x, 0.2, {KDE_EPS}, 1e-9, 0, 1, 32, mechanism => 'gaussian') FROM people"
     );
     let plan = s.physical_plan_for_tests(&sql).await.unwrap();
     assert_eq!(plan.name(), "BudgetGateExec");
@@ -720,10 +723,13 @@ async fn a_private_subtree_reexecuted_below_the_gate_cannot_release() {
 #[tokio::test]
 async fn private_state_beyond_the_memory_limit_is_refused_before_any_debit() {
     let n = neighbour(true).await;
-    let big = "private_kde(x, 2e-5, 1e-3, 1e-9, 0, 1, 65536)";
+    let big = "private_kde(x, 2e-5, 1e-3, 1e-9, 0, 1, 65536, mechanism => 'gaussian')";
     // Many distinct large-grid calls in one query: refused under the default limit.
-    let many: Vec<String> =
-        (0..40).map(|i| format!("private_kde(x, {}, 1e-3, 1e-9, 0, 1, 65536)", 2e-5 + i as f64 * 1e-7)).collect();
+    let many: Vec<String> = (0..40)
+        .map(|i| {
+            format!("private_kde(x, {}, 1e-3, 1e-9, 0, 1, 65536, mechanism => 'gaussian')", 2e-5 + i as f64 * 1e-7)
+        })
+        .collect();
     let sql = format!("SELECT {} FROM people", many.join(", "));
     let (r, cost) = n.run(&sql).await;
     let msg = r.unwrap_err();
@@ -742,7 +748,9 @@ async fn private_state_beyond_the_memory_limit_is_refused_before_any_debit() {
     let s = AnalystSession::open(&dir, SessionOptions::default()).await.unwrap();
     let msg = s.query(&format!("SELECT {big} FROM people")).await.unwrap_err().to_string();
     assert!(msg.contains("[rule memory-limit]") && msg.contains("64.0 MiB"), "{msg}");
-    s.query(&format!("SELECT private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32) FROM people")).await.unwrap();
+    s.query(&format!("SELECT private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32, mechanism => 'gaussian') FROM people"))
+        .await
+        .unwrap();
     assert_eq!(n.spent(), kde_price().checked_add(&kde_price()).unwrap());
 }
 
@@ -845,7 +853,7 @@ async fn grouped_queries_do_not_reveal_whether_a_group_has_rows() {
     // Sessions opened after the keys were declared.
     let s_with = AnalystSession::open(&pair.0._dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
     let s_without = AnalystSession::open(&pair.1._dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
-    let kde = format!("private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32)");
+    let kde = format!("private_kde(x, 0.1, {KDE_EPS}, 1e-9, 0, 1, 32, mechanism => 'gaussian')");
     let groups_of = |b: &[RecordBatch]| -> Vec<i64> {
         let mut g: Vec<i64> = b
             .iter()

@@ -14,7 +14,14 @@ use rand::rngs::ChaCha20Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 fn spec(grid: Grid, bandwidth: f64, epsilon: f64, delta: f64) -> KdeSpec {
-    KdeSpec { grid, bandwidth, epsilon, delta, calibration: Calibration::Analytic, normalise: dpcurve::mechanism::Normalise::Project }
+    KdeSpec {
+        grid,
+        bandwidth,
+        epsilon,
+        delta,
+        calibration: Calibration::Analytic,
+        normalise: dpcurve::mechanism::Normalise::Project,
+    }
 }
 
 fn state_of(m: &KdeMechanism, values: &[f64]) -> Vec<i128> {
@@ -248,7 +255,8 @@ fn float_product_possible(y: f64, sigma: f64) -> bool {
 fn attack_regression_no_release_is_impossible_under_the_neighbour() {
     let grid = Grid { lo: 0.0, hi: 1.0, points: 512 };
     let h = 0.02;
-    let m = KdeMechanism::new(KdeSpec { normalise: dpcurve::mechanism::Normalise::Raw, ..spec(grid, h, 1.0, 1e-6) }).unwrap();
+    let m = KdeMechanism::new(KdeSpec { normalise: dpcurve::mechanism::Normalise::Raw, ..spec(grid, h, 1.0, 1e-6) })
+        .unwrap();
     let base: Vec<f64> = mixture(100, 15).iter().map(|v| 0.3 * v).collect();
     let x = 0.8;
     let (d0, mut d1) = (state_of(&m, &base), state_of(&m, &base));

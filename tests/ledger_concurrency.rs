@@ -14,7 +14,7 @@ use dpcurve::mechanism::budget::Budget;
 use dpcurve::policy::Catalog;
 use dpcurve::{Admin, AnalystSession, SessionOptions};
 
-const QUERY: &str = "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 32) AS k FROM p";
+const QUERY: &str = "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 32, mechanism => 'gaussian') AS k FROM p";
 
 async fn setup(tag: &str, epsilon: f64) -> (TempDir, std::path::PathBuf) {
     let dir = TempDir::new(tag);

@@ -82,7 +82,11 @@ fn kde_privacy_map_and_release_never_panic() {
             epsilon: mostly(&mut rng, &[1e-12, 0.1, 1.0, 10.0]),
             delta: delta(&mut rng),
             calibration: pick(&mut rng, &[Calibration::Analytic, Calibration::Classic]),
-            normalise: [dpcurve::mechanism::Normalise::Project, dpcurve::mechanism::Normalise::Rescale, dpcurve::mechanism::Normalise::Raw][(rng.next_u32() % 3) as usize],
+            normalise: [
+                dpcurve::mechanism::Normalise::Project,
+                dpcurve::mechanism::Normalise::Rescale,
+                dpcurve::mechanism::Normalise::Raw,
+            ][(rng.next_u32() % 3) as usize],
         };
         let what = format!("{spec:?}");
         let t0 = std::time::Instant::now();

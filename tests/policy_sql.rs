@@ -70,7 +70,7 @@ impl Fixture {
     }
 }
 
-const KDE: &str = "private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 64)";
+const KDE: &str = "private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 64, mechanism => 'gaussian')";
 
 /// Asserts that `sql` fails at planning with a message containing `rule`, and that
 /// nothing was charged.
@@ -101,42 +101,42 @@ rejects! {
     ordinary_aggregates_are_refused: "SELECT avg(x), max(x) FROM p WHERE x > 0" => "[rule private-aggregates-only]";
     distinct_rows_are_refused: "SELECT DISTINCT g FROM p" => "[rule private-aggregates-only]";
     mixing_private_and_ordinary_aggregates_is_refused:
-        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1), count(*) FROM p" => "[rule private-aggregates-only]";
-    group_by_is_refused: "SELECT g, private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p GROUP BY g" => "[rule no-group-by]";
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian'), count(*) FROM p" => "[rule private-aggregates-only]";
+    group_by_is_refused: "SELECT g, private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p GROUP BY g" => "[rule no-group-by]";
     a_join_feeding_the_aggregate_is_refused:
-        "SELECT private_kde(p.x, 0.05, 0.1, 1e-6, 0, 1) FROM p JOIN pub_t ON p.g = pub_t.g" => "[rule row-wise-only] a JOIN";
+        "SELECT private_kde(p.x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p JOIN pub_t ON p.g = pub_t.g" => "[rule row-wise-only] a JOIN";
     a_self_join_is_refused:
-        "SELECT private_kde(a.x, 0.05, 0.1, 1e-6, 0, 1) FROM p a CROSS JOIN p b" => "[rule row-wise-only] a JOIN";
+        "SELECT private_kde(a.x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p a CROSS JOIN p b" => "[rule row-wise-only] a JOIN";
     a_union_feeding_the_aggregate_is_refused:
-        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT x FROM p UNION ALL SELECT x FROM p)" => "[rule row-wise-only] a UNION";
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM (SELECT x FROM p UNION ALL SELECT x FROM p)" => "[rule row-wise-only] a UNION";
     distinct_below_the_aggregate_is_refused:
-        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT DISTINCT x FROM p)" => "[rule row-wise-only]";
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM (SELECT DISTINCT x FROM p)" => "[rule row-wise-only]";
     limit_below_the_aggregate_is_refused:
-        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT x FROM p LIMIT 10)" => "[rule row-wise-only]";
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM (SELECT x FROM p LIMIT 10)" => "[rule row-wise-only]";
     order_by_with_limit_below_the_aggregate_is_refused:
-        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM (SELECT x FROM p ORDER BY x DESC LIMIT 100)" => "[rule row-wise-only]";
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM (SELECT x FROM p ORDER BY x DESC LIMIT 100)" => "[rule row-wise-only]";
     window_use_of_a_private_aggregate_is_refused:
-        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) OVER () FROM p" => "private_kde: cannot be used as a window function";
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') OVER () FROM p" => "private_kde: cannot be used as a window function";
     window_functions_over_private_rows_are_refused: "SELECT sum(x) OVER (ORDER BY x) FROM p" => "[rule no-raw-rows]";
     a_window_below_the_aggregate_is_refused:
-        "SELECT private_kde(r, 0.05, 0.1, 1e-6, 0, 1000) FROM (SELECT row_number() OVER (ORDER BY x) AS r FROM p)" => "[rule row-wise-only] a window function";
-    non_literal_parameters_are_refused: "SELECT private_kde(x, x, 0.1, 1e-6, 0, 1) FROM p" => "argument 'bandwidth' must be a literal constant";
+        "SELECT private_kde(r, 0.05, 0.1, 1e-6, 0, 1000, mechanism => 'gaussian') FROM (SELECT row_number() OVER (ORDER BY x) AS r FROM p)" => "[rule row-wise-only] a window function";
+    non_literal_parameters_are_refused: "SELECT private_kde(x, x, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p" => "argument 'bandwidth' must be a literal constant";
     a_scalar_subquery_over_private_rows_is_refused:
         "SELECT x FROM pub_t WHERE x > (SELECT max(x) FROM p)" => "[rule private-aggregates-only]";
     an_in_subquery_over_private_rows_is_refused: "SELECT x FROM pub_t WHERE x IN (SELECT x FROM p)" => "[rule no-raw-rows]";
     a_correlated_subquery_cannot_release_once_per_outer_row:
-        "SELECT g, (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] FROM p WHERE p.g = o.g) FROM pub_t o" => "[rule no-group-by]";
+        "SELECT g, (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian')['mass'] FROM p WHERE p.g = o.g) FROM pub_t o" => "[rule no-group-by]";
     a_lateral_join_cannot_release_once_per_outer_row:
-        "SELECT * FROM (VALUES (0), (1)) v(k) CROSS JOIN LATERAL (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] AS m FROM p WHERE g = v.k)" => "[rule no-group-by]";
-    explain_analyze_is_refused: "EXPLAIN ANALYZE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-explain-analyze]";
+        "SELECT * FROM (VALUES (0), (1)) v(k) CROSS JOIN LATERAL (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian')['mass'] AS m FROM p WHERE g = v.k)" => "[rule no-group-by]";
+    explain_analyze_is_refused: "EXPLAIN ANALYZE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p" => "[rule no-explain-analyze]";
     explain_format_tree_is_refused:
-        "EXPLAIN FORMAT TREE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-physical-explain]";
+        "EXPLAIN FORMAT TREE SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p" => "[rule no-physical-explain]";
     explain_format_graphviz_is_refused:
-        "EXPLAIN FORMAT GRAPHVIZ SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM p" => "[rule no-physical-explain]";
+        "EXPLAIN FORMAT GRAPHVIZ SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p" => "[rule no-physical-explain]";
     a_private_release_in_a_recursive_term_is_refused:
-        "WITH RECURSIVE r(i, m) AS (SELECT 0, 0.0 UNION ALL SELECT i + 1, (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] FROM p) FROM r WHERE i < 200) SELECT i, m FROM r" => "[rule no-recursion]";
+        "WITH RECURSIVE r(i, m) AS (SELECT 0, 0.0 UNION ALL SELECT i + 1, (SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian')['mass'] FROM p) FROM r WHERE i < 200) SELECT i, m FROM r" => "[rule no-recursion]";
     a_private_release_in_a_recursive_static_term_is_refused:
-        "WITH RECURSIVE r(i, m) AS (SELECT 0, private_kde(x, 0.05, 0.1, 1e-6, 0, 1)['mass'] FROM p UNION ALL SELECT i + 1, m FROM r WHERE i < 3) SELECT * FROM r" => "[rule no-recursion]";
+        "WITH RECURSIVE r(i, m) AS (SELECT 0, private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian')['mass'] FROM p UNION ALL SELECT i + 1, m FROM r WHERE i < 3) SELECT * FROM r" => "[rule no-recursion]";
     create_external_table_is_refused:
         "CREATE EXTERNAL TABLE leak STORED AS PARQUET LOCATION '/tmp/p.parquet'" => "DDL not supported";
     create_view_is_refused: "CREATE VIEW v AS SELECT x FROM p" => "DDL not supported";
@@ -220,15 +220,15 @@ async fn each_private_table_is_charged_for_its_own_calls() {
     let f = fixture("pertable", (5.0, 1e-4)).await;
     let s = f.analyst().await;
     s.query(
-        "SELECT (SELECT private_kde(x, 0.05, 0.25, 1e-6, 0, 1)['mass'] FROM p) AS a, \
-                (SELECT private_kde(x, 0.05, 0.5, 2e-6, 0, 1)['mass'] FROM q) AS b",
+        "SELECT (SELECT private_kde(x, 0.05, 0.25, 1e-6, 0, 1, mechanism => 'gaussian')['mass'] FROM p) AS a, \
+                (SELECT private_kde(x, 0.05, 0.5, 2e-6, 0, 1, mechanism => 'gaussian')['mass'] FROM q) AS b",
     )
     .await
     .unwrap();
     assert_eq!(f.spent("p"), Budget::total(0.25, 1e-6).unwrap());
     assert_eq!(f.spent("q"), Budget::total(0.5, 2e-6).unwrap());
     // Two calls on one table in one aggregate: both are charged (basic composition).
-    s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1), private_kde(x, 0.02, 0.2, 1e-6, 0, 1) FROM p")
+    s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian'), private_kde(x, 0.02, 0.2, 1e-6, 0, 1, mechanism => 'gaussian') FROM p")
         .await
         .unwrap();
     assert_eq!(f.spent("p"), Budget::total(0.55, 3e-6).unwrap());
@@ -298,17 +298,28 @@ async fn explain_is_free_and_shows_no_physical_details() {
 async fn policy_bounds_are_the_default_grid_and_other_columns_still_need_them() {
     let f = fixture("bounds", (5.0, 1e-4)).await;
     let s = f.analyst().await;
-    let b = s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, points => 11) AS k FROM p WHERE x > 0.1").await.unwrap();
+    let b = s
+        .query(
+            "SELECT private_kde(x, 0.05, 0.1, 1e-6, points => 11, mechanism => 'gaussian') AS k FROM p WHERE x > 0.1",
+        )
+        .await
+        .unwrap();
     let k = b[0].column(0).as_struct();
     let xs = k.column_by_name("x").unwrap().as_list::<i32>().value(0);
     let xs = xs.as_primitive::<Float64Type>().values().to_vec();
     assert_eq!((xs[0], xs[10]), (0.0, 1.0), "grid from the policy bounds of p.x");
     // Explicit bounds override the policy.
-    let b = s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, -1, 2, 11) AS k FROM p").await.unwrap();
+    let b = s
+        .query("SELECT private_kde(x, 0.05, 0.1, 1e-6, -1, 2, 11, mechanism => 'gaussian') AS k FROM p")
+        .await
+        .unwrap();
     let xs = b[0].column(0).as_struct().column(0).as_list::<i32>().value(0);
     assert_eq!(xs.as_primitive::<Float64Type>().value(0), -1.0);
     // q.x has no bounds; an expression of x does not inherit them either.
-    for sql in ["SELECT private_kde(x, 0.05, 0.1, 1e-6) FROM q", "SELECT private_kde(x * 2, 0.05, 0.1, 1e-6) FROM p"] {
+    for sql in [
+        "SELECT private_kde(x, 0.05, 0.1, 1e-6, mechanism => 'gaussian') FROM q",
+        "SELECT private_kde(x * 2, 0.05, 0.1, 1e-6, mechanism => 'gaussian') FROM p",
+    ] {
         let err = s.query(sql).await.unwrap_err().to_string();
         assert!(err.contains("arguments 'lo' and 'hi' are required"), "{sql}: {err}");
     }
@@ -324,7 +335,7 @@ async fn a_refused_later_statement_stops_the_whole_string_before_anything_is_cha
     for sql in [
         format!("SELECT {KDE} FROM p; SELECT x FROM p"),
         format!("SELECT {KDE} FROM p; SELECT {KDE} FROM p; SELECT count(*) FROM p"),
-        format!("SELECT {KDE} FROM p; SELECT private_kde(x, 0, 1, 1e-6, 0, 1) FROM p"),
+        format!("SELECT {KDE} FROM p; SELECT private_kde(x, 0, 1, 1e-6, 0, 1, mechanism => 'gaussian') FROM p"),
     ] {
         assert!(s.sql(&sql).await.is_err(), "{sql}");
         assert_eq!(f.spent("p"), Budget::ZERO, "{sql}: charged although a statement was refused");
@@ -350,7 +361,7 @@ async fn public_tables_stay_ordinary_and_can_sit_above_private_aggregates() {
     assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
     assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
     // A private aggregate over a public table is free.
-    s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1) FROM pub_t").await.unwrap();
+    s.query("SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, mechanism => 'gaussian') FROM pub_t").await.unwrap();
     // Recursion and physical EXPLAIN formats stay available on public tables (the rules
     // no-recursion and no-physical-explain are about private tables only).
     let b = s
@@ -377,7 +388,8 @@ async fn errors_while_reading_private_rows_do_not_show_private_values() {
     let s = f.analyst().await;
     // A cast that would fail on the data is rewritten to TRY_CAST on private rows (SPEC §5.1):
     // the query succeeds (the values that do not convert are NULL) and is charged.
-    let sql = "SELECT private_kde(CAST(CAST(x AS VARCHAR) AS INT), 1, 0.1, 1e-6, 0, 10) FROM p";
+    let sql =
+        "SELECT private_kde(CAST(CAST(x AS VARCHAR) AS INT), 1, 0.1, 1e-6, 0, 10, mechanism => 'gaussian') FROM p";
     s.query(sql).await.unwrap();
     // On a public table the same cast fails, with DataFusion's full message.
     let err = s.query("SELECT CAST(CAST(x AS VARCHAR) AS INT) FROM pub_t").await.unwrap_err().to_string();

@@ -79,7 +79,10 @@ fn spent(admin: &Admin, table: &str) -> Budget {
 async fn a_kde_release_is_kept_listed_reread_and_evaluated_for_free() {
     let f = fixture("releases-kde").await;
     let s = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
-    let b = s.query("SELECT private_kde(x, 0.03, 1.0, 1e-6, points => 101) AS k FROM p").await.unwrap();
+    let b = s
+        .query("SELECT private_kde(x, 0.03, 1.0, 1e-6, points => 101, mechanism => 'gaussian') AS k FROM p")
+        .await
+        .unwrap();
     let k = b[0].column(0).as_struct();
     let id = text(k, "release").expect("a catalog release has an id");
     assert!(id.starts_with('r'), "{id}");
@@ -159,6 +162,26 @@ async fn a_kde_release_is_kept_listed_reread_and_evaluated_for_free() {
     assert!(e.contains("release_eval") && e.contains("allowlist"), "{e}");
     assert_eq!(spent(&f.admin, "p"), paid);
 
+    // The default mechanism here is the pure-ε release (charged (ε, 0)); kept and evaluated the same way.
+    let b = s.query("SELECT private_kde(x, 0.03, 1.0, 1e-6, points => 101) AS k FROM p").await.unwrap();
+    let k = b[0].column(0).as_struct();
+    let pure = text(k, "release").unwrap();
+    let d2 = list(k, "density").unwrap();
+    let nb = list(k, "noise_band").unwrap();
+    assert!(nb.iter().all(|w| *w > 0.0) && nb.iter().any(|w| *w != nb[0]), "the pure-ε band varies between nodes");
+    let b = s.query(&format!("SELECT x, release_eval('{pure}', x) FROM points ORDER BY x")).await.unwrap();
+    let ev = floats(&b, 1);
+    for (x, v) in floats(&b, 0).iter().zip(&ev) {
+        let x = x.unwrap();
+        if let Some(k) = xs.iter().position(|g| *g == x) {
+            assert_eq!(*v, Some(d2[k]), "grid point {x}");
+        } else {
+            assert_eq!(v.is_some(), (0.0..=1.0).contains(&x), "{x}");
+        }
+    }
+    assert_eq!(spent(&f.admin, "p"), paid.checked_add(&Budget::charge(1.0, 0.0).unwrap()).unwrap());
+    let paid = spent(&f.admin, "p");
+
     // A new session (another process, later) reads the same release.
     drop(s);
     let s = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
@@ -173,7 +196,7 @@ async fn grouped_and_mean_curve_releases_are_kept_one_per_curve_under_one_charge
     let s = AnalystSession::open(&f.dir.path("catalog.db"), opts).await.unwrap();
     let b = s
         .query(
-            "SELECT region, private_kde(x, 0.05, 0.5, 1e-6, points => 64) AS k FROM g GROUP BY region ORDER BY region",
+            "SELECT region, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian') AS k FROM g GROUP BY region ORDER BY region",
         )
         .await
         .unwrap();

@@ -74,7 +74,7 @@ impl Fixture {
 const SELECT: &str = "select_epsilon => 1, select_delta => 1e-6";
 
 fn kde(extra: &str) -> String {
-    format!("private_kde(x, 0.05, 0.5, 1e-6, points => 64, {extra})")
+    format!("private_kde(x, 0.05, 0.5, 1e-6, points => 64, {extra}, mechanism => 'gaussian')")
 }
 
 /// (city, mass) rows, sorted by city.
@@ -196,7 +196,7 @@ async fn private_keys_without_a_selection_and_misplaced_arguments_are_refused() 
     let s = f.session(NoiseSource::Os).await;
     let e = s
         .query(&format!(
-            "SELECT city, private_kde(x, 0.001, 0.5, 1e-6, points => 4096, {SELECT}, select_max_groups => 5000) FROM rows GROUP BY city"
+            "SELECT city, private_kde(x, 0.001, 0.5, 1e-6, points => 4096, {SELECT}, select_max_groups => 5000, mechanism => 'gaussian') FROM rows GROUP BY city"
         ))
         .await
         .unwrap_err()

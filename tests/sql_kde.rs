@@ -32,6 +32,7 @@ async fn positional_and_named_arguments_give_the_same_release() {
         "SELECT private_kde(x, points => 256, hi => 1, lo => 0, delta => 0.000001, epsilon => 1, bandwidth => 0.025 * 2) FROM t",
         "SELECT PRIVATE_KDE(x, 0.05, 1, 1e-6, lo => 0, hi => 1, points => 256, nonneg => true) FROM t",
         "SELECT private_kde(x, 0.05, 1, 1e-6, 0, 1, points := 256, calibration => 'ANALYTIC') FROM t",
+        "SELECT private_kde(x, 0.05, 1, 1e-6, 0, 1, points := 256, mechanism => 'AUTO', normalize => 'project') FROM t",
     ];
     let first = kde_result(&s.query(queries[0]).await.unwrap());
     assert_eq!(first.0.len(), 256);
@@ -40,8 +41,9 @@ async fn positional_and_named_arguments_give_the_same_release() {
         assert_eq!(kde_result(&s.query(q).await.unwrap()), first, "{q}");
     }
     // A different parameter changes the release (the comparison above is not vacuous).
-    let other =
-        kde_result(&s.query("SELECT private_kde(x, 0.05, 1, 1e-6, 0, 1, 256, 'classic') FROM t").await.unwrap());
+    let other = kde_result(
+        &s.query("SELECT private_kde(x, 0.05, 1, 1e-6, 0, 1, 256, normalize => 'rescale') FROM t").await.unwrap(),
+    );
     assert_ne!(other, first);
 }
 
@@ -107,8 +109,19 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ),
         ("private_kde(x, 0.1, -2, 1e-6, 0, 1)", "argument 'epsilon' must be a finite number in [1e-12, 1000]"),
         ("private_kde(x, 0.1, 1e-300, 1e-6, 0, 1)", "argument 'epsilon' must be a finite number in [1e-12, 1000]"),
-        ("private_kde(x, 0.1, 1, 0, 0, 1)", "argument 'delta' must be in the open interval (0, 1), got 0"),
-        ("private_kde(x, 0.1, 1, 1, 0, 1)", "argument 'delta' must be in the open interval (0, 1), got 1"),
+        (
+            "private_kde(x, 0.1, 1, -1e-9, 0, 1)",
+            "argument 'delta' must be in [0, 1) (0 selects the pure-ε mechanism), got -0.000000001",
+        ),
+        (
+            "private_kde(x, 0.1, 1, 1, 0, 1)",
+            "argument 'delta' must be in [0, 1) (0 selects the pure-ε mechanism), got 1",
+        ),
+        ("private_kde(x, 0.1, 1, 0, 0, 1, mechanism => 'gaussian')", "mechanism => 'gaussian' needs delta > 0"),
+        (
+            "private_kde(x, 0.1, 1, 1e-6, 0, 1, mechanism => 'fourier')",
+            "argument 'mechanism' must be 'auto', 'gaussian' or 'laplace', got 'fourier'",
+        ),
         ("private_kde(x, 0.1, 1, 1e-6, 1, 0)", "'lo' and 'hi' must be finite numbers with lo < hi, got lo = 1, hi = 0"),
         ("private_kde(x, 0.1, 1, 1e-6, 0, 0)", "with lo < hi"),
         ("private_kde(x, 0.1, 1, 1e-6)", "arguments 'lo' and 'hi' are required"),
@@ -129,7 +142,7 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ("private_kde(x, 0.1, 1 + x, 1e-6, 0, 1)", "argument 'epsilon' must be a literal constant"),
         ("private_kde(x, 0.1, 1, 1e-6, 0, max(x))", ""),
         ("private_kde(x, 0.1, NULL, 1e-6, 0, 1)", "argument 'epsilon' is required and may not be NULL"),
-        ("private_kde(x, 0.1, 1)", "takes 4 to 14 arguments"),
+        ("private_kde(x, 0.1, 1)", "takes 4 to 15 arguments"),
         (
             "private_kde(x, 0.1, 1, 1e-6, 0, 1, normalize => 'softmax')",
             "argument 'normalize' must be 'project', 'rescale' or 'none', got 'softmax'",
@@ -142,9 +155,12 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
             "private_kde(x, 0.1, 1, 1e-6, 0, 1, band_alpha => 1.5)",
             "argument 'band_alpha' must be in the open interval (0, 1), got 1.5",
         ),
-        ("private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 5, 1e-6, 10, 7)", "takes 4 to 14 arguments"),
         (
-            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 5, 1e-6, 10, 7, nonneg => true)",
+            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 'auto', 5, 1e-6, 10, 7)",
+            "takes 4 to 15 arguments",
+        ),
+        (
+            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 'auto', 5, 1e-6, 10, 7, nonneg => true)",
             "too many arguments",
         ),
         ("private_kde('a', 0.1, 1, 1e-6, 0, 1)", "argument 'value' must be numeric, got type Utf8"),

@@ -118,7 +118,7 @@ impl Fixture {
     }
 }
 
-const KDE: &str = "private_kde(x, 0.02, 1.0, 1e-6, points => 101)";
+const KDE: &str = "private_kde(x, 0.02, 1.0, 1e-6, points => 101, mechanism => 'gaussian')";
 const MEAN: &str = "private_mean_curve(load, 1.0, 1e-6, points => 8, clip => 10)";
 
 fn one_f64(b: &[RecordBatch]) -> f64 {
@@ -280,7 +280,7 @@ async fn unit_policy_is_validated_and_the_rewrite_leaks_nothing() {
     assert!(!text.to_lowercase().contains("key"), "{text}");
     // Reserved names cannot be smuggled in to confuse the rewrite.
     let e = s
-        .query("SELECT private_kde(__dpcurve_unit, 0.02, 1.0, 1e-6, lo => 0, hi => 2) FROM (SELECT x + 1 AS __dpcurve_unit FROM with)")
+        .query("SELECT private_kde(__dpcurve_unit, 0.02, 1.0, 1e-6, lo => 0, hi => 2, mechanism => 'gaussian') FROM (SELECT x + 1 AS __dpcurve_unit FROM with)")
         .await
         .unwrap_err()
         .to_string();

@@ -89,7 +89,7 @@ async fn compare(session: &AnalystSession, spec: &KdeSpec, values: &[f64], every
     let filter = if every > 1 { format!("\nWHERE id % {every} = 0") } else { String::new() };
     // lo and hi are omitted: they come from the public bounds in the table's policy.
     let sql = format!(
-        "SELECT private_kde(x, bandwidth => {:?}, epsilon => {:?}, delta => {:?}, points => {}) AS kde\nFROM mixture{filter}",
+        "SELECT private_kde(x, bandwidth => {:?}, epsilon => {:?}, delta => {:?}, points => {}, mechanism => 'gaussian') AS kde\nFROM mixture{filter}",
         spec.bandwidth, spec.epsilon, spec.delta, spec.grid.points
     );
     println!("\n{sql};\n");

@@ -78,9 +78,9 @@ pub fn mechanism_from_literals(
         );
     }
     if !(delta >= 0.0 && delta < 1.0) {
-        return Err(p.error(format!(
-            "argument 'delta' must be in [0, 1) (0 selects the pure-ε mechanism), got {delta}"
-        )));
+        return Err(
+            p.error(format!("argument 'delta' must be in [0, 1) (0 selects the pure-ε mechanism), got {delta}"))
+        );
     }
     let (lo, hi) = match (p.float(values, "lo")?, p.float(values, "hi")?) {
         (Some(lo), Some(hi)) => (lo, hi),

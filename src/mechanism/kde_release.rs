@@ -407,7 +407,9 @@ impl KdeMechanism {
         let reach = TRUNCATION_BANDWIDTHS * h;
         let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
         let last = (((x + reach - n.origin) / n.spacing).floor().max(-1.0) + 1.0) as usize;
-        (first..last.min(n.nodes)).map(|i| w[i] * super::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h)).sum()
+        (first..last.min(n.nodes))
+            .map(|i| w[i] * super::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
+            .sum()
     }
 
     /// The noise variance of the released kernel sum at a grid point, averaged over the grid
@@ -614,7 +616,8 @@ impl KdeMechanism {
                 }
                 // ∫max(S̃,0) ≥ Z > 0, so this never divides by zero.
                 Normalise::Rescale => {
-                    release.normaliser = trapezoid(&noisy_sum.iter().map(|v| v.max(0.0)).collect::<Vec<_>>(), grid.step())
+                    release.normaliser =
+                        trapezoid(&noisy_sum.iter().map(|v| v.max(0.0)).collect::<Vec<_>>(), grid.step())
                 }
                 Normalise::Raw => release.normaliser = z,
             }
@@ -661,9 +664,11 @@ impl KdeMechanism {
         static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
         let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, h.to_bits(), alpha.to_bits());
         let q = QUANTILES
-            .get_or_try_insert(key, |_| 8, || {
-                Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile_sparse(alpha, &taps, n.nodes).0)
-            })
+            .get_or_try_insert(
+                key,
+                |_| 8,
+                || Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile_sparse(alpha, &taps, n.nodes).0),
+            )
             .unwrap_or_else(|e| match e {});
         let s = taps.iter().map(|t| t.iter().map(|(_, w)| w * w).sum::<f64>().sqrt()).collect();
         // |noise_k| ≤ q·b·s_k with b = σ/√2 the Laplace scale: in units of σ·s_k, q/√2.
@@ -692,7 +697,11 @@ impl KdeMechanism {
         // two, so its path angle is at most the noise's): the noise's threshold covers it.
         let total = (release.mass >= 2.0).then(|| {
             let rk = 0.5 / std::f64::consts::PI.sqrt();
-            density.iter().enumerate().map(|(k, &f)| u * sd(k).hypot((f.max(0.0) * rk / (release.mass * h)).sqrt())).collect()
+            density
+                .iter()
+                .enumerate()
+                .map(|(k, &f)| u * sd(k).hypot((f.max(0.0) * rk / (release.mass * h)).sqrt()))
+                .collect()
         });
         Some(KdeBands { noise, total })
     }
@@ -796,7 +805,11 @@ mod tests {
         let m = KdeMechanism::new(KdeSpec { normalise: Normalise::Project, ..spec() }).unwrap();
         let xs: Vec<f64> = (0..201).map(|k| k as f64 / 200.0).collect();
         // A noisy bump with negative tails.
-        let s: Vec<f64> = xs.iter().enumerate().map(|(k, x)| 50.0 * (-(x - 0.5f64).powi(2) / 0.01).exp() - 3.0 + (k % 7) as f64).collect();
+        let s: Vec<f64> = xs
+            .iter()
+            .enumerate()
+            .map(|(k, x)| 50.0 * (-(x - 0.5f64).powi(2) / 0.01).exp() - 3.0 + (k % 7) as f64)
+            .collect();
         let r = m.post_process(&s);
         let f = r.density.clone().unwrap();
         assert!(f.iter().all(|v| *v >= 0.0));

@@ -204,7 +204,7 @@ impl StoredCurve {
             Recipe::Kde { spec, contribution, alpha, lifted } => {
                 let mechanism =
                     KdeMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
-                if lifted.len() != mechanism.basis().dim() {
+                if lifted.len() != mechanism.lattice().dim() {
                     return Err("stored release: coordinates of the wrong dimension".into());
                 }
                 let circle = mechanism.circle_from_lifted(lifted);
