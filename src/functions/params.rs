@@ -21,6 +21,8 @@ use datafusion::physical_expr::expressions::Literal;
 pub enum ParamKind {
     /// A real number (coerced to Float64).
     Float,
+    /// A real number or the string 'auto'.
+    FloatOrAuto,
     /// An integer (integer types coerced to Int64; floats must be integral).
     Int,
     /// A string (coerced to Utf8).
@@ -108,6 +110,10 @@ impl FunctionParams {
         for (def, t) in self.params.iter().zip(&arg_types[1..]) {
             let ok = match def.kind {
                 ParamKind::Float => (t.is_numeric() || t == &DataType::Null).then_some(DataType::Float64),
+                ParamKind::FloatOrAuto if matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => {
+                    Some(DataType::Utf8)
+                }
+                ParamKind::FloatOrAuto => (t.is_numeric() || t == &DataType::Null).then_some(DataType::Float64),
                 ParamKind::Int if t.is_integer() || t == &DataType::Null => Some(DataType::Int64),
                 ParamKind::Int => t.is_floating().then_some(DataType::Float64),
                 ParamKind::Str => {
@@ -118,6 +124,7 @@ impl FunctionParams {
             };
             let want = match def.kind {
                 ParamKind::Float => "a number",
+                ParamKind::FloatOrAuto => "a number or 'auto'",
                 ParamKind::Int => "an integer",
                 ParamKind::Str => "a string",
                 ParamKind::Bool => "a boolean",
@@ -224,6 +231,20 @@ impl FunctionParams {
                 Ok(Some(s))
             }
             Some(v) => Err(self.error(format!("argument '{name}' must be a string, got {v}"))),
+        }
+    }
+
+    /// Whether a number-or-'auto' parameter is the string 'auto' (any other string is an error).
+    pub fn is_auto(&self, values: &[Option<ScalarValue>], name: &str) -> Result<bool> {
+        match values.get(self.index(name)).cloned().flatten() {
+            Some(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s))) => {
+                if s.eq_ignore_ascii_case("auto") {
+                    Ok(true)
+                } else {
+                    Err(self.error(format!("argument '{name}' must be a number or 'auto', got '{s}'")))
+                }
+            }
+            _ => Ok(false),
         }
     }
 

@@ -371,6 +371,12 @@ impl KdeMechanism {
         Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None })
     }
 
+    /// The pure-ε release at `spec.bandwidth` over the binned statistic of another layout
+    /// (`bandwidth => 'auto'` accumulates one fine statistic and releases at the chosen h).
+    pub fn pure_epsilon_on(spec: KdeSpec, layout: KdeLayout, c: Contribution) -> Result<Self, MechanismError> {
+        Self::pure_epsilon(spec, layout, c)
+    }
+
     fn pure_epsilon(spec: KdeSpec, layout: KdeLayout, c: Contribution) -> Result<Self, MechanismError> {
         let Some((origin, bin_spacing, nbins)) = layout.bins() else {
             return Err(MechanismError::Noise(format!(
@@ -394,6 +400,11 @@ impl KdeMechanism {
         let basis = KdeBasis::cached(&layout)?;
         let laplace = Some(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes });
         Ok(KdeMechanism { spec, layout, basis, lattice, laplace })
+    }
+
+    /// The pure-ε release's nodes: (position of node 0, spacing, count).
+    pub fn nodes(&self) -> Option<(f64, f64, usize)> {
+        self.laplace.as_ref().map(|n| (n.origin, n.spacing, n.nodes))
     }
 
     /// Whether this is the pure-ε (discrete Laplace) release.
@@ -660,9 +671,17 @@ impl KdeMechanism {
             })
             .collect();
         // s_k for standard Laplace coordinates (variance 2) normalised to unit-variance ones.
-        type Key = (u64, u64, usize, u64, u64);
+        type Key = (u64, u64, usize, u64, u64, u64, u64);
         static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
-        let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, h.to_bits(), alpha.to_bits());
+        let key = (
+            g.lo.to_bits(),
+            g.hi.to_bits(),
+            g.points,
+            h.to_bits(),
+            alpha.to_bits(),
+            n.origin.to_bits(),
+            n.spacing.to_bits(),
+        );
         let q = QUANTILES
             .get_or_try_insert(
                 key,

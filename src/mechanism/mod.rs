@@ -5,6 +5,7 @@
 //! (a plain function tested against reference values) and a *release* from a statistic,
 //! the parameters and a generator to the output.
 
+pub mod auto_bandwidth;
 pub mod bands;
 pub mod budget;
 pub mod cache;
