@@ -241,3 +241,44 @@ async fn grouped_and_mean_curve_releases_are_kept_one_per_curve_under_one_charge
     assert_eq!(f.admin.stored_releases(Some("g")).unwrap().len(), 3);
     assert_eq!(f.admin.stored_releases(None).unwrap().len(), 4);
 }
+
+#[tokio::test]
+async fn an_automatic_bandwidth_is_chosen_privately_charged_once_and_kept() {
+    let f = fixture("releases-auto").await;
+    let s = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let b = s.query("SELECT private_kde(x, 'auto', 1.0, 1e-6, points => 201) AS k FROM p").await.unwrap();
+    let k = b[0].column(0).as_struct();
+    let id = text(k, "release").unwrap();
+    let (xs, density) = (list(k, "x").unwrap(), list(k, "density").unwrap());
+    // The data sit in [0.3, 0.6] (5 000 values): the density is concentrated there.
+    let inside: f64 = xs.iter().zip(&density).filter(|(x, _)| (0.3..=0.6).contains(*x)).map(|(_, d)| d * 0.005).sum();
+    assert!(inside > 0.8, "{inside}");
+    // One charge of (ε, 0): the pilot and the release are both pure ε and share the call's ε.
+    assert_eq!(spent(&f.admin, "p"), Budget::charge(1.0, 0.0).unwrap());
+    assert_eq!(f.admin.release_log(Some("p")).unwrap().len(), 1);
+    let b = s.query(&format!("SELECT parameters FROM dpcurve.releases WHERE release = '{id}'")).await.unwrap();
+    let params = b[0].column(0).as_string::<i32>().value(0).to_string();
+    assert!(params.contains("\"bandwidth_rule\":\"auto\""), "{params}");
+    let pilot: f64 = params.split("\"pilot_epsilon\":").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    assert!((pilot - 0.25).abs() < 1e-12, "{params}");
+    let chosen: f64 = params.split("\"bandwidth\":").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    assert!(chosen > 0.0 && chosen < 0.25, "{chosen}");
+    // Kept and evaluated like any release: bit-identical at the grid.
+    let b = s.query(&format!("SELECT release_eval('{id}', {})", xs[77])).await.unwrap();
+    assert_eq!(floats(&b, 0), vec![Some(density[77])]);
+    // Refused before any charge: the Gaussian mechanism, and a string that is not 'auto'.
+    for (sql, want) in [
+        (
+            "SELECT private_kde(x, 'auto', 1.0, 1e-6, mechanism => 'gaussian') FROM p",
+            "bandwidth => 'auto' releases through the pure-ε mechanism",
+        ),
+        (
+            "SELECT private_kde(x, 'fast', 1.0, 1e-6) FROM p",
+            "argument 'bandwidth' must be a number or 'auto', got 'fast'",
+        ),
+    ] {
+        let e = s.query(sql).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{sql}: {e}");
+    }
+    assert_eq!(spent(&f.admin, "p"), Budget::charge(1.0, 0.0).unwrap());
+}

@@ -24,12 +24,13 @@ use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Docu
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::functions::{CallContext, Permits};
+use crate::mechanism::auto_bandwidth::AutoKde;
 use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
 use crate::mechanism::calibration::CalibrationError;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
 use crate::mechanism::kde_release::{KdeBands, KdeRelease, Normalise};
 use crate::mechanism::stored::Recipe;
-use crate::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, NoiseSource};
+use crate::mechanism::{Calibration, Contribution, Grid, KdeLayout, KdeMechanism, KdeSpec, NoiseSource};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_kde";
@@ -41,7 +42,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
     function: NAME,
     data: "value",
     params: &[
-        ParamDef { name: "bandwidth", kind: ParamKind::Float },
+        ParamDef { name: "bandwidth", kind: ParamKind::FloatOrAuto },
         ParamDef { name: "epsilon", kind: ParamKind::Float },
         ParamDef { name: "delta", kind: ParamKind::Float },
         ParamDef { name: "lo", kind: ParamKind::Float },
@@ -59,14 +60,43 @@ pub static PARAMS: FunctionParams = FunctionParams {
     required: 3,
 };
 
-/// Turns literal parameter values into a validated [`KdeMechanism`] and the exact budget a
+/// What one `private_kde` call releases: a fixed bandwidth's mechanism, or the automatic
+/// bandwidth's pilot-choose-release (`bandwidth => 'auto'`).
+#[derive(Debug, Clone)]
+pub enum KdeCall {
+    /// `bandwidth => h`.
+    Fixed(Box<KdeMechanism>),
+    /// `bandwidth => 'auto'`.
+    Auto(Box<AutoKde>),
+}
+
+impl KdeCall {
+    /// The layout of the accumulated statistic.
+    pub fn layout(&self) -> &KdeLayout {
+        match self {
+            KdeCall::Fixed(m) => m.layout(),
+            KdeCall::Auto(a) => a.layout(),
+        }
+    }
+
+    /// Memory one call needs: (state, work).
+    pub fn memory_bytes(&self) -> (u64, u64) {
+        match self {
+            KdeCall::Fixed(m) => m.memory_bytes(),
+            KdeCall::Auto(a) => a.memory_bytes(),
+        }
+    }
+}
+
+/// Turns literal parameter values into a validated [`KdeCall`] and the exact budget a
 /// release costs. The mechanism is calibrated with the charged (ε, δ), never more.
 pub fn mechanism_from_literals(
     values: &[Option<ScalarValue>],
     contribution: Contribution,
-) -> Result<(KdeMechanism, Budget)> {
+) -> Result<(KdeCall, Budget)> {
     let p = &PARAMS;
-    let bandwidth = p.required_float(values, "bandwidth")?;
+    let auto_bandwidth = p.is_auto(values, "bandwidth")?;
+    let bandwidth = if auto_bandwidth { 1.0 } else { p.required_float(values, "bandwidth")? };
     let epsilon = p.required_float(values, "epsilon")?;
     let delta = p.required_float(values, "delta")?;
     if !(bandwidth.is_finite() && bandwidth > 0.0) {
@@ -134,6 +164,19 @@ pub fn mechanism_from_literals(
             }
         },
     };
+    if auto_bandwidth {
+        // The automatic bandwidth releases through the pure-ε mechanism (pilot and final).
+        if choice == Mechanism::Gaussian {
+            return Err(p.error(
+                "bandwidth => 'auto' releases through the pure-ε mechanism (a pilot then the release, both \
+                 discrete Laplace): use mechanism => 'auto' or 'laplace', or give a bandwidth",
+            ));
+        }
+        let cost = Budget::charge(epsilon, 0.0).map_err(|e| p.error(e))?;
+        let auto = AutoKde::new(Grid { lo, hi, points }, cost.calibration_epsilon(), normalise, contribution)
+            .map_err(|e| p.error(e))?;
+        return Ok((KdeCall::Auto(Box::new(auto)), cost));
+    }
     if choice == Mechanism::Gaussian && delta == 0.0 {
         return Err(p.error("mechanism => 'gaussian' needs delta > 0 (delta => 0 is the pure-ε Laplace mechanism)"));
     }
@@ -151,7 +194,8 @@ pub fn mechanism_from_literals(
         };
         Ok((KdeMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?, cost))
     };
-    match choice {
+    let fixed = |r: Result<(KdeMechanism, Budget)>| r.map(|(m, c)| (KdeCall::Fixed(Box::new(m)), c));
+    fixed(match choice {
         Mechanism::Gaussian => build(delta),
         Mechanism::Laplace => build(0.0),
         Mechanism::Auto if delta == 0.0 => build(0.0),
@@ -164,7 +208,7 @@ pub fn mechanism_from_literals(
                 _ => Ok(gaussian),
             }
         }
-    }
+    })
 }
 
 /// The noise of a `private_kde` release (`mechanism => …`).
@@ -233,7 +277,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
         "```sql\nSELECT private_kde(x, bandwidth => 0.02, epsilon => 1.0, delta => 1e-6, lo => 0, hi => 1) FROM t;\n```",
     )
     .with_argument("value", "numeric column; NULL, NaN and ±inf rows are dropped")
-    .with_argument("bandwidth", "kernel bandwidth h > 0 (literal)")
+    .with_argument("bandwidth", "kernel bandwidth h > 0, or 'auto' (chosen privately within the call's ε)")
     .with_argument("epsilon", "privacy parameter ε > 0 (literal)")
     .with_argument("delta", "privacy parameter δ in [0, 1) (literal); 0 selects the pure-ε release")
     .with_argument("lo", "first grid point (literal; required until the table policy has bounds)")
@@ -338,7 +382,7 @@ impl AggregateUDFImpl for PrivateKde {
 /// Accumulates the exact KDE statistic; releases once.
 #[derive(Debug)]
 pub struct KdeAccumulator {
-    mechanism: KdeMechanism,
+    mechanism: KdeCall,
     state: KdeAccumulation,
     noise: NoiseSource,
     permits: Permits,
@@ -350,7 +394,7 @@ pub struct KdeAccumulator {
 }
 
 impl KdeAccumulator {
-    fn new(mechanism: KdeMechanism, noise: NoiseSource) -> Self {
+    fn new(mechanism: KdeCall, noise: NoiseSource) -> Self {
         let state = KdeAccumulation::new(mechanism.layout());
         Self {
             mechanism,
@@ -372,15 +416,25 @@ impl KdeAccumulator {
         self.permits.take(NAME)?;
         let state = self.state.totals();
         let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
-        let lifted = self.mechanism.noisy_lifted(state, rng.as_mut());
+        let (mechanism, lifted, layout_bandwidth) = match &self.mechanism {
+            KdeCall::Fixed(m) => {
+                let lifted = m.noisy_lifted(state, rng.as_mut());
+                (m.as_ref().clone(), lifted, None)
+            }
+            KdeCall::Auto(a) => {
+                let (m, lifted, _choice) = a.release(state, rng.as_mut()).map_err(|e| PARAMS.error(e))?;
+                (m, lifted, Some(a.layout().bandwidth()))
+            }
+        };
         // Everything from here on is post-processing of the released coordinates.
-        let release = self.mechanism.post_process(&self.mechanism.curve_from_lifted(&lifted));
-        let bands = self.mechanism.bands(&release, self.alpha);
+        let release = mechanism.post_process(&mechanism.curve_from_lifted(&lifted));
+        let bands = mechanism.bands(&release, self.alpha);
         let recipe = Recipe::Kde {
-            spec: self.mechanism.spec().clone(),
+            spec: mechanism.spec().clone(),
             contribution: self.contribution,
             alpha: self.alpha,
             lifted,
+            layout_bandwidth,
         };
         let id = self.permits.keep(NAME, &recipe)?;
         result_value(&release, bands.as_ref(), id)
@@ -438,7 +492,7 @@ mod tests {
             calibration: Calibration::Analytic,
             normalise: Normalise::Project,
         };
-        KdeAccumulator::new(KdeMechanism::new(spec).unwrap(), noise)
+        KdeAccumulator::new(KdeCall::Fixed(Box::new(KdeMechanism::new(spec).unwrap())), noise)
     }
 
     #[test]

@@ -21,10 +21,10 @@
 
 use rand::Rng;
 
+use super::Calibration;
 use super::contribution::Contribution;
 use super::kde::{Grid, KdeLayout};
 use super::kde_release::{KdeMechanism, KdeSpec, MechanismError, Normalise};
-use super::Calibration;
 
 /// Share of the call's ε spent on the pilot.
 pub const PILOT_SHARE: f64 = 0.25;
@@ -62,10 +62,18 @@ impl AutoKde {
         let delta_p = range / PILOT_NODES;
         // Bins Δ/8 apart (a layout at bandwidth 2Δ bins at ≤ 2Δ/16), reach 8·2Δ = 16Δ.
         let layout = KdeLayout::new(grid, 2.0 * delta_p).map_err(MechanismError::Kde)?;
-        let pilot = KdeMechanism::pure_epsilon_on(Self::spec(grid, 2.0 * delta_p, epsilon * PILOT_SHARE, normalise), layout.clone(), c)?;
+        let pilot = KdeMechanism::pure_epsilon_on(
+            Self::spec(grid, 2.0 * delta_p, epsilon * PILOT_SHARE, normalise),
+            layout.clone(),
+            c,
+        )?;
         // The final release's mechanism must exist at both ends of the candidate range.
         for h in [2.0 * delta_p, range / 4.0] {
-            KdeMechanism::pure_epsilon_on(Self::spec(grid, h, epsilon * (1.0 - PILOT_SHARE), normalise), layout.clone(), c)?;
+            KdeMechanism::pure_epsilon_on(
+                Self::spec(grid, h, epsilon * (1.0 - PILOT_SHARE), normalise),
+                layout.clone(),
+                c,
+            )?;
         }
         Ok(Self { grid, epsilon, normalise, contribution: c, layout, pilot })
     }
@@ -201,7 +209,15 @@ mod tests {
         let peaks = (1..d.len() - 1).filter(|&k| d[k] > d[k - 1] && d[k] >= d[k + 1] && r.x[k].abs() < 1.2).count();
         let ise_auto = ise(&d, &r.x, claw_density);
         let fixed = |h: f64| {
-            let m = KdeMechanism::new(KdeSpec { grid, bandwidth: h, epsilon: 1.0, delta: 0.0, calibration: Calibration::Analytic, normalise: Normalise::Project }).unwrap();
+            let m = KdeMechanism::new(KdeSpec {
+                grid,
+                bandwidth: h,
+                epsilon: 1.0,
+                delta: 0.0,
+                calibration: Calibration::Analytic,
+                normalise: Normalise::Project,
+            })
+            .unwrap();
             let mut st = m.layout().empty_state();
             m.layout().add_all(&mut st, &xs);
             let r = m.release(&st, Some(&mut ChaCha20Rng::seed_from_u64(9)));
@@ -233,11 +249,23 @@ mod tests {
             let (m, lifted, choice) = auto.release(&st, Some(&mut ChaCha20Rng::seed_from_u64(2))).unwrap();
             let r = m.post_process(&m.curve_from_lifted(&lifted));
             let ise_auto = ise(&r.density.unwrap(), &r.x, truth);
-            let fm = KdeMechanism::new(KdeSpec { grid, bandwidth: 6.0 / 50.0, epsilon: eps, delta: 0.0, calibration: Calibration::Analytic, normalise: Normalise::Project }).unwrap();
+            let fm = KdeMechanism::new(KdeSpec {
+                grid,
+                bandwidth: 6.0 / 50.0,
+                epsilon: eps,
+                delta: 0.0,
+                calibration: Calibration::Analytic,
+                normalise: Normalise::Project,
+            })
+            .unwrap();
             let mut fst = fm.layout().empty_state();
             fm.layout().add_all(&mut fst, &xs);
-            let ise_fixed = ise(&fm.release(&fst, Some(&mut ChaCha20Rng::seed_from_u64(2))).density.unwrap(), &r.x, truth);
-            eprintln!("mixture n = {n}, ε = {eps}: auto h = {:.4}, ISE auto {ise_auto:.6}, range/50 {ise_fixed:.6}", choice.bandwidth);
+            let ise_fixed =
+                ise(&fm.release(&fst, Some(&mut ChaCha20Rng::seed_from_u64(2))).density.unwrap(), &r.x, truth);
+            eprintln!(
+                "mixture n = {n}, ε = {eps}: auto h = {:.4}, ISE auto {ise_auto:.6}, range/50 {ise_fixed:.6}",
+                choice.bandwidth
+            );
             if n >= 1_000_000 {
                 assert!(ise_auto < ise_fixed / 3.0, "{ise_auto} vs {ise_fixed}");
             } else {

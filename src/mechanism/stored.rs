@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 
 use super::Calibration;
 use super::contribution::Contribution;
-use super::kde::Grid;
-use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, Normalise};
+use super::kde::{Grid, KdeLayout};
+use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
 use super::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
 
 /// What a stored release keeps: public parameters and the released coordinates.
@@ -40,6 +40,9 @@ pub enum Recipe {
         alpha: f64,
         /// The released (noisy) lifted coordinates.
         lifted: Vec<f64>,
+        /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic (the release's
+        /// nodes are laid out on its bins).
+        layout_bandwidth: Option<f64>,
     },
     /// A `private_mean_curve` release.
     MeanCurve {
@@ -80,12 +83,25 @@ impl Recipe {
     /// The public parameters as JSON (every float printed so that it reads back exactly).
     pub fn parameters(&self) -> String {
         let v = match self {
-            Recipe::Kde { spec, contribution, alpha, .. } => json!({
-                "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
-                "bandwidth": spec.bandwidth, "epsilon": spec.epsilon, "delta": spec.delta,
-                "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
-                "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
-            }),
+            Recipe::Kde { spec, contribution, alpha, layout_bandwidth, .. } => {
+                let mut v = json!({
+                    "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
+                    "bandwidth": spec.bandwidth, "epsilon": spec.epsilon, "delta": spec.delta,
+                    "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
+                    "mechanism": if spec.delta == 0.0 { "laplace" } else { "gaussian" },
+                    "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
+                });
+                if let Some(lb) = layout_bandwidth {
+                    // The automatic bandwidth: `epsilon` is the final release's share; the
+                    // pilot spent the rest of the call's ε.
+                    let pilot =
+                        spec.epsilon / (1.0 - super::auto_bandwidth::PILOT_SHARE) * super::auto_bandwidth::PILOT_SHARE;
+                    v["bandwidth_rule"] = json!("auto");
+                    v["layout_bandwidth"] = json!(lb);
+                    v["pilot_epsilon"] = json!(pilot);
+                }
+                v
+            }
             Recipe::MeanCurve { spec, contribution, alpha, .. } => json!({
                 "points": spec.points, "kernel": spec.kernel.name(), "range": spec.range,
                 "penalty": spec.penalty, "eta": spec.eta, "clip": spec.clip, "epsilon": spec.epsilon,
@@ -137,6 +153,7 @@ impl Recipe {
                 contribution,
                 alpha,
                 lifted: floats(data)?,
+                layout_bandwidth: p.get("layout_bandwidth").and_then(Value::as_f64),
             }),
             "private_mean_curve" => {
                 if data.len() < 8 {
@@ -201,9 +218,14 @@ impl StoredCurve {
     /// Rebuilds the release from its recipe (public computation only).
     pub fn build(recipe: &Recipe) -> Result<Self, String> {
         match recipe {
-            Recipe::Kde { spec, contribution, alpha, lifted } => {
-                let mechanism =
-                    KdeMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
+            Recipe::Kde { spec, contribution, alpha, lifted, layout_bandwidth } => {
+                let mechanism = match layout_bandwidth {
+                    None => KdeMechanism::with_contribution(spec.clone(), *contribution),
+                    Some(lb) => KdeLayout::new(spec.grid, *lb)
+                        .map_err(MechanismError::Kde)
+                        .and_then(|layout| KdeMechanism::pure_epsilon_on(spec.clone(), layout, *contribution)),
+                }
+                .map_err(|e| e.to_string())?;
                 if lifted.len() != mechanism.lattice().dim() {
                     return Err("stored release: coordinates of the wrong dimension".into());
                 }
@@ -284,7 +306,7 @@ mod tests {
         m.layout().add_all(&mut st, &xs);
         let lifted = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(3)));
         let release = m.post_process(&m.curve_from_lifted(&lifted));
-        (Recipe::Kde { spec, contribution: Contribution::ROW, alpha: 0.05, lifted }, release)
+        (Recipe::Kde { spec, contribution: Contribution::ROW, alpha: 0.05, lifted, layout_bandwidth: None }, release)
     }
 
     #[test]
