@@ -140,6 +140,19 @@ pub fn laplace_sup_quantile_sparse(alpha: f64, taps: &[Vec<(usize, f64)>], nodes
     (sups[rank - 1], sd)
 }
 
+/// Test helper: the share of `draws` samples of the sup-ratio `|noise|/band` that are ≤ 1
+/// (coverage) and ≤ ½ (the negative control: a band built with σ/2).
+#[cfg(test)]
+pub(crate) fn coverage(draws: usize, mut sup_ratio: impl FnMut() -> f64) -> (f64, f64) {
+    let (mut covered, mut covered_half) = (0, 0);
+    for _ in 0..draws {
+        let r = sup_ratio();
+        covered += (r <= 1.0) as usize;
+        covered_half += (r <= 0.5) as usize;
+    }
+    (covered as f64 / draws as f64, covered_half as f64 / draws as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -868,15 +868,10 @@ mod tests {
             let exact = m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None);
             let half = m.noise_threshold(0.05) * m.sigma();
             let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(12);
-            let draws = 2000;
-            let (mut covered, mut covered_half) = (0, 0);
-            for _ in 0..draws {
+            let (cov, neg) = bands::coverage(2000, || {
                 let noisy = m.noisy_sum(&st, Some(&mut rng));
-                let sup = noisy.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-                covered += (sup <= half) as usize;
-                covered_half += (sup <= half / 2.0) as usize;
-            }
-            let (cov, neg) = (covered as f64 / draws as f64, covered_half as f64 / draws as f64);
+                noisy.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / half
+            });
             eprintln!("kde noise band h = {bandwidth}: coverage {cov}, σ/2 control {neg}");
             assert!(cov >= 0.94, "h = {bandwidth}: coverage {cov}");
             assert!(neg < 0.6, "h = {bandwidth}: negative control covers {neg}");
@@ -934,15 +929,10 @@ mod tests {
         // Back to kernel-sum units.
         let half: Vec<f64> = band.iter().map(|b| b * r.normaliser).collect();
         let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(21);
-        let draws = 2000;
-        let (mut covered, mut covered_half) = (0, 0);
-        for _ in 0..draws {
+        let (cov, neg) = bands::coverage(2000, || {
             let noisy = m.noisy_sum(&st, Some(&mut rng));
-            let ratio = noisy.iter().zip(&exact).zip(&half).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max);
-            covered += (ratio <= 1.0) as usize;
-            covered_half += (ratio <= 0.5) as usize;
-        }
-        let (cov, neg) = (covered as f64 / draws as f64, covered_half as f64 / draws as f64);
+            noisy.iter().zip(&exact).zip(&half).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max)
+        });
         eprintln!("pure-ε kde noise band: coverage {cov}, σ/2 control {neg}");
         assert!(cov >= 0.94, "coverage {cov}");
         assert!(neg < 0.6, "negative control covers {neg}");

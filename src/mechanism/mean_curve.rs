@@ -889,16 +889,10 @@ mod tests {
             let exact = m.post_process(&m.lattice().release::<ChaCha20Rng>(&lifted, None), 50).mean;
             let band = m.noise_band(50, 0.05);
             let mut rng = ChaCha20Rng::seed_from_u64(31);
-            let draws = 2000;
-            let (mut covered, mut covered_half) = (0, 0);
-            for _ in 0..draws {
+            let (cov, half) = bands::coverage(2000, || {
                 let noisy = m.post_process(&m.lattice().release(&lifted, Some(&mut rng)), 50).mean;
-                let ratio =
-                    noisy.iter().zip(&exact).zip(&band).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max);
-                covered += (ratio <= 1.0) as usize;
-                covered_half += (ratio <= 0.5) as usize;
-            }
-            let (cov, half) = (covered as f64 / draws as f64, covered_half as f64 / draws as f64);
+                noisy.iter().zip(&exact).zip(&band).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max)
+            });
             eprintln!("mean-curve noise band {kernel:?} δ = {delta}: coverage {cov}, σ/2 control {half}");
             assert!(cov >= 0.94, "{kernel:?} δ = {delta}: coverage {cov}");
             assert!(half < 0.6, "{kernel:?} δ = {delta}: negative control covers {half}");

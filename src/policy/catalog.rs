@@ -179,9 +179,31 @@ pub struct Charge {
 pub struct Catalog {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// A second connection for stored releases, committing without fsync (`synchronous =
+    /// NORMAL` in WAL mode: atomic, durable at the next checkpoint). The ledger's debits keep
+    /// `FULL`; a crash can lose the most recently stored releases, never a charge.
+    store: Mutex<Option<Connection>>,
 }
 
-const SCHEMA: &str = "
+/// The stored releases' table (format 3), in the schema and in the upgrade from format 2.
+macro_rules! stored_releases_table {
+    () => {
+        "
+CREATE TABLE stored_releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    charge_id INTEGER NOT NULL REFERENCES releases(id),
+    at TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    function TEXT NOT NULL,
+    parameters TEXT NOT NULL,
+    data BLOB NOT NULL
+);
+"
+    };
+}
+
+const SCHEMA: &str = concat!(
+    "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE tables (
     name TEXT PRIMARY KEY,
@@ -222,30 +244,12 @@ CREATE TABLE releases (
     delta INTEGER NOT NULL,
     query TEXT NOT NULL
 );
-CREATE TABLE stored_releases (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    charge_id INTEGER NOT NULL REFERENCES releases(id),
-    at TEXT NOT NULL,
-    table_name TEXT NOT NULL,
-    function TEXT NOT NULL,
-    parameters TEXT NOT NULL,
-    data BLOB NOT NULL
+",
+    stored_releases_table!()
 );
-";
 
 /// Upgrades a format-2 catalog (before stored releases) to format 3.
-const UPGRADE_2_TO_3: &str = "
-CREATE TABLE stored_releases (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    charge_id INTEGER NOT NULL REFERENCES releases(id),
-    at TEXT NOT NULL,
-    table_name TEXT NOT NULL,
-    function TEXT NOT NULL,
-    parameters TEXT NOT NULL,
-    data BLOB NOT NULL
-);
-UPDATE meta SET value = '3' WHERE key = 'version';
-";
+const UPGRADE_2_TO_3: &str = concat!(stored_releases_table!(), "UPDATE meta SET value = '3' WHERE key = 'version';\n");
 
 /// Upgrades a format-1 catalog (before declared group keys and privacy units) to format 2.
 const UPGRADE_1_TO_2: &str = "
@@ -363,7 +367,7 @@ impl Catalog {
             return Err(not_catalog(format!("cannot switch to WAL journaling (got {mode})")));
         }
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;").map_err(storage)?;
-        let catalog = Catalog { path: path.to_path_buf(), conn: Mutex::new(conn) };
+        let catalog = Catalog { path: path.to_path_buf(), conn: Mutex::new(conn), store: Mutex::new(None) };
         catalog.init_or_check(create).map_err(|e| match e {
             PolicyError::Catalog(m) => not_catalog(m),
             other => other,
@@ -916,18 +920,27 @@ impl Catalog {
         parameters: &str,
         data: &[u8],
     ) -> Result<String, PolicyError> {
-        let id = self.with_tx(|tx| {
-            tx.execute(
-                &format!(
-                    "INSERT INTO stored_releases (charge_id, at, table_name, function, parameters, data)
-                     VALUES (?1, {NOW}, ?2, ?3, ?4, ?5)"
-                ),
-                params![charge_id, table, function, parameters, data],
+        let mut guard = self.store.lock().expect("release store lock");
+        if guard.is_none() {
+            let conn = Connection::open_with_flags(
+                &self.path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )
             .map_err(storage)?;
-            Ok(tx.last_insert_rowid())
-        })?;
-        Ok(format!("{RELEASE_ID_PREFIX}{id}"))
+            conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+            conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;").map_err(storage)?;
+            *guard = Some(conn);
+        }
+        let conn = guard.as_mut().expect("opened above");
+        conn.execute(
+            &format!(
+                "INSERT INTO stored_releases (charge_id, at, table_name, function, parameters, data)
+                 VALUES (?1, {NOW}, ?2, ?3, ?4, ?5)"
+            ),
+            params![charge_id, table, function, parameters, data],
+        )
+        .map_err(storage)?;
+        Ok(format!("{RELEASE_ID_PREFIX}{}", conn.last_insert_rowid()))
     }
 
     /// A stored release's function, parameters and released numbers; None if there is none

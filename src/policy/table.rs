@@ -116,27 +116,34 @@ impl BudgetsTable {
     }
 }
 
-#[async_trait]
-impl TableProvider for BudgetsTable {
-    fn schema(&self) -> SchemaRef {
-        Self::schema_ref()
-    }
+/// A read-only view of the catalog, read afresh at every scan (`schema_ref()` and `batch()`).
+macro_rules! catalog_view {
+    ($view:ty) => {
+        #[async_trait]
+        impl TableProvider for $view {
+            fn schema(&self) -> SchemaRef {
+                Self::schema_ref()
+            }
 
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
+            fn table_type(&self) -> TableType {
+                TableType::View
+            }
 
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        filters: &[Expr],
-        limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let mem = MemTable::try_new(Self::schema_ref(), vec![vec![self.batch()?]])?;
-        mem.scan(state, projection, filters, limit).await
-    }
+            async fn scan(
+                &self,
+                state: &dyn Session,
+                projection: Option<&Vec<usize>>,
+                filters: &[Expr],
+                limit: Option<usize>,
+            ) -> Result<Arc<dyn ExecutionPlan>> {
+                let mem = MemTable::try_new(Self::schema_ref(), vec![vec![self.batch()?]])?;
+                mem.scan(state, projection, filters, limit).await
+            }
+        }
+    };
 }
+
+catalog_view!(BudgetsTable);
 
 /// `dpcurve.releases`: the stored releases of the catalog (issue 12) — id, table, function,
 /// public parameters, what the call cost, its ledger entry, time and query. Re-reading costs
@@ -189,27 +196,7 @@ impl ReleasesTable {
     }
 }
 
-#[async_trait]
-impl TableProvider for ReleasesTable {
-    fn schema(&self) -> SchemaRef {
-        Self::schema_ref()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        filters: &[Expr],
-        limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let mem = MemTable::try_new(Self::schema_ref(), vec![vec![self.batch()?]])?;
-        mem.scan(state, projection, filters, limit).await
-    }
-}
+catalog_view!(ReleasesTable);
 
 /// Whether a provider is a private table (and which).
 pub fn as_private(provider: &dyn TableProvider) -> Option<&PrivateTable> {
