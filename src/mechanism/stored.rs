@@ -135,7 +135,7 @@ impl Recipe {
         let contribution = Contribution::new(count(&p, "unit_rows")?, count(&p, "unit_groups")?)?;
         let alpha = field(&p, "band_alpha")?;
         let floats = |bytes: &[u8]| -> Result<Vec<f64>, String> {
-            if bytes.len() % 8 != 0 {
+            if !bytes.len().is_multiple_of(8) {
                 return Err("stored release: truncated data".into());
             }
             Ok(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
