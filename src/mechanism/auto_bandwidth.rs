@@ -67,15 +67,20 @@ impl AutoKde {
             layout.clone(),
             c,
         )?;
-        // The final release's mechanism must exist at both ends of the candidate range.
-        for h in [2.0 * delta_p, range / 4.0] {
-            KdeMechanism::pure_epsilon_on(
-                Self::spec(grid, h, epsilon * (1.0 - PILOT_SHARE), normalise),
-                layout.clone(),
-                c,
-            )?;
+        let auto = Self { grid, epsilon, normalise, contribution: c, layout, pilot };
+        // Every candidate's final mechanism is built here, at planning: which one the data pick
+        // can then never decide whether the release fails.
+        for h in auto.candidates() {
+            auto.mechanism_at(h)?;
         }
-        Ok(Self { grid, epsilon, normalise, contribution: c, layout, pilot })
+        Ok(auto)
+    }
+
+    /// The candidate bandwidths: geometric from twice the pilot's node spacing to range/4.
+    fn candidates(&self) -> Vec<f64> {
+        let (_, spacing, _) = self.pilot.nodes().expect("the pilot is a pure-ε release");
+        let (h_lo, h_hi) = (2.0 * spacing, (self.grid.hi - self.grid.lo) / 4.0);
+        (0..CANDIDATES).map(|i| h_lo * (h_hi / h_lo).powf(i as f64 / (CANDIDATES - 1) as f64)).collect()
     }
 
     fn spec(grid: Grid, bandwidth: f64, epsilon: f64, normalise: Normalise) -> KdeSpec {
@@ -123,11 +128,12 @@ impl AutoKde {
             total
         };
         let range = self.grid.hi - self.grid.lo;
-        let (h_lo, h_hi) = (2.0 * spacing, range / 4.0);
-        let sigma_f = self.mechanism_at(h_lo).map(|m| m.sigma()).unwrap_or(f64::INFINITY);
-        let scores: Vec<(f64, f64)> = (0..CANDIDATES)
-            .map(|i| {
-                let h = h_lo * (h_hi / h_lo).powf(i as f64 / (CANDIDATES - 1) as f64);
+        let candidates = self.candidates();
+        let h_hi = candidates[candidates.len() - 1];
+        let sigma_f = self.mechanism_at(candidates[0]).map(|m| m.sigma()).unwrap_or(f64::INFINITY);
+        let scores: Vec<(f64, f64)> = candidates
+            .iter()
+            .map(|&h| {
                 let integral_sq = pair_sum(std::f64::consts::SQRT_2 * h) / (n * n);
                 let phi0 = 1.0 / (h * (2.0 * std::f64::consts::PI).sqrt());
                 let cross = (pair_sum(h) - n * phi0) / (n * (n - 1.0));
