@@ -74,11 +74,6 @@ pub struct BudgetsTable {
 }
 
 impl BudgetsTable {
-    /// The view over `catalog`.
-    pub fn new(catalog: Arc<Catalog>) -> Self {
-        Self { catalog }
-    }
-
     fn schema_ref() -> SchemaRef {
         let f = |n: &str| Field::new(n, DataType::Float64, false);
         Arc::new(Schema::new(vec![
@@ -119,6 +114,13 @@ impl BudgetsTable {
 /// A read-only view of the catalog, read afresh at every scan (`schema_ref()` and `batch()`).
 macro_rules! catalog_view {
     ($view:ty) => {
+        impl $view {
+            /// The view over `catalog`.
+            pub fn new(catalog: Arc<Catalog>) -> Self {
+                Self { catalog }
+            }
+        }
+
         #[async_trait]
         impl TableProvider for $view {
             fn schema(&self) -> SchemaRef {
@@ -154,11 +156,6 @@ pub struct ReleasesTable {
 }
 
 impl ReleasesTable {
-    /// The view over `catalog`.
-    pub fn new(catalog: Arc<Catalog>) -> Self {
-        Self { catalog }
-    }
-
     fn schema_ref() -> SchemaRef {
         let text = |n: &str| Field::new(n, DataType::Utf8, false);
         Arc::new(Schema::new(vec![
