@@ -279,4 +279,28 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn neighbouring_extreme_tables_all_release_so_the_choice_cannot_fail_a_query() {
+        // Attack: make the pilot pick an extreme h (empty table → noise only; one row; every row
+        // on one point → the smallest h; uniform → a large h) and hope the final release fails
+        // for one neighbour only. Every candidate is validated at planning, so all release.
+        let grid = Grid { lo: 0.0, hi: 1.0, points: 128 };
+        let auto = AutoKde::new(grid, 0.1, Normalise::Project, Contribution::ROW).unwrap();
+        let tables: Vec<Vec<f64>> =
+            vec![vec![], vec![0.5], vec![0.5; 100_000], (0..100_000).map(|i| i as f64 / 100_000.0).collect()];
+        let mut chosen = Vec::new();
+        for xs in &tables {
+            let mut st = auto.layout().empty_state();
+            auto.layout().add_all(&mut st, xs);
+            for seed in 0..5 {
+                let (m, lifted, c) = auto.release(&st, Some(&mut ChaCha20Rng::seed_from_u64(seed))).unwrap();
+                assert_eq!(lifted.len(), m.lattice().dim());
+                chosen.push(c.bandwidth);
+            }
+        }
+        // The attack did move h (so the test exercised different final mechanisms).
+        let (lo, hi) = chosen.iter().fold((f64::MAX, 0.0f64), |(a, b), h| (a.min(*h), b.max(*h)));
+        assert!(hi > 2.0 * lo, "{chosen:?}");
+    }
 }
