@@ -93,12 +93,12 @@ impl Recipe {
                 });
                 if let Some(lb) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
-                    // pilot spent the rest of the call's ε.
-                    let pilot =
-                        spec.epsilon / (1.0 - super::auto_bandwidth::PILOT_SHARE) * super::auto_bandwidth::PILOT_SHARE;
+                    // count and the pilot spent the rest of the call's ε.
+                    use super::auto_bandwidth::{COUNT_SHARE, FINAL_SHARE, PILOT_SHARE};
                     v["bandwidth_rule"] = json!("auto");
                     v["layout_bandwidth"] = json!(lb);
-                    v["pilot_epsilon"] = json!(pilot);
+                    v["pilot_epsilon"] = json!(spec.epsilon / FINAL_SHARE * PILOT_SHARE);
+                    v["count_epsilon"] = json!(spec.epsilon / FINAL_SHARE * COUNT_SHARE);
                 }
                 v
             }

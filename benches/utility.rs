@@ -1,0 +1,460 @@
+//! dpcurve's accuracy benchmark: the error of `private_kde` against the true density and of its
+//! derived percentiles against the data's ranks, with Python peers (OpenDP, diffprivlib) run on
+//! the same files in the same run (`benches/utility_peers.py`, in a virtual environment it
+//! creates; skipped with a message when Python or the packages are not available).
+//!
+//! ```text
+//! cargo bench --bench utility                                  # the issue-12 grid (≈ 15 min)
+//! cargo bench --bench utility -- --n 1e3,1e5 --eps 1 --reps 3  # a quick look
+//! ```
+//!
+//! For every distribution (a two-normal mixture, the Marron–Wand claw, a log-normal; each on a
+//! public range, truncated to it), n in `--n` and repetition, one Parquet file is generated
+//! (deterministic seeds). For every ε in `--eps` one pure-ε query
+//!
+//! ```sql
+//! SELECT k['density'], curve_quantiles(k, [0.01, …, 0.99])
+//! FROM (SELECT private_kde(x, 'auto', ε, 0, lo, hi, 512) AS k FROM t)
+//! ```
+//!
+//! gives both measures from one release: the integrated squared error (ISE) of the density to the
+//! true one on the 512-point grid, and the mean absolute rank error of the 99 percentiles,
+//! `mean_p |F_n(q̂_p) − p|` (F_n the sample's empirical CDF; ×n for records). The same is run at
+//! fixed bandwidths (`dpcurve, tuned`: the best of 10 fixed h per cell, chosen with the truth).
+//!
+//! Peers get every advantage: each peer's public parameter (bins, smoothing, leaf count) is
+//! chosen per cell as the one with the lowest mean error *against the truth*, which no analyst
+//! can do; dpcurve's `'auto'` is not tuned. All methods spend exactly ε (pure, add/remove one row).
+//!
+//! Options: `--n LIST` (default 1e3,1e4,1e5,1e6), `--eps LIST` (default 0.1,0.5,1,2), `--reps N`
+//! (default 5), `--data DIR` (default `target/bench-data`), `--python PATH` (default `python3`),
+//! `--no-tuned` (skip the fixed-bandwidth dpcurve runs).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, AsArray, Float64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::{DpSession, SessionOptions};
+use rand::{RngExt, SeedableRng};
+
+const POINTS: usize = 512;
+const QUANTILE_MIN_N: usize = 10_000;
+
+struct Options {
+    n: Vec<usize>,
+    eps: Vec<f64>,
+    reps: usize,
+    data: PathBuf,
+    python: String,
+    tuned: bool,
+}
+
+fn parse_count(s: &str) -> usize {
+    s.trim().parse::<f64>().unwrap_or_else(|_| panic!("not a number: {s}")) as usize
+}
+
+impl Options {
+    fn parse() -> Self {
+        let mut o = Options {
+            n: vec![1_000, 10_000, 100_000, 1_000_000],
+            eps: vec![0.1, 0.5, 1.0, 2.0],
+            reps: 5,
+            data: Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("bench-data"),
+            python: "python3".into(),
+            tuned: true,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            let mut value = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+            match a.as_str() {
+                "--n" => o.n = value().split(',').map(parse_count).collect(),
+                "--eps" => o.eps = value().split(',').map(|s| s.trim().parse().expect("an epsilon")).collect(),
+                "--reps" => o.reps = parse_count(&value()),
+                "--data" => o.data = PathBuf::from(value()),
+                "--python" => o.python = value(),
+                "--no-tuned" => o.tuned = false,
+                "--bench" => {}
+                other => panic!("unknown option {other}"),
+            }
+        }
+        o
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Distributions (public ranges; draws truncated to them by rejection)
+
+#[derive(Clone, Copy)]
+enum Dist {
+    Mixture,
+    Claw,
+    LogNormal,
+}
+
+fn normal_pdf(x: f64, mean: f64, sd: f64) -> f64 {
+    let z = (x - mean) / sd;
+    (-0.5 * z * z).exp() / (sd * (2.0 * std::f64::consts::PI).sqrt())
+}
+
+impl Dist {
+    const ALL: [Dist; 3] = [Dist::Mixture, Dist::Claw, Dist::LogNormal];
+
+    fn name(self) -> &'static str {
+        match self {
+            Dist::Mixture => "mixture",
+            Dist::Claw => "claw",
+            Dist::LogNormal => "lognormal",
+        }
+    }
+
+    fn range(self) -> (f64, f64) {
+        match self {
+            Dist::Mixture => (0.0, 1.0),
+            Dist::Claw => (-3.0, 3.0),
+            Dist::LogNormal => (0.0, 4.0),
+        }
+    }
+
+    /// The untruncated density.
+    fn pdf(self, x: f64) -> f64 {
+        match self {
+            Dist::Mixture => 0.5 * normal_pdf(x, 0.3, 0.1) + 0.5 * normal_pdf(x, 0.7, 0.1),
+            Dist::Claw => {
+                0.5 * normal_pdf(x, 0.0, 1.0)
+                    + (0..5).map(|l| 0.1 * normal_pdf(x, l as f64 / 2.0 - 1.0, 0.1)).sum::<f64>()
+            }
+            Dist::LogNormal if x <= 0.0 => 0.0,
+            Dist::LogNormal => normal_pdf(x.ln(), 0.0, 0.5) / x,
+        }
+    }
+
+    /// One untruncated draw.
+    fn draw(self, rng: &mut rand::rngs::ChaCha20Rng) -> f64 {
+        let z: f64 = rng.sample(rand_distr::StandardNormal);
+        match self {
+            Dist::Mixture => {
+                if rng.random::<bool>() {
+                    0.3 + 0.1 * z
+                } else {
+                    0.7 + 0.1 * z
+                }
+            }
+            Dist::Claw => match rng.random_range(0..10) {
+                l @ 0..5 => l as f64 / 2.0 - 1.0 + 0.1 * z,
+                _ => z,
+            },
+            Dist::LogNormal => (0.5 * z).exp(),
+        }
+    }
+
+    fn sample(self, n: usize, seed: u64) -> Vec<f64> {
+        let (lo, hi) = self.range();
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(seed);
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let x = self.draw(&mut rng);
+            if (lo..=hi).contains(&x) {
+                out.push(x);
+            }
+        }
+        out
+    }
+
+    /// The truncated density on `grid` (mass inside the range by Simpson's rule on 2^16 panels).
+    fn truth(self, grid: &[f64]) -> Vec<f64> {
+        let (lo, hi) = self.range();
+        let m = 1 << 16;
+        let step = (hi - lo) / m as f64;
+        let mass = (0..=m)
+            .map(|i| {
+                let w = if i == 0 || i == m {
+                    1.0
+                } else if i % 2 == 1 {
+                    4.0
+                } else {
+                    2.0
+                };
+                w * self.pdf(lo + i as f64 * step)
+            })
+            .sum::<f64>()
+            * step
+            / 3.0;
+        grid.iter().map(|&x| self.pdf(x) / mass).collect()
+    }
+}
+
+fn grid(lo: f64, hi: f64) -> Vec<f64> {
+    (0..POINTS).map(|i| lo + (hi - lo) * i as f64 / (POINTS - 1) as f64).collect()
+}
+
+fn data_file(dir: &Path, dist: Dist, n: usize, rep: usize) -> (PathBuf, Vec<f64>) {
+    let seed = 7_000_000 + 1_000 * dist as u64 + 10 * n.ilog10() as u64 + rep as u64;
+    let xs = dist.sample(n, seed);
+    let path = dir.join(format!("utility-{}-{n}-{rep}.parquet", dist.name()));
+    if !path.exists() {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, false)]));
+        let tmp = path.with_extension("tmp");
+        let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), schema.clone(), None).unwrap();
+        for chunk in xs.chunks(1 << 20) {
+            let col = Arc::new(Float64Array::from(chunk.to_vec()));
+            w.write(&RecordBatch::try_new(schema.clone(), vec![col]).unwrap()).unwrap();
+        }
+        w.close().unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    (path, xs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measures
+
+fn ise(density: &[f64], truth: &[f64], lo: f64, hi: f64) -> f64 {
+    let step = (hi - lo) / (POINTS - 1) as f64;
+    density.iter().zip(truth).map(|(d, t)| (d - t).powi(2)).sum::<f64>() * step
+}
+
+fn alphas() -> Vec<f64> {
+    (1..100).map(|p| p as f64 / 100.0).collect()
+}
+
+/// Mean over the 99 percentiles of |F_n(q̂_p) − p|, `sorted` the sample.
+fn rank_error(quantiles: &[f64], sorted: &[f64]) -> f64 {
+    let n = sorted.len() as f64;
+    quantiles.iter().zip(alphas()).map(|(q, p)| (sorted.partition_point(|x| x <= q) as f64 / n - p).abs()).sum::<f64>()
+        / 99.0
+}
+
+fn floats(a: &dyn Array) -> Vec<f64> {
+    a.as_primitive::<Float64Type>().values().to_vec()
+}
+
+/// One release: (density on the grid, the 99 percentiles).
+async fn release(s: &DpSession, table: &str, bandwidth: &str, eps: f64, lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>) {
+    let ps = alphas().iter().map(|p| format!("{p}")).collect::<Vec<_>>().join(", ");
+    let sql = format!(
+        "SELECT k['density'], curve_quantiles(k, [{ps}]) \
+         FROM (SELECT private_kde(x, {bandwidth}, {eps}, 0, {lo}, {hi}, {POINTS}) AS k FROM {table})"
+    );
+    let batches = s.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let b = &batches[0];
+    let density = floats(&b.column(0).as_list::<i32>().value(0));
+    let quantiles = floats(&b.column(1).as_list::<i32>().value(0));
+    (density, quantiles)
+}
+
+/// Fixed bandwidths tried for "dpcurve, tuned": geometric from range/512 to range/8.
+fn fixed_bandwidths(lo: f64, hi: f64) -> Vec<f64> {
+    (0..10).map(|i| (hi - lo) / 512.0 * 64f64.powf(i as f64 / 9.0)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results: per (distribution, n, ε) cell, per (method, parameter), the per-repetition errors.
+
+#[derive(Default)]
+struct Cell {
+    ise: BTreeMap<(String, String), Vec<f64>>,
+    rank: BTreeMap<(String, String), Vec<f64>>,
+}
+
+type Key = (usize, usize, u64); // (distribution, n, ε in 1e-6 units)
+
+fn key(dist: Dist, n: usize, eps: f64) -> Key {
+    (dist as usize, n, (eps * 1e6).round() as u64)
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// The best (lowest mean) parameter of `method` in `m`: (parameter, mean).
+fn best(m: &BTreeMap<(String, String), Vec<f64>>, method: &str) -> Option<(String, f64)> {
+    m.iter()
+        .filter(|((name, _), _)| name == method)
+        .map(|((_, p), v)| (p.clone(), mean(v)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+fn run_peers(o: &Options, jobs: &serde_json::Value, cells: &mut BTreeMap<Key, Cell>, files: &BTreeMap<String, Key>) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches").join("utility_peers.py");
+    let jobs_path = o.data.join("utility-jobs.json");
+    std::fs::write(&jobs_path, serde_json::to_vec(jobs).unwrap()).unwrap();
+    let venv = o.data.join("venv-utility");
+    println!("\n# peers: {} (virtual environment {})", script.display(), venv.display());
+    let out = std::process::Command::new(&o.python)
+        .args([script.to_string_lossy().as_ref(), "--venv", &venv.to_string_lossy(), "--jobs"])
+        .arg(&jobs_path)
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    let out = match out {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => return println!("  peers skipped: {} exited with {}", script.display(), out.status),
+        Err(e) => return println!("  peers skipped: cannot run {}: {e}", o.python),
+    };
+    let mut lines = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(reason) = line.strip_prefix("SKIP ") {
+            return println!("  peers skipped: {reason}");
+        }
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let file_key = v["key"].as_str().unwrap_or_default();
+        let Some(&(dist, n, _)) = files.get(file_key) else { continue };
+        let eps = v["epsilon"].as_f64().unwrap();
+        let cell = cells.entry((dist, n, (eps * 1e6).round() as u64)).or_default();
+        let id = (v["peer"].as_str().unwrap().to_string(), v["param"].as_str().unwrap().to_string());
+        if let Some(e) = v["ise"].as_f64() {
+            cell.ise.entry(id).or_default().push(e);
+        } else if let Some(e) = v["rank_error"].as_f64() {
+            cell.rank.entry(id).or_default().push(e);
+        }
+        lines += 1;
+    }
+    println!("  {lines} peer results");
+}
+
+const AUTO: &str = "dpcurve 'auto'";
+const TUNED: &str = "dpcurve, tuned h";
+const ISE_PEERS: [&str; 3] = ["opendp histogram", "diffprivlib histogram", "smoothed Laplace histogram"];
+const QUANTILE_PEER: &str = "opendp b-ary tree";
+
+fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
+    println!("\n# integrated squared error to the true density (mean over {} repetitions)", o.reps);
+    println!("#  ratio = dpcurve 'auto' / best tuned peer (goal: ≤ 1.10 everywhere, < 1 where n·ε ≥ 1e4)");
+    println!(
+        "{:<10} {:>8} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>7}  best peer (parameter)",
+        "dist", "n", "eps", "auto", "tuned h", "OpenDP", "diffpriv", "smoothed", "ratio"
+    );
+    let mut worst: f64 = 0.0;
+    let mut misses = Vec::new();
+    for (&(d, n, e), cell) in cells {
+        let eps = e as f64 / 1e6;
+        let Some((_, auto)) = best(&cell.ise, AUTO) else { continue };
+        let tuned = best(&cell.ise, TUNED).map_or(f64::NAN, |b| b.1);
+        let peers: Vec<_> = ISE_PEERS.iter().map(|p| best(&cell.ise, p)).collect();
+        let best_peer = ISE_PEERS
+            .iter()
+            .zip(&peers)
+            .filter_map(|(name, b)| b.as_ref().map(|(p, v)| (name, p, *v)))
+            .min_by(|a, b| a.2.total_cmp(&b.2));
+        let (ratio, who) = match best_peer {
+            Some((name, p, v)) => (auto / v, format!("{name} ({p})")),
+            None => (f64::NAN, "—".into()),
+        };
+        let goal_ok = if n as f64 * eps >= 1e4 { ratio < 1.0 } else { ratio <= 1.10 };
+        if ratio.is_finite() {
+            worst = worst.max(ratio);
+            if !goal_ok {
+                misses.push(format!("{} n={n} ε={eps}: {ratio:.2}", Dist::ALL[d].name()));
+            }
+        }
+        let v = |b: &Option<(String, f64)>| b.as_ref().map_or(f64::NAN, |b| b.1);
+        println!(
+            "{:<10} {:>8} {:>5} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3e}  {:>6.2}{}  {who}",
+            Dist::ALL[d].name(),
+            n,
+            eps,
+            auto,
+            tuned,
+            v(&peers[0]),
+            v(&peers[1]),
+            v(&peers[2]),
+            ratio,
+            if goal_ok { " " } else { "*" },
+        );
+    }
+    println!(
+        "# worst ratio {worst:.2}; cells missing the goal (*): {}",
+        if misses.is_empty() { "none".into() } else { misses.join("; ") }
+    );
+
+    println!("\n# 99 percentiles from one release: mean |F_n(q̂_p) − p| (×1e-4; mean over {} repetitions)", o.reps);
+    println!(
+        "#  ratio = OpenDP b-ary tree (leaf count tuned with the truth) / dpcurve 'auto' (goal at n = 1e5, ε = 1: ≥ 2)"
+    );
+    println!(
+        "{:<10} {:>8} {:>5} {:>9} {:>9} {:>9}  {:>6}  OpenDP leaves",
+        "dist", "n", "eps", "auto", "tuned h", "OpenDP", "ratio"
+    );
+    for (&(d, n, e), cell) in cells {
+        let Some((_, auto)) = best(&cell.rank, AUTO) else { continue };
+        let tuned = best(&cell.rank, TUNED).map_or(f64::NAN, |b| b.1);
+        let peer = best(&cell.rank, QUANTILE_PEER);
+        let opendp = peer.as_ref().map_or(f64::NAN, |b| b.1);
+        println!(
+            "{:<10} {:>8} {:>5} {:>9.3} {:>9.3} {:>9.3}  {:>6.2}  {}",
+            Dist::ALL[d].name(),
+            n,
+            e as f64 / 1e6,
+            auto * 1e4,
+            tuned * 1e4,
+            opendp * 1e4,
+            opendp / auto,
+            peer.map_or("—".into(), |b| b.0),
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let o = Options::parse();
+    std::fs::create_dir_all(&o.data).unwrap();
+    let s = DpSession::new(SessionOptions::default());
+    let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
+    let mut files: BTreeMap<String, Key> = BTreeMap::new();
+    let mut jobs = Vec::new();
+    let mut table = 0;
+    for dist in Dist::ALL {
+        let (lo, hi) = dist.range();
+        let g = grid(lo, hi);
+        let truth = dist.truth(&g);
+        for &n in &o.n {
+            let started = std::time::Instant::now();
+            for rep in 0..o.reps {
+                let (path, mut xs) = data_file(&o.data, dist, n, rep);
+                xs.sort_by(f64::total_cmp);
+                table += 1;
+                let t = format!("t{table}");
+                s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
+                for &eps in &o.eps {
+                    let cell = cells.entry(key(dist, n, eps)).or_default();
+                    let mut record = |method: &str, param: String, (density, quantiles): (Vec<f64>, Vec<f64>)| {
+                        let id = (method.to_string(), param);
+                        cell.ise.entry(id.clone()).or_default().push(ise(&density, &truth, lo, hi));
+                        if n >= QUANTILE_MIN_N {
+                            cell.rank.entry(id).or_default().push(rank_error(&quantiles, &xs));
+                        }
+                    };
+                    record(AUTO, String::new(), release(&s, &t, "'auto'", eps, lo, hi).await);
+                    if o.tuned {
+                        for h in fixed_bandwidths(lo, hi) {
+                            record(TUNED, format!("h={h:.4}"), release(&s, &t, &format!("{h}"), eps, lo, hi).await);
+                        }
+                    }
+                }
+                let file_key = format!("{}-{n}-{rep}", dist.name());
+                files.insert(file_key.clone(), key(dist, n, 0.0));
+                jobs.push(serde_json::json!({
+                    "file": path.to_string_lossy(), "key": file_key, "lo": lo, "hi": hi,
+                    "truth": truth, "epsilons": o.eps,
+                    "quantile_epsilons": if n >= QUANTILE_MIN_N { o.eps.clone() } else { vec![] },
+                }));
+            }
+            println!("{} n={n}: dpcurve done in {:.1} s", dist.name(), started.elapsed().as_secs_f64());
+        }
+    }
+    // The grid is per distribution; the peers get one job file per distribution's grid.
+    let mut by_grid: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+    for j in jobs {
+        by_grid.entry(j["key"].as_str().unwrap().split('-').next().unwrap().to_string()).or_default().push(j);
+    }
+    for dist in Dist::ALL {
+        let (lo, hi) = dist.range();
+        if let Some(j) = by_grid.remove(dist.name()) {
+            run_peers(&o, &serde_json::json!({"grid": grid(lo, hi), "jobs": j}), &mut cells, &files);
+        }
+    }
+    report(&o, &cells);
+}
