@@ -1,23 +1,30 @@
 //! `bandwidth => 'auto'` (Hall et al. §4.1.2; issue 12): a bandwidth chosen privately, for the
 //! data, within the call's own ε.
 //!
-//! One fine binned statistic is accumulated (bins ≤ Δ/8 apart, Δ = (hi − lo)/256); values
-//! farther than 16Δ = (hi − lo)/16 outside `[lo, hi]` are dropped (a public row-wise rule). At
-//! release:
+//! One fine binned statistic is accumulated (bins ≤ Δ/8 apart for the finest pilot, Δ = (hi −
+//! lo)/1024); values farther than 16Δ = (hi − lo)/64 outside `[lo, hi]` are dropped (a public
+//! row-wise rule). At release, three pure-ε releases of that statistic:
 //!
-//! 1. **Pilot** (a share [`PILOT_SHARE`] of ε): the statistic linearly re-binned onto nodes Δ
-//!    apart, with discrete Laplace noise (L1 sensitivity 1 per row, as the pure-ε KDE).
-//! 2. **Choice** (post-processing of the pilot): for candidate bandwidths h from 2Δ to
-//!    (hi − lo)/4, the binned least-squares cross-validation score `LSCV(h) = ∫f̂_h² −
-//!    2/(n(n−1))·Σ_{i≠l} K_h(X_i − X_l)`, computed from the noisy node counts with the known
-//!    noise variance removed from the diagonal (E c̃_j² = c_j² + σ²), plus the integrated
-//!    variance the *final* release's noise adds at h, `L·σ_f²·(√π·h/Δ_f)/(2π·ñ²·h²)`. LSCV
-//!    estimates the MISE up to a constant without assuming a shape, so multimodal densities
-//!    (the claw) are not smoothed away the way normal-reference and plug-in rules do; the noise
-//!    term keeps h from collapsing when n·ε is small.
-//! 3. **Release** (the rest of ε): the pure-ε KDE at the chosen h over the same statistic.
+//! 1. **Count** (a share [`COUNT_SHARE`] of ε): the statistic binned onto two nodes (its ends),
+//!    discrete Laplace noise; the noisy total picks the pilot's resolution among
+//!    [`PILOT_NODES`]: the finest whose mean node count is ≥ [`RESOLUTION_RATIO`] noise sds.
+//! 2. **Pilot** (a share [`PILOT_SHARE`]): the statistic linearly re-binned onto nodes Δ apart,
+//!    with discrete Laplace noise (L1 sensitivity 1 per row, as the pure-ε KDE).
+//! 3. **Choice** (post-processing of count and pilot): n is their inverse-variance mean (below
+//!    [`NOISE_FLOOR`] sds it is noise, and the smoothest candidate is taken). For candidate
+//!    bandwidths h from 2Δ to (hi − lo)/4, the binned least-squares cross-validation score
+//!    `LSCV(h) = ∫f̂_h² − 2/(n(n−1))·Σ_{i≠l} K_h(X_i − X_l)`, computed from the noisy node counts
+//!    with the known noise variance removed from the diagonal (E c̃_j² = c_j² + σ²), plus the
+//!    integrated variance the *final* release's noise adds at h, `L·σ_f²·(√π·h/Δ_f)/(2π·ñ²·h²)`,
+//!    over the candidates below Terrell's maximal-smoothing bound (the AMISE minimiser at the
+//!    smallest R(f'') a density of the pilot's standard deviation can have, noise included).
+//!    LSCV estimates the MISE up to a constant without assuming a shape, so multimodal densities
+//!    (the claw) are not smoothed away the way normal-reference and plug-in rules do.
+//! 4. **Release** ([`FINAL_SHARE`] of ε): the pure-ε KDE at the chosen h over the same statistic.
 //!
-//! The two releases compose to ε (pure); the chosen h is a function of the pilot release only.
+//! The three releases compose to ε (pure); which pilot runs is a function of the count release,
+//! and the chosen h a function of the count and pilot releases only (adaptive composition of
+//! pure-ε mechanisms, each calibrated before any data are read).
 
 use rand::Rng;
 
