@@ -22,6 +22,9 @@
 //! `mean_p |F_n(q̂_p) − p|` (F_n the sample's empirical CDF; ×n for records). The same is run at
 //! fixed bandwidths (`dpcurve, tuned`: the best of 10 fixed h per cell, chosen with the truth).
 //!
+//! Quantile peers: OpenDP's b-ary tree recipe and OpenDP's quantile release (the exponential
+//! mechanism of `make_private_quantile`, once per percentile at ε/99).
+//!
 //! Peers get every advantage: each peer's public parameter (bins, smoothing, leaf count) is
 //! chosen per cell as the one with the lowest mean error *against the truth*, which no analyst
 //! can do; dpcurve's `'auto'` is not tuned. All methods spend exactly ε (pure, add/remove one row).
@@ -318,7 +321,8 @@ fn run_peers(o: &Options, jobs: &serde_json::Value, cells: &mut BTreeMap<Key, Ce
 const AUTO: &str = "dpcurve 'auto'";
 const TUNED: &str = "dpcurve, tuned h";
 const ISE_PEERS: [&str; 3] = ["opendp histogram", "diffprivlib histogram", "smoothed Laplace histogram"];
-const QUANTILE_PEER: &str = "opendp b-ary tree";
+const TREE_PEER: &str = "opendp b-ary tree";
+const EM_PEER: &str = "opendp quantile (EM)";
 
 fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
     println!("\n# integrated squared error to the true density (mean over {} repetitions)", o.reps);
@@ -371,28 +375,32 @@ fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
     );
 
     println!("\n# 99 percentiles from one release: mean |F_n(q̂_p) − p| (×1e-4; mean over {} repetitions)", o.reps);
+    println!("#  OpenDP: its b-ary tree recipe (leaf count tuned with the truth) and its quantile release");
+    println!("#  (exponential mechanism, ε/99 per percentile, candidate count tuned with the truth);");
+    println!("#  ratios = peer / dpcurve 'auto' (goal at n = 1e5, ε = 1: ≥ 2)");
     println!(
-        "#  ratio = OpenDP b-ary tree (leaf count tuned with the truth) / dpcurve 'auto' (goal at n = 1e5, ε = 1: ≥ 2)"
-    );
-    println!(
-        "{:<10} {:>8} {:>5} {:>9} {:>9} {:>9}  {:>6}  OpenDP leaves",
-        "dist", "n", "eps", "auto", "tuned h", "OpenDP", "ratio"
+        "{:<10} {:>8} {:>5} {:>9} {:>9} {:>9} {:>9}  {:>6} {:>6}  parameters",
+        "dist", "n", "eps", "auto", "tuned h", "tree", "EM", "tree/", "EM/"
     );
     for (&(d, n, e), cell) in cells {
         let Some((_, auto)) = best(&cell.rank, AUTO) else { continue };
         let tuned = best(&cell.rank, TUNED).map_or(f64::NAN, |b| b.1);
-        let peer = best(&cell.rank, QUANTILE_PEER);
-        let opendp = peer.as_ref().map_or(f64::NAN, |b| b.1);
+        let (tree, em) = (best(&cell.rank, TREE_PEER), best(&cell.rank, EM_PEER));
+        let v = |b: &Option<(String, f64)>| b.as_ref().map_or(f64::NAN, |b| b.1);
+        let p = |b: &Option<(String, f64)>| b.as_ref().map_or("—".to_string(), |b| b.0.clone());
         println!(
-            "{:<10} {:>8} {:>5} {:>9.3} {:>9.3} {:>9.3}  {:>6.2}  {}",
+            "{:<10} {:>8} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  {:>6.2} {:>6.2}  {}, {}",
             Dist::ALL[d].name(),
             n,
             e as f64 / 1e6,
             auto * 1e4,
             tuned * 1e4,
-            opendp * 1e4,
-            opendp / auto,
-            peer.map_or("—".into(), |b| b.0),
+            v(&tree) * 1e4,
+            v(&em) * 1e4,
+            v(&tree) / auto,
+            v(&em) / auto,
+            p(&tree),
+            p(&em),
         );
     }
 }
