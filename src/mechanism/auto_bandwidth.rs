@@ -18,8 +18,10 @@
 //!    integrated variance the *final* release's noise adds at h, `L·σ_f²·(√π·h/Δ_f)/(2π·ñ²·h²)`,
 //!    over the candidates below Terrell's maximal-smoothing bound (the AMISE minimiser at the
 //!    smallest R(f'') a density of the pilot's standard deviation can have, noise included).
-//!    LSCV estimates the MISE up to a constant without assuming a shape, so multimodal densities
-//!    (the claw) are not smoothed away the way normal-reference and plug-in rules do.
+//!    The choice is the score's largest local minimiser (Hall & Marron 1991; the global one is
+//!    often a spurious small h at small n). LSCV estimates the MISE up to a constant without
+//!    assuming a shape, so multimodal densities (the claw) are not smoothed away the way
+//!    normal-reference and plug-in rules do.
 //! 4. **Release** ([`FINAL_SHARE`] of ε): the pure-ε KDE at the chosen h over the same statistic.
 //!
 //! The three releases compose to ε (pure); which pilot runs is a function of the count release,
@@ -201,7 +203,16 @@ impl AutoKde {
                 (h, integral_sq - 2.0 * cross + release_noise(h))
             })
             .collect();
-        let bandwidth = scores.iter().min_by(|a, b| a.1.total_cmp(&b.1)).map_or(h_hi, |s| s.0);
+        // The largest local minimiser of the score (Hall & Marron 1991): LSCV's global minimum
+        // is often a spurious small h at small n; the candidate at the upper end only counts
+        // when the score falls all the way to it.
+        let largest_local = (0..scores.len().saturating_sub(1))
+            .rev()
+            .find(|&k| (k == 0 || scores[k - 1].1 > scores[k].1) && scores[k + 1].1 > scores[k].1);
+        let bandwidth = match largest_local {
+            Some(k) => scores[k].0,
+            None => scores.iter().min_by(|a, b| a.1.total_cmp(&b.1)).map_or(h_hi, |s| s.0),
+        };
         Choice { bandwidth, n, pilot_nodes: counts.len(), scores }
     }
 
