@@ -422,8 +422,8 @@ impl KdeAccumulator {
                 (m.as_ref().clone(), lifted, None)
             }
             KdeCall::Auto(a) => {
-                let (m, lifted, _choice) = a.release(state, rng.as_mut()).map_err(|e| PARAMS.error(e))?;
-                (m, lifted, Some(a.layout().bandwidth()))
+                let (m, lifted, choice) = a.release(state, rng.as_mut()).map_err(|e| PARAMS.error(e))?;
+                (m, lifted, Some((a.layout().bandwidth(), choice.node_spacing)))
             }
         };
         // Everything from here on is post-processing of the released coordinates.

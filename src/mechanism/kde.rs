@@ -411,7 +411,7 @@ const LOW_BITS: u64 = (1 << 51) - 1;
 /// exactly `2^40`. `ok` is false (and the weights must be ignored) for NaN, ±inf and
 /// values outside the bins — branch-free, so the hot loop does not mispredict on data.
 #[inline(always)]
-fn linear_bin(x: f64, origin: f64, inv_spacing: f64, nbins: usize) -> (usize, i64, i64, bool) {
+pub(crate) fn linear_bin(x: f64, origin: f64, inv_spacing: f64, nbins: usize) -> (usize, i64, i64, bool) {
     let p = (x - origin) * inv_spacing;
     let ok = p >= 0.0 && p <= (nbins - 1) as f64;
     let p = if ok { p } else { 0.0 };

@@ -104,16 +104,22 @@ impl Normalise {
 /// weights w (½ at the ends). Needs `step·Σ w_k·max(g_k, 0) ≥ 1`, which holds when `∫g = 1`.
 pub fn projection_shift(g: &[f64], step: f64) -> f64 {
     let n = g.len();
-    let weight = |k: usize| if k == 0 || k + 1 == n { 0.5 } else { 1.0 };
-    let mut order: Vec<usize> = (0..n).collect();
+    let weights: Vec<f64> = (0..n).map(|k| if k == 0 || k + 1 == n { 0.5 } else { 1.0 }).collect();
+    projection_shift_weighted(g, &weights, step)
+}
+
+/// The shift `c ≥ 0` with `cell·Σ_k w_k·max(g_k − c, 0) = 1` for quadrature weights `w` (the
+/// 2-D KDE's are products of trapezoid weights).
+pub fn projection_shift_weighted(g: &[f64], weights: &[f64], cell: f64) -> f64 {
+    let mut order: Vec<usize> = (0..g.len()).collect();
     order.sort_by(|&a, &b| g[b].total_cmp(&g[a]));
-    // With the j largest values above c: step·(G − c·W) = 1, c = (G − 1/step)/W; valid if it
+    // With the j largest values above c: cell·(G − c·W) = 1, c = (G − 1/cell)/W; valid if it
     // lies between the j-th and (j+1)-th largest values.
     let (mut big_w, mut big_g) = (0.0, 0.0);
     for (j, &k) in order.iter().enumerate() {
-        big_w += weight(k);
-        big_g += weight(k) * g[k];
-        let c = (big_g - 1.0 / step) / big_w;
+        big_w += weights[k];
+        big_g += weights[k] * g[k];
+        let c = (big_g - 1.0 / cell) / big_w;
         let next = order.get(j + 1).map_or(f64::NEG_INFINITY, |&i| g[i]);
         if c >= next {
             return c.max(0.0);
@@ -371,13 +377,29 @@ impl KdeMechanism {
         Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None })
     }
 
-    /// The pure-ε release at `spec.bandwidth` over the binned statistic of another layout
-    /// (`bandwidth => 'auto'` accumulates one fine statistic and releases at the chosen h).
-    pub fn pure_epsilon_on(spec: KdeSpec, layout: KdeLayout, c: Contribution) -> Result<Self, MechanismError> {
-        Self::pure_epsilon(spec, layout, c)
+    /// The pure-ε release at `spec.bandwidth` over the binned statistic of another layout, with
+    /// nodes about `node_spacing` apart (a whole number of bins, at least one): `bandwidth =>
+    /// 'auto'` accumulates one fine statistic and releases at the chosen h and spacing.
+    pub fn pure_epsilon_on(
+        spec: KdeSpec,
+        layout: KdeLayout,
+        c: Contribution,
+        node_spacing: f64,
+    ) -> Result<Self, MechanismError> {
+        Self::pure_epsilon_spaced(spec, layout, c, node_spacing)
     }
 
     fn pure_epsilon(spec: KdeSpec, layout: KdeLayout, c: Contribution) -> Result<Self, MechanismError> {
+        let spacing = 0.5 * spec.bandwidth;
+        Self::pure_epsilon_spaced(spec, layout, c, spacing)
+    }
+
+    fn pure_epsilon_spaced(
+        spec: KdeSpec,
+        layout: KdeLayout,
+        c: Contribution,
+        node_spacing: f64,
+    ) -> Result<Self, MechanismError> {
         let Some((origin, bin_spacing, nbins)) = layout.bins() else {
             return Err(MechanismError::Noise(format!(
                 "the pure-ε KDE (delta => 0) needs a bandwidth of at least {:e} for a grid of {} points on \
@@ -391,7 +413,10 @@ impl KdeMechanism {
         if !(spec.epsilon.is_finite() && spec.epsilon > 0.0) {
             return Err(MechanismError::Noise(format!("epsilon must be a finite number > 0, got {}", spec.epsilon)));
         }
-        let r = ((0.5 * spec.bandwidth / bin_spacing).floor() as usize).max(1);
+        if !(node_spacing.is_finite() && node_spacing > 0.0) {
+            return Err(MechanismError::Noise(format!("the node spacing must be > 0, got {node_spacing}")));
+        }
+        let r = ((node_spacing / bin_spacing).floor().min(nbins as f64) as usize).max(1);
         let nodes = (nbins - 1).div_ceil(r) + 1;
         // Each coordinate is an exact integer times the double-double 1/r (relative error
         // ≤ 2 ops): over all nodes the L1 error is ≤ 2·DD_OP_ERR·(total mass ≤ ROW_LIMIT rows).
@@ -504,13 +529,24 @@ impl KdeMechanism {
             let inv_r = DD::from_i128(n.r as i128).recip();
             return c.iter().map(|&u| DD::from_i128(u).scale_pow2(-40).mul(inv_r)).collect();
         }
-        let mut v = vec![DD::default(); self.basis.m / self.basis.stride];
         // Every entry is converted (no branch on the data: the work is the same for any table).
-        for (vj, &units) in v.iter_mut().zip(state) {
-            *vj = DD::from_i128(units).scale_pow2(-40);
-        }
+        let v: Vec<DD> = state.iter().map(|&units| DD::from_i128(units).scale_pow2(-40)).collect();
+        self.lift_entries(&v)
+    }
+
+    /// The lifted coordinates of statistic entries given in real units (double-double): the
+    /// Gaussian release's `Λ^{1/2}Qᵀv` (binned mode), applied along each axis by the 2-D KDE.
+    pub(crate) fn lift_entries(&self, entries: &[DD]) -> Vec<DD> {
+        let mut v = vec![DD::default(); self.basis.m / self.basis.stride];
+        v[..entries.len()].copy_from_slice(entries);
         let coords = lattice::real_dft_coordinates(&v, self.basis.stride, self.basis.kmax);
         coords.iter().zip(&self.basis.lift).map(|(c, &l)| c.mul_f64(l)).collect()
+    }
+
+    /// `(max lift factor, relative error of one lift)`: `‖fl(lift(v)) − lift(v)‖ ≤ max·rel·‖v‖`.
+    pub(crate) fn lift_error(&self) -> (f64, f64) {
+        let max_lift = self.basis.lift.iter().cloned().fold(0.0, f64::max);
+        (max_lift, lattice::dft_relative_error(self.basis.m) + 2.0 * lattice::DD_OP_ERR)
     }
 
     /// `A·w̃`: the kernel sum on the grid for (noisy) lifted coordinates. Post-processing.

@@ -40,9 +40,9 @@ pub enum Recipe {
         alpha: f64,
         /// The released (noisy) lifted coordinates.
         lifted: Vec<f64>,
-        /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic (the release's
-        /// nodes are laid out on its bins).
-        layout_bandwidth: Option<f64>,
+        /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic and the chosen
+        /// node spacing (the release's nodes are laid out on its bins).
+        layout_bandwidth: Option<(f64, f64)>,
     },
     /// A `private_mean_curve` release.
     MeanCurve {
@@ -91,12 +91,13 @@ impl Recipe {
                     "mechanism": if spec.delta == 0.0 { "laplace" } else { "gaussian" },
                     "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
                 });
-                if let Some(lb) = layout_bandwidth {
+                if let Some((lb, node_spacing)) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
                     // count and the pilot spent the rest of the call's ε.
                     use super::auto_bandwidth::{COUNT_SHARE, FINAL_SHARE, PILOT_SHARE};
                     v["bandwidth_rule"] = json!("auto");
                     v["layout_bandwidth"] = json!(lb);
+                    v["node_spacing"] = json!(node_spacing);
                     v["pilot_epsilon"] = json!(spec.epsilon / FINAL_SHARE * PILOT_SHARE);
                     v["count_epsilon"] = json!(spec.epsilon / FINAL_SHARE * COUNT_SHARE);
                 }
@@ -153,7 +154,14 @@ impl Recipe {
                 contribution,
                 alpha,
                 lifted: floats(data)?,
-                layout_bandwidth: p.get("layout_bandwidth").and_then(Value::as_f64),
+                layout_bandwidth: match p.get("layout_bandwidth").and_then(Value::as_f64) {
+                    // Releases stored before the spacing was chosen had nodes every h/2.
+                    Some(lb) => Some((
+                        lb,
+                        p.get("node_spacing").and_then(Value::as_f64).unwrap_or(field(&p, "bandwidth")? / 2.0),
+                    )),
+                    None => None,
+                },
             }),
             "private_mean_curve" => {
                 if data.len() < 8 {
@@ -221,9 +229,9 @@ impl StoredCurve {
             Recipe::Kde { spec, contribution, alpha, lifted, layout_bandwidth } => {
                 let mechanism = match layout_bandwidth {
                     None => KdeMechanism::with_contribution(spec.clone(), *contribution),
-                    Some(lb) => KdeLayout::new(spec.grid, *lb)
+                    Some((lb, s)) => KdeLayout::new(spec.grid, *lb)
                         .map_err(MechanismError::Kde)
-                        .and_then(|layout| KdeMechanism::pure_epsilon_on(spec.clone(), layout, *contribution)),
+                        .and_then(|layout| KdeMechanism::pure_epsilon_on(spec.clone(), layout, *contribution, *s)),
                 }
                 .map_err(|e| e.to_string())?;
                 if lifted.len() != mechanism.lattice().dim() {
@@ -337,6 +345,40 @@ mod tests {
             }
             assert_eq!(curve.eval(-0.01), None);
             assert_eq!(curve.eval(1.01), None);
+        }
+    }
+
+    #[test]
+    fn an_automatic_release_keeps_its_chosen_node_spacing_and_old_records_read_as_half_h() {
+        use crate::mechanism::auto_bandwidth::AutoKde;
+        let grid = Grid { lo: 0.0, hi: 1.0, points: 101 };
+        let auto = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW).unwrap();
+        let h = 0.05;
+        let mut st = auto.layout().empty_state();
+        auto.layout().add_all(&mut st, &(0..500).map(|i| 0.2 + 0.5 * (i as f64 * 0.618).fract()).collect::<Vec<_>>());
+        for spacing in [h / 2.0, 1.5 * h] {
+            let m = auto.mechanism_at(h, spacing).unwrap();
+            let lifted = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(3)));
+            let release = m.post_process(&m.curve_from_lifted(&lifted));
+            let recipe = Recipe::Kde {
+                spec: m.spec().clone(),
+                contribution: Contribution::ROW,
+                alpha: 0.05,
+                lifted,
+                layout_bandwidth: Some((auto.layout().bandwidth(), spacing)),
+            };
+            let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
+            assert_eq!(back, recipe, "exact round trip");
+            let curve = StoredCurve::build(&back).unwrap();
+            for (x, d) in release.x.iter().zip(release.density.as_ref().unwrap()) {
+                assert_eq!(curve.eval(*x), Some(*d), "x = {x}");
+            }
+            // A record from before the spacing was stored reads as nodes every h/2: it
+            // rebuilds only when that is what it was.
+            let mut old: Value = serde_json::from_str(&recipe.parameters()).unwrap();
+            old.as_object_mut().unwrap().remove("node_spacing");
+            let legacy = Recipe::decode(recipe.function(), &old.to_string(), &recipe.data()).unwrap();
+            assert_eq!(StoredCurve::build(&legacy).is_ok(), spacing == h / 2.0, "spacing {spacing}");
         }
     }
 
