@@ -12,6 +12,7 @@ pub mod cache;
 pub mod calibration;
 pub mod contribution;
 pub mod kde;
+pub mod kde2d;
 pub mod kde_release;
 pub mod lattice;
 pub mod mean_curve;
