@@ -6,6 +6,7 @@ pub mod params;
 pub mod permits;
 pub mod post;
 pub mod private_kde;
+pub mod private_kde2d;
 pub mod private_mean_curve;
 pub mod releases;
 
@@ -21,6 +22,7 @@ use crate::mechanism::budget::Budget;
 use crate::mechanism::{Contribution, NoiseSource};
 pub use permits::{PermitSlot, Permits, ReleaseStore, SlotCharge};
 pub use private_kde::PrivateKde;
+pub use private_kde2d::PrivateKde2d;
 pub use private_mean_curve::PrivateMeanCurve;
 
 /// One private aggregate call found in a plan, with the budget it spends.
@@ -44,8 +46,8 @@ impl PrivateCall {
 }
 
 /// The declared parameters of every private aggregate, for the named-argument rewrite.
-pub fn all_params() -> [&'static params::FunctionParams; 2] {
-    [&private_kde::PARAMS, &private_mean_curve::PARAMS]
+pub fn all_params() -> [&'static params::FunctionParams; 3] {
+    [&private_kde::PARAMS, &private_kde2d::PARAMS, &private_mean_curve::PARAMS]
 }
 
 /// All private aggregate UDFs, drawing noise from `noise`, with `permits` (catalog
@@ -53,6 +55,7 @@ pub fn all_params() -> [&'static params::FunctionParams; 2] {
 pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> {
     vec![
         AggregateUDF::from(PrivateKde::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateKde2d::new(noise).with_permits(permits.clone())),
         AggregateUDF::from(PrivateMeanCurve::new(noise).with_permits(permits)),
     ]
 }
@@ -69,12 +72,34 @@ pub struct CallContext {
     pub contribution: Contribution,
 }
 
+/// What the guard needs of every private aggregate, whichever function it is.
+pub(crate) trait PrivateFunction: Send + Sync {
+    /// The declared parameters.
+    fn params(&self) -> &'static params::FunctionParams;
+    /// What the guard decided for this instance.
+    fn context(&self) -> &CallContext;
+    /// The same function with another call context.
+    fn with_context(&self, cx: CallContext) -> AggregateUDF;
+    /// Validates a logical call's literal arguments (planning time) and prices it; `schema` is
+    /// the input schema of the node holding the call.
+    fn plan(&self, args: &[Expr], schema: &DFSchema) -> Result<PrivateCall>;
+}
+
+/// `func` as a private aggregate, or None if it is any other function.
+fn as_private(func: &AggregateUDF) -> Option<&dyn PrivateFunction> {
+    let inner = func.inner();
+    if let Some(f) = inner.downcast_ref::<PrivateKde>() {
+        return Some(f);
+    }
+    if let Some(f) = inner.downcast_ref::<PrivateKde2d>() {
+        return Some(f);
+    }
+    inner.downcast_ref::<PrivateMeanCurve>().map(|f| f as &dyn PrivateFunction)
+}
+
 /// The call context of a private aggregate instance, or None if `func` is not private.
 pub fn context_of(func: &AggregateUDF) -> Option<&CallContext> {
-    if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {
-        return Some(f.context());
-    }
-    func.inner().downcast_ref::<PrivateMeanCurve>().map(|f| f.context())
+    as_private(func).map(|f| f.context())
 }
 
 /// The permits of a private aggregate instance, or None if `func` is not private.
@@ -84,13 +109,7 @@ pub fn permits_of(func: &AggregateUDF) -> Option<&Permits> {
 
 /// The same private aggregate with another call context, or None if `func` is not private.
 pub fn with_context(func: &AggregateUDF, cx: CallContext) -> Option<AggregateUDF> {
-    if let Some(f) = func.inner().downcast_ref::<PrivateKde>() {
-        return Some(AggregateUDF::from(f.clone_with(cx)));
-    }
-    if let Some(f) = func.inner().downcast_ref::<PrivateMeanCurve>() {
-        return Some(AggregateUDF::from(f.clone_with(cx)));
-    }
-    None
+    as_private(func).map(|f| f.with_context(cx))
 }
 
 /// The same private aggregate with other permits, or None if `func` is not private.
@@ -102,27 +121,17 @@ pub fn with_permits(func: &AggregateUDF, permits: Permits) -> Option<AggregateUD
 /// returns what the call spends. `None` for every other function. `schema` is the input
 /// schema of the node holding the call (it gives the data argument's type).
 pub fn plan_private_call(func: &AggregateUDF, args: &[Expr], schema: &DFSchema) -> Option<Result<PrivateCall>> {
-    let contribution = context_of(func)?.contribution;
-    if func.inner().is::<PrivateKde>() {
-        return Some(private_kde::plan_call(args, contribution));
-    }
-    if func.inner().is::<PrivateMeanCurve>() {
-        return Some(private_mean_curve::plan_call(args, schema, contribution));
-    }
-    None
+    as_private(func).map(|f| f.plan(args, schema))
 }
 
 /// The declared parameters of a private aggregate, or None if `func` is not private.
 pub fn params_of(func: &AggregateUDF) -> Option<&'static params::FunctionParams> {
-    if func.inner().is::<PrivateKde>() {
-        return Some(&private_kde::PARAMS);
-    }
-    func.inner().is::<PrivateMeanCurve>().then_some(&private_mean_curve::PARAMS)
+    as_private(func).map(|f| f.params())
 }
 
 /// Whether `func` is one of the private aggregates.
 pub fn is_private(func: &AggregateUDF) -> bool {
-    func.inner().is::<PrivateKde>() || func.inner().is::<PrivateMeanCurve>()
+    as_private(func).is_some()
 }
 
 /// Type of fixed-point statistics in accumulator state (i128 as Decimal128(38, 0)).

@@ -104,7 +104,7 @@ fn reorder(params: &FunctionParams, args: &mut Vec<FunctionArg>) -> Result<(), D
         slots[slot] = Some(value);
     }
     let last = slots.iter().rposition(|s| s.is_some()).unwrap_or(0);
-    for (slot, name) in slots.iter().zip(&names).take(params.required + 1) {
+    for (slot, name) in slots.iter().zip(&names).take(params.required + params.data_len()) {
         if slot.is_none() {
             return Err(params.error(format!("missing required argument '{name}'")));
         }

@@ -1,6 +1,6 @@
 //! Literal parameters of private aggregates.
 //!
-//! A private aggregate's first argument is the data; every other argument is a public
+//! A private aggregate's first arguments are the data; every other argument is a public
 //! parameter and must be a literal. The same parser runs twice: on the optimized logical
 //! plan at planning time (the check that counts — before any budget is spent or any row
 //! is read) and again on the physical expressions when an accumulator is created
@@ -40,23 +40,28 @@ pub struct ParamDef {
     pub kind: ParamKind,
 }
 
-/// The declared arguments of a private aggregate: the data argument first.
+/// The declared arguments of a private aggregate: the data arguments first.
 #[derive(Debug, Clone, Copy)]
 pub struct FunctionParams {
     /// SQL function name.
     pub function: &'static str,
-    /// The data argument's name and whether it takes numbers or lists (for messages).
-    pub data: &'static str,
-    /// Parameters after the data argument, in positional order.
+    /// The data arguments' names (for messages and named arguments).
+    pub data: &'static [&'static str],
+    /// Parameters after the data arguments, in positional order.
     pub params: &'static [ParamDef],
     /// How many parameters are required.
     pub required: usize,
 }
 
 impl FunctionParams {
-    /// All argument names, data argument first.
+    /// All argument names, data arguments first.
     pub fn names(&self) -> Vec<String> {
-        std::iter::once(self.data.to_string()).chain(self.params.iter().map(|p| p.name.to_string())).collect()
+        self.data.iter().chain(self.params.iter().map(|p| &p.name)).map(|n| n.to_string()).collect()
+    }
+
+    /// How many arguments are data (the rest are literal parameters).
+    pub fn data_len(&self) -> usize {
+        self.data.len()
     }
 
     /// A precise planning error about this function.
@@ -85,7 +90,8 @@ impl FunctionParams {
 
     /// Checks the number of arguments.
     pub fn check_arity(&self, n: usize) -> Result<()> {
-        let (min, max) = (1 + self.required, 1 + self.params.len());
+        let d = self.data_len();
+        let (min, max) = (d + self.required, d + self.params.len());
         if (min..=max).contains(&n) {
             return Ok(());
         }
@@ -93,21 +99,23 @@ impl FunctionParams {
         let required: Vec<&str> = self.params[..self.required].iter().map(|p| p.name).collect();
         Err(self.error(format!(
             "takes {min} to {max} arguments ({}, {} [, {}]), got {n}",
-            self.data,
+            self.data.join(", "),
             required.join(", "),
             optional.join(", ")
         )))
     }
 
-    /// The types DataFusion should cast the arguments to (UDAF `coerce_types`).
+    /// The types DataFusion should cast the arguments to (UDAF `coerce_types`): `data_type`
+    /// gives each data argument's (by position).
     pub fn coerce(
         &self,
-        data_type: impl Fn(&DataType) -> Result<DataType>,
+        data_type: impl Fn(usize, &DataType) -> Result<DataType>,
         arg_types: &[DataType],
     ) -> Result<Vec<DataType>> {
         self.check_arity(arg_types.len())?;
-        let mut out = vec![data_type(&arg_types[0])?];
-        for (def, t) in self.params.iter().zip(&arg_types[1..]) {
+        let d = self.data_len();
+        let mut out = arg_types[..d].iter().enumerate().map(|(i, t)| data_type(i, t)).collect::<Result<Vec<_>>>()?;
+        for (def, t) in self.params.iter().zip(&arg_types[d..]) {
             let ok = match def.kind {
                 ParamKind::Float => (t.is_numeric() || t == &DataType::Null).then_some(DataType::Float64),
                 ParamKind::FloatOrAuto if matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => {
@@ -138,7 +146,7 @@ impl FunctionParams {
     /// `None` marks an omitted or NULL parameter.
     pub fn literals_from_logical(&self, args: &[Expr]) -> Result<Vec<Option<ScalarValue>>> {
         self.check_arity(args.len())?;
-        args[1..]
+        args[self.data_len()..]
             .iter()
             .zip(self.params)
             .map(|(e, def)| {
@@ -152,7 +160,7 @@ impl FunctionParams {
     /// Extracts the literal parameters from physical expressions (accumulator creation).
     pub fn literals_from_physical(&self, exprs: &[Arc<dyn PhysicalExpr>]) -> Result<Vec<Option<ScalarValue>>> {
         self.check_arity(exprs.len())?;
-        exprs[1..]
+        exprs[self.data_len()..]
             .iter()
             .zip(self.params)
             .map(|(e, def)| match e.downcast_ref::<Literal>() {
@@ -246,6 +254,55 @@ impl FunctionParams {
             }
             _ => Ok(false),
         }
+    }
+
+    /// The required `epsilon` of a release: from one budget unit to the per-release maximum.
+    pub fn epsilon(&self, values: &[Option<ScalarValue>]) -> Result<f64> {
+        use crate::mechanism::budget::{MAX_EPSILON, MIN_EPSILON};
+        let epsilon = self.required_float(values, "epsilon")?;
+        if !(epsilon.is_finite() && (MIN_EPSILON..=MAX_EPSILON).contains(&epsilon)) {
+            return Err(self.error(format!(
+                "argument 'epsilon' must be a finite number in [{MIN_EPSILON:e}, {MAX_EPSILON}] (one budget unit to \
+                 the per-release maximum), got {epsilon}"
+            )));
+        }
+        Ok(epsilon)
+    }
+
+    /// The `calibration` of a Gaussian release (default 'analytic'; 'classic' only for ε ≤ 1).
+    pub fn calibration(&self, values: &[Option<ScalarValue>], epsilon: f64) -> Result<crate::mechanism::Calibration> {
+        use crate::mechanism::Calibration;
+        let calibration = match self.string(values, "calibration")? {
+            None => Calibration::Analytic,
+            Some(s) => Calibration::parse(&s).ok_or_else(|| {
+                self.error(format!("argument 'calibration' must be 'analytic' or 'classic', got '{s}'"))
+            })?,
+        };
+        if calibration == Calibration::Classic && epsilon > 1.0 {
+            return Err(self.error(crate::mechanism::calibration::CalibrationError::ClassicNeedsSmallEpsilon(epsilon)));
+        }
+        Ok(calibration)
+    }
+
+    /// A public interval `[lo, hi]` from two parameters (`lo`/`hi` are their names), which the
+    /// call or the table's policy must give: never the data.
+    pub fn interval(&self, values: &[Option<ScalarValue>], lo: &str, hi: &str, column: &str) -> Result<(f64, f64)> {
+        let (a, b) = match (self.float(values, lo)?, self.float(values, hi)?) {
+            (Some(a), Some(b)) => (a, b),
+            _ => {
+                return Err(self.error(format!(
+                    "arguments '{lo}' and '{hi}' are required: the output grid must come from public \
+                     values, never from the data (add {lo} => …, {hi} => …, or have the data owner set \
+                     public bounds for the {column} column in the table's policy)"
+                )));
+            }
+        };
+        if !(a.is_finite() && b.is_finite() && a < b) {
+            return Err(self.error(format!(
+                "arguments '{lo}' and '{hi}' must be finite numbers with {lo} < {hi}, got {lo} = {a}, {hi} = {b}"
+            )));
+        }
+        Ok((a, b))
     }
 
     /// A boolean parameter, if given.

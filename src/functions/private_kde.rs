@@ -25,12 +25,11 @@ use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::functions::{CallContext, Permits};
 use crate::mechanism::auto_bandwidth::AutoKde;
-use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
-use crate::mechanism::calibration::CalibrationError;
+use crate::mechanism::budget::Budget;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
 use crate::mechanism::kde_release::{KdeBands, KdeRelease, Normalise};
 use crate::mechanism::stored::Recipe;
-use crate::mechanism::{Calibration, Contribution, Grid, KdeLayout, KdeMechanism, KdeSpec, NoiseSource};
+use crate::mechanism::{Contribution, Grid, KdeLayout, KdeMechanism, KdeSpec, NoiseSource};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_kde";
@@ -40,7 +39,7 @@ pub const DEFAULT_POINTS: usize = 512;
 /// Declared arguments, in positional order.
 pub static PARAMS: FunctionParams = FunctionParams {
     function: NAME,
-    data: "value",
+    data: &["value"],
     params: &[
         ParamDef { name: "bandwidth", kind: ParamKind::FloatOrAuto },
         ParamDef { name: "epsilon", kind: ParamKind::Float },
@@ -97,45 +96,19 @@ pub fn mechanism_from_literals(
     let p = &PARAMS;
     let auto_bandwidth = p.is_auto(values, "bandwidth")?;
     let bandwidth = if auto_bandwidth { 1.0 } else { p.required_float(values, "bandwidth")? };
-    let epsilon = p.required_float(values, "epsilon")?;
-    let delta = p.required_float(values, "delta")?;
     if !(bandwidth.is_finite() && bandwidth > 0.0) {
         return Err(p.error(format!("argument 'bandwidth' must be a finite number > 0, got {bandwidth}")));
     }
-    if !(epsilon.is_finite() && epsilon >= MIN_EPSILON && epsilon <= MAX_EPSILON) {
-        return Err(
-            p.error(format!("argument 'epsilon' must be a finite number in [{MIN_EPSILON:e}, {MAX_EPSILON}] (one budget unit to the per-release maximum), got {epsilon}"))
-        );
-    }
+    let epsilon = p.epsilon(values)?;
+    let delta = p.required_float(values, "delta")?;
     if !(delta >= 0.0 && delta < 1.0) {
         return Err(
             p.error(format!("argument 'delta' must be in [0, 1) (0 selects the pure-ε mechanism), got {delta}"))
         );
     }
-    let (lo, hi) = match (p.float(values, "lo")?, p.float(values, "hi")?) {
-        (Some(lo), Some(hi)) => (lo, hi),
-        _ => {
-            return Err(p.error(
-                "arguments 'lo' and 'hi' are required: the output grid must come from public \
-                 values, never from the data (add lo => …, hi => …, or have the data owner set \
-                 public bounds for the column in the table's policy)",
-            ));
-        }
-    };
-    if !(lo.is_finite() && hi.is_finite() && lo < hi) {
-        return Err(
-            p.error(format!("arguments 'lo' and 'hi' must be finite numbers with lo < hi, got lo = {lo}, hi = {hi}"))
-        );
-    }
+    let (lo, hi) = p.interval(values, "lo", "hi", "value")?;
     let points = p.int(values, "points", (2, MAX_POINTS as i64))?.unwrap_or(DEFAULT_POINTS as i64) as usize;
-    let calibration = match p.string(values, "calibration")? {
-        None => Calibration::Analytic,
-        Some(s) => Calibration::parse(&s)
-            .ok_or_else(|| p.error(format!("argument 'calibration' must be 'analytic' or 'classic', got '{s}'")))?,
-    };
-    if calibration == Calibration::Classic && epsilon > 1.0 {
-        return Err(p.error(CalibrationError::ClassicNeedsSmallEpsilon(epsilon)));
-    }
+    let calibration = p.calibration(values, epsilon)?;
     let normalise = match (p.boolean(values, "nonneg")?, p.string(values, "normalize")?) {
         (_, Some(s)) => {
             let n = Normalise::parse(&s).ok_or_else(|| {
@@ -331,6 +304,24 @@ impl PrivateKde {
     }
 }
 
+impl super::PrivateFunction for PrivateKde {
+    fn params(&self) -> &'static FunctionParams {
+        &PARAMS
+    }
+
+    fn context(&self) -> &CallContext {
+        &self.cx
+    }
+
+    fn with_context(&self, cx: CallContext) -> AggregateUDF {
+        AggregateUDF::from(self.clone_with(cx))
+    }
+
+    fn plan(&self, args: &[Expr], _schema: &datafusion::common::DFSchema) -> Result<PrivateCall> {
+        plan_call(args, self.cx.contribution)
+    }
+}
+
 impl AggregateUDFImpl for PrivateKde {
     fn name(&self) -> &str {
         NAME
@@ -342,7 +333,7 @@ impl AggregateUDFImpl for PrivateKde {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         PARAMS.coerce(
-            |t| {
+            |_, t| {
                 if t.is_numeric() || t == &DataType::Null {
                     Ok(DataType::Float64)
                 } else {
@@ -481,6 +472,7 @@ impl Accumulator for KdeAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mechanism::Calibration;
     use datafusion::logical_expr::Volatility;
 
     fn accumulator(noise: NoiseSource) -> KdeAccumulator {

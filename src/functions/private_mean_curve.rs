@@ -24,7 +24,7 @@ use datafusion::logical_expr::{
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::functions::{CallContext, Permits};
-use crate::mechanism::budget::{Budget, MAX_EPSILON, MIN_EPSILON};
+use crate::mechanism::budget::Budget;
 use crate::mechanism::mean_curve::{
     CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
 };
@@ -45,7 +45,7 @@ pub const DEFAULT_COUNT_FRACTION: f64 = 0.1;
 /// Declared arguments, in positional order.
 pub static PARAMS: FunctionParams = FunctionParams {
     function: NAME,
-    data: "curve",
+    data: &["curve"],
     params: &[
         ParamDef { name: "epsilon", kind: ParamKind::Float },
         ParamDef { name: "delta", kind: ParamKind::Float },
@@ -85,13 +85,8 @@ pub fn mechanism_from_literals(
     contribution: Contribution,
 ) -> Result<(MeanCurveMechanism, Budget)> {
     let p = &PARAMS;
-    let epsilon = p.required_float(values, "epsilon")?;
+    let epsilon = p.epsilon(values)?;
     let delta = p.required_float(values, "delta")?;
-    if !(epsilon.is_finite() && epsilon >= MIN_EPSILON && epsilon <= MAX_EPSILON) {
-        return Err(
-            p.error(format!("argument 'epsilon' must be a finite number in [{MIN_EPSILON:e}, {MAX_EPSILON}] (one budget unit to the per-release maximum), got {epsilon}"))
-        );
-    }
     if !(0.0..1.0).contains(&delta) {
         return Err(
             p.error(format!("argument 'delta' must be in [0, 1), got {delta} (0 selects the pure-ε ICLP mechanism)"))
@@ -274,6 +269,24 @@ fn coerce_curve(t: &DataType) -> Result<DataType> {
     }
 }
 
+impl super::PrivateFunction for PrivateMeanCurve {
+    fn params(&self) -> &'static FunctionParams {
+        &PARAMS
+    }
+
+    fn context(&self) -> &CallContext {
+        &self.cx
+    }
+
+    fn with_context(&self, cx: CallContext) -> AggregateUDF {
+        AggregateUDF::from(self.clone_with(cx))
+    }
+
+    fn plan(&self, args: &[Expr], schema: &DFSchema) -> Result<PrivateCall> {
+        plan_call(args, schema, self.cx.contribution)
+    }
+}
+
 impl AggregateUDFImpl for PrivateMeanCurve {
     fn name(&self) -> &str {
         NAME
@@ -284,7 +297,7 @@ impl AggregateUDFImpl for PrivateMeanCurve {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        PARAMS.coerce(coerce_curve, arg_types)
+        PARAMS.coerce(|_, t| coerce_curve(t), arg_types)
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {

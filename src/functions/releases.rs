@@ -5,6 +5,7 @@
 //!
 //! ```sql
 //! SELECT x, release_eval('r3', x) AS density FROM points;            -- any public points
+//! SELECT x, y, release_eval('r4', x, y) FROM points2;                 -- a 2-D release
 //! SELECT curve_quantile(private_kde, 0.5) FROM release('r3');        -- the whole release again
 //! ```
 
@@ -77,13 +78,15 @@ static EVAL_DOC: LazyLock<Documentation> = LazyLock::new(|| {
         "The stored release with this id at x: the density of a private_kde release, the mean of a \
          private_mean_curve release. At the mechanism's lattice points exactly the release's own \
          sample path; between them its band-limited (KDE) or Nyström (mean curve) continuation, \
-         the Gaussian-process conditional mean. NULL outside the release's range. No data is read \
-         and no budget spent.",
-        "release_eval(release_id, x)",
+         the Gaussian-process conditional mean. A private_kde2d release is evaluated at (x, y): \
+         exactly the released density at its grid points, bilinear interpolation between them. \
+         NULL outside the release's range. No data is read and no budget spent.",
+        "release_eval(release_id, x [, y])",
     )
     .with_sql_example("```sql\nSELECT x, release_eval('r3', x) FROM points;\n```")
     .with_argument("release_id", "a stored release's id (the 'release' field of a private result)")
     .with_argument("x", "a number or a column of numbers")
+    .with_argument("y", "for a private_kde2d release: the second coordinate")
     .build()
 });
 
@@ -122,14 +125,19 @@ impl ScalarUDFImpl for ReleaseEval {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let number = |t: &DataType| t.is_numeric() || t == &DataType::Null;
         match arg_types {
-            [id, x] if is_text(id) && (x.is_numeric() || x == &DataType::Null) => {
-                Ok(vec![DataType::Utf8, DataType::Float64])
+            [id, xs @ ..] if is_text(id) && matches!(xs.len(), 1 | 2) && xs.iter().all(number) => {
+                Ok(std::iter::once(DataType::Utf8).chain(xs.iter().map(|_| DataType::Float64)).collect())
             }
-            [id, x] => {
-                plan_err!("release_eval(release_id, x): release_id must be a string and x a number, got {id} and {x}")
+            [id, xs @ ..] if matches!(xs.len(), 1 | 2) => {
+                let got: Vec<String> = xs.iter().map(ToString::to_string).collect();
+                plan_err!(
+                    "release_eval(release_id, x [, y]): release_id must be a string and x, y numbers, got {id} and {}",
+                    got.join(", ")
+                )
             }
-            other => plan_err!("release_eval(release_id, x) takes 2 arguments, got {}", other.len()),
+            other => plan_err!("release_eval(release_id, x [, y]) takes 2 or 3 arguments, got {}", other.len()),
         }
     }
 
@@ -141,11 +149,13 @@ impl ScalarUDFImpl for ReleaseEval {
         let rows = args.number_rows;
         let ids = args.args[0].to_array(rows)?;
         let xs = args.args[1].to_array(rows)?;
+        let ys = args.args.get(2).map(|y| y.to_array(rows)).transpose()?;
         let (ids, xs) = (ids.as_string::<i32>(), xs.as_primitive::<Float64Type>());
+        let ys = ys.as_ref().map(|y| y.as_primitive::<Float64Type>());
         let mut out = Float64Builder::with_capacity(rows);
         let mut last: Option<(String, Arc<StoredCurve>)> = None;
         for i in 0..rows {
-            if ids.is_null(i) || xs.is_null(i) {
+            if ids.is_null(i) || xs.is_null(i) || ys.is_some_and(|y| y.is_null(i)) {
                 out.append_null();
                 continue;
             }
@@ -158,7 +168,24 @@ impl ScalarUDFImpl for ReleaseEval {
                     c
                 }
             };
-            out.append_option(curve.eval(xs.value(i)));
+            // Whether a release is 1-D or 2-D is public (its function), so this error says
+            // nothing about the data.
+            match (ys, curve.is_2d()) {
+                (None, false) => out.append_option(curve.eval(xs.value(i))),
+                (Some(y), true) => out.append_option(curve.eval2(xs.value(i), y.value(i))),
+                (None, true) => {
+                    return exec_err!(
+                        "release_eval: release '{id}' is a 2-D density (private_kde2d): give both coordinates, \
+                         release_eval('{id}', x, y)"
+                    );
+                }
+                (Some(_), false) => {
+                    return exec_err!(
+                        "release_eval: release '{id}' is a curve of one variable: give one coordinate, \
+                         release_eval('{id}', x)"
+                    );
+                }
+            }
         }
         let array: ArrayRef = Arc::new(out.finish());
         if rows == 1 && args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
@@ -189,6 +216,9 @@ impl TableFunctionImpl for ReleaseTable {
         let (name, value) = match curve.as_ref() {
             StoredCurve::Kde { release, bands, .. } => {
                 ("private_kde", super::private_kde::result_value(release, bands.as_ref(), Some(id.clone()))?)
+            }
+            StoredCurve::Kde2d { release } => {
+                ("private_kde2d", super::private_kde2d::result_value(release, Some(id.clone()))?)
             }
             StoredCurve::MeanCurve { release, band, .. } => {
                 ("private_mean_curve", super::private_mean_curve::result_value(release, band, Some(id.clone()))?)

@@ -1,6 +1,6 @@
 //! Fills omitted parameters of private aggregates from the table policy, on the optimized
 //! plan, before the guard checks it: `lo`/`hi` of `private_kde` from the value column's
-//! public bounds; `clip` of `private_mean_curve` from the curve column's bounds (a curve
+//! public bounds; the box of `private_kde2d` from the bounds of its x and y columns; `clip` of `private_mean_curve` from the curve column's bounds (a curve
 //! whose values lie in [lower, upper] has norm ≤ max(|lower|, |upper|)) and `points` from
 //! the table's public curve length.
 
@@ -13,7 +13,7 @@ use datafusion::common::{Column, Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use crate::functions::{private_kde, private_mean_curve};
+use crate::functions::{private_kde, private_kde2d, private_mean_curve};
 use crate::policy::table::as_private;
 
 /// Public bounds per (private table, column).
@@ -111,6 +111,17 @@ fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyDefaults) -> Option<Expr
             set(&mut args, lo_i, ScalarValue::Float64(Some(lo)));
             set(&mut args, hi_i, ScalarValue::Float64(Some(hi)));
             changed = true;
+        }
+    } else if func.inner().is::<private_kde2d::PrivateKde2d>() {
+        // Each axis independently: its column's bounds unless the call gives that axis's box.
+        for (data, (lo_i, hi_i)) in private_kde2d::BOX_ARGS.into_iter().enumerate() {
+            if is_null_literal(args.get(lo_i)) && is_null_literal(args.get(hi_i)) {
+                let Some(key) = args.get(data).and_then(|a| trace_column(a, input)) else { continue };
+                let Some(&(lo, hi)) = defaults.bounds.get(&key) else { continue };
+                set(&mut args, lo_i, ScalarValue::Float64(Some(lo)));
+                set(&mut args, hi_i, ScalarValue::Float64(Some(hi)));
+                changed = true;
+            }
         }
     } else if func.inner().is::<private_mean_curve::PrivateMeanCurve>() {
         let key = trace_column(args.first()?, input)?;

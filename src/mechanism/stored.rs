@@ -17,6 +17,10 @@
 //!   `v_j(t) = (1/(m·λ_j))·Σ_k c(t, t_k)·v_j(t_k)`, which equals `v_j` on the grid (and is the
 //!   GP conditional mean of the finite-rank noise given its grid values).
 //!
+//! * **2-D KDE**: the released surface on its grid (`S̃ = A_x W̃ A_yᵀ`, post-processing of the
+//!   lifted coordinates, far smaller than them); at grid points exactly the release, between
+//!   them bilinear interpolation of the released density.
+//!
 //! Outside the release's range (`[lo, hi]`, or `[0, 1]` for a mean curve) there is no value.
 
 use serde_json::{Value, json};
@@ -25,6 +29,7 @@ use super::Calibration;
 use super::contribution::Contribution;
 use super::kde::{Grid, KdeLayout};
 use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
+use super::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use super::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
 
 /// What a stored release keeps: public parameters and the released coordinates.
@@ -43,6 +48,15 @@ pub enum Recipe {
         /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic and the chosen
         /// node spacing (the release's nodes are laid out on its bins).
         layout_bandwidth: Option<(f64, f64)>,
+    },
+    /// A `private_kde2d` release.
+    Kde2d {
+        /// Its public parameters.
+        spec: Kde2dSpec,
+        /// The contribution bound.
+        contribution: Contribution,
+        /// The released surface on the grid (x-major), before normalisation.
+        surface: Vec<f64>,
     },
     /// A `private_mean_curve` release.
     MeanCurve {
@@ -76,6 +90,7 @@ impl Recipe {
     pub fn function(&self) -> &'static str {
         match self {
             Recipe::Kde { .. } => "private_kde",
+            Recipe::Kde2d { .. } => "private_kde2d",
             Recipe::MeanCurve { .. } => "private_mean_curve",
         }
     }
@@ -103,6 +118,14 @@ impl Recipe {
                 }
                 v
             }
+            Recipe::Kde2d { spec, contribution, .. } => json!({
+                "lo_x": spec.grid_x.lo, "hi_x": spec.grid_x.hi, "points_x": spec.grid_x.points,
+                "lo_y": spec.grid_y.lo, "hi_y": spec.grid_y.hi, "points_y": spec.grid_y.points,
+                "bandwidth_x": spec.bandwidth_x, "bandwidth_y": spec.bandwidth_y,
+                "epsilon": spec.epsilon, "delta": spec.delta,
+                "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
+                "unit_rows": contribution.rows, "unit_groups": contribution.groups,
+            }),
             Recipe::MeanCurve { spec, contribution, alpha, .. } => json!({
                 "points": spec.points, "kernel": spec.kernel.name(), "range": spec.range,
                 "penalty": spec.penalty, "eta": spec.eta, "clip": spec.clip, "epsilon": spec.epsilon,
@@ -114,11 +137,12 @@ impl Recipe {
         v.to_string()
     }
 
-    /// The released numbers: the lifted coordinates as little-endian f64 (a mean curve's count
-    /// first, as a little-endian i64).
+    /// The released numbers: the lifted coordinates (a 2-D KDE's surface) as little-endian f64
+    /// (a mean curve's count first, as a little-endian i64).
     pub fn data(&self) -> Vec<u8> {
         let (lifted, n) = match self {
             Recipe::Kde { lifted, .. } => (lifted, None),
+            Recipe::Kde2d { surface, .. } => (surface, None),
             Recipe::MeanCurve { lifted, n, .. } => (lifted, Some(*n)),
         };
         let mut out = Vec::with_capacity(8 * (lifted.len() + 1));
@@ -134,7 +158,7 @@ impl Recipe {
         let p: Value = serde_json::from_str(parameters).map_err(|e| format!("stored release: {e}"))?;
         let calibration = Calibration::parse(text(&p, "calibration")?).ok_or("stored release: bad calibration")?;
         let contribution = Contribution::new(count(&p, "unit_rows")?, count(&p, "unit_groups")?)?;
-        let alpha = field(&p, "band_alpha")?;
+        let alpha = || field(&p, "band_alpha");
         let floats = |bytes: &[u8]| -> Result<Vec<f64>, String> {
             if !bytes.len().is_multiple_of(8) {
                 return Err("stored release: truncated data".into());
@@ -152,7 +176,7 @@ impl Recipe {
                     normalise: Normalise::parse(text(&p, "normalize")?).ok_or("stored release: bad normalize")?,
                 },
                 contribution,
-                alpha,
+                alpha: alpha()?,
                 lifted: floats(data)?,
                 layout_bandwidth: match p.get("layout_bandwidth").and_then(Value::as_f64) {
                     // Releases stored before the spacing was chosen had nodes every h/2.
@@ -163,6 +187,29 @@ impl Recipe {
                     None => None,
                 },
             }),
+            "private_kde2d" => {
+                let grid = |axis: &str| -> Result<Grid, String> {
+                    Ok(Grid {
+                        lo: field(&p, &format!("lo_{axis}"))?,
+                        hi: field(&p, &format!("hi_{axis}"))?,
+                        points: count(&p, &format!("points_{axis}"))? as usize,
+                    })
+                };
+                Ok(Recipe::Kde2d {
+                    spec: Kde2dSpec {
+                        grid_x: grid("x")?,
+                        grid_y: grid("y")?,
+                        bandwidth_x: field(&p, "bandwidth_x")?,
+                        bandwidth_y: field(&p, "bandwidth_y")?,
+                        epsilon: field(&p, "epsilon")?,
+                        delta: field(&p, "delta")?,
+                        calibration,
+                        normalise: Normalise::parse(text(&p, "normalize")?).ok_or("stored release: bad normalize")?,
+                    },
+                    contribution,
+                    surface: floats(data)?,
+                })
+            }
             "private_mean_curve" => {
                 if data.len() < 8 {
                     return Err("stored release: truncated data".into());
@@ -181,7 +228,7 @@ impl Recipe {
                         calibration,
                     },
                     contribution,
-                    alpha,
+                    alpha: alpha()?,
                     n: i64::from_le_bytes(data[..8].try_into().expect("8 bytes")),
                     lifted: floats(&data[8..])?,
                 })
@@ -206,6 +253,11 @@ pub enum StoredCurve {
         release: KdeRelease,
         /// Its bands.
         bands: Option<KdeBands>,
+    },
+    /// A 2-D KDE release.
+    Kde2d {
+        /// The release as it was returned.
+        release: Kde2dRelease,
     },
     /// A mean-curve release.
     MeanCurve {
@@ -242,6 +294,13 @@ impl StoredCurve {
                 let bands = mechanism.bands(&release, *alpha);
                 Ok(StoredCurve::Kde { mechanism: Box::new(mechanism), lifted: lifted.clone(), circle, release, bands })
             }
+            Recipe::Kde2d { spec, contribution, surface } => {
+                let mechanism = Kde2dMechanism::new(spec.clone(), *contribution).map_err(|e| e.to_string())?;
+                if surface.len() != spec.grid_x.points * spec.grid_y.points {
+                    return Err("stored release: a surface of the wrong size".into());
+                }
+                Ok(StoredCurve::Kde2d { release: mechanism.post_process(surface) })
+            }
             Recipe::MeanCurve { spec, contribution, alpha, lifted, n } => {
                 let mechanism =
                     MeanCurveMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
@@ -263,13 +322,34 @@ impl StoredCurve {
         }
     }
 
+    /// Whether the release is a function of two variables (evaluated with [`Self::eval2`]).
+    pub fn is_2d(&self) -> bool {
+        matches!(self, StoredCurve::Kde2d { .. })
+    }
+
+    /// A 2-D release's density at `(x, y)`: at grid points exactly the released density,
+    /// between them bilinear interpolation of the four surrounding grid values. None outside
+    /// the box, for a release without a density (too little mass), or a 1-D release.
+    pub fn eval2(&self, x: f64, y: f64) -> Option<f64> {
+        let StoredCurve::Kde2d { release } = self else { return None };
+        let density = release.density.as_ref()?;
+        let (i, tx) = cell_of(&release.x, x)?;
+        let (j, ty) = cell_of(&release.y, y)?;
+        let at = |a: usize, b: usize| density[a.min(release.x.len() - 1)][b.min(release.y.len() - 1)];
+        // Exact at the grid points (a zero weight never touches the neighbour).
+        let lerp = |a: f64, b: f64, t: f64| if t == 0.0 { a } else { a + t * (b - a) };
+        Some(lerp(lerp(at(i, j), at(i, j + 1), ty), lerp(at(i + 1, j), at(i + 1, j + 1), ty), tx))
+    }
+
     /// The released curve at `x` (density for a KDE, mean for a mean curve); None outside the
-    /// release's range or when the release has no curve (a KDE with too little mass).
+    /// release's range, when the release has no curve (a KDE with too little mass), or for a
+    /// 2-D release.
     pub fn eval(&self, x: f64) -> Option<f64> {
         if !x.is_finite() {
             return None;
         }
         match self {
+            StoredCurve::Kde2d { .. } => None,
             StoredCurve::Kde { mechanism, lifted, circle, release, .. } => {
                 let grid = mechanism.spec().grid;
                 release.density.as_ref()?;
@@ -291,6 +371,20 @@ impl StoredCurve {
             }
         }
     }
+}
+
+/// The cell of an increasing grid holding `v`: (its left index, the fraction of the way to the
+/// next point); the last point is its own cell with fraction 0. None outside the grid.
+fn cell_of(grid: &[f64], v: f64) -> Option<(usize, f64)> {
+    let (&lo, &hi) = (grid.first()?, grid.last()?);
+    if !(v >= lo && v <= hi) {
+        return None;
+    }
+    let i = grid.partition_point(|g| *g <= v).saturating_sub(1);
+    if grid[i] == v || i + 1 == grid.len() {
+        return Some((i, 0.0));
+    }
+    Some((i, (v - grid[i]) / (grid[i + 1] - grid[i])))
 }
 
 #[cfg(test)]

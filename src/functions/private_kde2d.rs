@@ -1,0 +1,459 @@
+//! `private_kde2d`: a differentially private 2-D kernel density estimate as a SQL aggregate
+//! (Hall et al. §4.1 with the diagonal bandwidth of §4.1.1; SPEC §2 "Two dimensions").
+//!
+//! ```sql
+//! private_kde2d(x, y, bandwidth_x, bandwidth_y, epsilon, delta
+//!               [, lo_x => …, hi_x => …, lo_y => …, hi_y => …, points_x => 64, points_y => 64,
+//!                calibration => 'analytic', normalize => 'project', select_…])
+//!   -> {x: List<Float64>, y: List<Float64>, density: List<List<Float64>>, mass: Float64,
+//!       release: Utf8}
+//! ```
+//!
+//! `density[i][j]` is the density at `(x[i], y[j])`. Accumulators carry the exact fixed-point
+//! statistic of [`Kde2dMechanism`] (linear binning on the product lattice) between partitions;
+//! the noise — an exact discrete Gaussian on the Kronecker-structured lifted coordinates — is
+//! added once, in the final `evaluate`, and the release is memoised. A row is dropped when either
+//! value is NULL, NaN or ±inf, or farther than 8 bandwidths outside its axis's range.
+
+use std::mem::size_of_val;
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, ListBuilder, StringArray, StructArray,
+};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
+use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::format_state_name;
+use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature};
+
+use super::params::{FunctionParams, ParamDef, ParamKind};
+use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
+use crate::functions::{CallContext, Permits};
+use crate::mechanism::budget::Budget;
+use crate::mechanism::kde2d::{Kde2dAccumulation, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use crate::mechanism::stored::Recipe;
+use crate::mechanism::{Contribution, Grid, NoiseSource, Normalise};
+
+/// SQL name of the function.
+pub const NAME: &str = "private_kde2d";
+/// Default number of grid points along each axis.
+pub const DEFAULT_POINTS: usize = 64;
+/// Most grid points along one axis.
+pub const MAX_POINTS: usize = 1024;
+/// Argument positions of the box (x and y are 0 and 1), for the policy defaults.
+pub const BOX_ARGS: [(usize, usize); 2] = [(6, 7), (8, 9)];
+
+/// Declared arguments, in positional order.
+pub static PARAMS: FunctionParams = FunctionParams {
+    function: NAME,
+    data: &["x", "y"],
+    params: &[
+        ParamDef { name: "bandwidth_x", kind: ParamKind::Float },
+        ParamDef { name: "bandwidth_y", kind: ParamKind::Float },
+        ParamDef { name: "epsilon", kind: ParamKind::Float },
+        ParamDef { name: "delta", kind: ParamKind::Float },
+        ParamDef { name: "lo_x", kind: ParamKind::Float },
+        ParamDef { name: "hi_x", kind: ParamKind::Float },
+        ParamDef { name: "lo_y", kind: ParamKind::Float },
+        ParamDef { name: "hi_y", kind: ParamKind::Float },
+        ParamDef { name: "points_x", kind: ParamKind::Int },
+        ParamDef { name: "points_y", kind: ParamKind::Int },
+        ParamDef { name: "calibration", kind: ParamKind::Str },
+        ParamDef { name: "normalize", kind: ParamKind::Str },
+        ParamDef { name: "select_epsilon", kind: ParamKind::Float },
+        ParamDef { name: "select_delta", kind: ParamKind::Float },
+        ParamDef { name: "select_max_groups", kind: ParamKind::Int },
+    ],
+    required: 4,
+};
+
+/// Turns literal parameter values into a validated mechanism and the exact budget a release
+/// costs (the mechanism is calibrated with the charged (ε, δ), never more).
+pub fn mechanism_from_literals(
+    values: &[Option<ScalarValue>],
+    contribution: Contribution,
+) -> Result<(Kde2dMechanism, Budget)> {
+    let p = &PARAMS;
+    let bandwidth = |name: &str| -> Result<f64> {
+        let h = p.required_float(values, name)?;
+        if h.is_finite() && h > 0.0 {
+            Ok(h)
+        } else {
+            Err(p.error(format!("argument '{name}' must be a finite number > 0, got {h}")))
+        }
+    };
+    let (bandwidth_x, bandwidth_y) = (bandwidth("bandwidth_x")?, bandwidth("bandwidth_y")?);
+    let epsilon = p.epsilon(values)?;
+    let delta = p.required_float(values, "delta")?;
+    if !(delta > 0.0 && delta < 1.0) {
+        return Err(p.error(format!(
+            "argument 'delta' must be in the open interval (0, 1) (the 2-D release adds a Gaussian field), got {delta}"
+        )));
+    }
+    let (lo_x, hi_x) = p.interval(values, "lo_x", "hi_x", "x")?;
+    let (lo_y, hi_y) = p.interval(values, "lo_y", "hi_y", "y")?;
+    let points = |name: &str| -> Result<usize> {
+        Ok(p.int(values, name, (2, MAX_POINTS as i64))?.map_or(DEFAULT_POINTS, |v| v as usize))
+    };
+    let (points_x, points_y) = (points("points_x")?, points("points_y")?);
+    let calibration = p.calibration(values, epsilon)?;
+    let normalise = match p.string(values, "normalize")? {
+        None => Normalise::Project,
+        Some(s) => Normalise::parse(&s).ok_or_else(|| {
+            p.error(format!("argument 'normalize' must be 'project', 'rescale' or 'none', got '{s}'"))
+        })?,
+    };
+    let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
+    let spec = Kde2dSpec {
+        grid_x: Grid { lo: lo_x, hi: hi_x, points: points_x },
+        grid_y: Grid { lo: lo_y, hi: hi_y, points: points_y },
+        bandwidth_x,
+        bandwidth_y,
+        epsilon: cost.calibration_epsilon(),
+        delta: cost.calibration_delta(),
+        calibration,
+        normalise,
+    };
+    Ok((Kde2dMechanism::new(spec, contribution).map_err(|e| p.error(e))?, cost))
+}
+
+/// Validates a logical call at planning time and returns what it costs.
+pub fn plan_call(args: &[Expr], contribution: Contribution) -> Result<PrivateCall> {
+    let values = PARAMS.literals_from_logical(args)?;
+    let (mechanism, cost) = mechanism_from_literals(&values, contribution)?;
+    let (state_bytes, work_bytes) = mechanism.memory_bytes();
+    Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
+}
+
+fn float_rows_field() -> Field {
+    Field::new_list("density", Field::new_list_field(DataType::new_list(DataType::Float64, true), true), true)
+}
+
+/// The fields of the result struct.
+pub fn result_fields() -> Fields {
+    Fields::from(vec![
+        Field::new_list("x", Field::new_list_field(DataType::Float64, true), true),
+        Field::new_list("y", Field::new_list_field(DataType::Float64, true), true),
+        float_rows_field(),
+        Field::new("mass", DataType::Float64, true),
+        Field::new("release", DataType::Utf8, true),
+    ])
+}
+
+/// The result struct of a release (also what `release(id)` re-reads).
+pub fn result_value(release: &Kde2dRelease, id: Option<String>) -> Result<ScalarValue> {
+    let mut rows = ListBuilder::new(ListBuilder::new(Float64Builder::new()));
+    match &release.density {
+        Some(density) => {
+            for row in density {
+                rows.values().values().append_slice(row);
+                rows.values().append(true);
+            }
+            rows.append(true);
+        }
+        None => rows.append(false),
+    }
+    let density: ArrayRef = Arc::new(rows.finish());
+    // The builder's field names differ from the declared ones only in name ("item"): cast.
+    let density = datafusion::arrow::compute::cast(&density, float_rows_field().data_type())?;
+    let columns: Vec<ArrayRef> = vec![
+        float_list(Some(release.x.clone())),
+        float_list(Some(release.y.clone())),
+        density,
+        Arc::new(Float64Array::from(vec![release.mass])),
+        Arc::new(StringArray::from(vec![id])),
+    ];
+    Ok(ScalarValue::Struct(Arc::new(StructArray::try_new(result_fields(), columns, None)?)))
+}
+
+static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
+    Documentation::builder(
+        datafusion::logical_expr::DocSection {
+            include: true,
+            label: "Differentially private functions",
+            description: None,
+        },
+        "Differentially private 2-D kernel density estimate (product Gaussian kernel with \
+         bandwidths h_x, h_y) on a public points_x × points_y grid over the box [lo_x, hi_x] × \
+         [lo_y, hi_y], released with a Gaussian field whose covariance is the product kernel, \
+         calibrated to (epsilon, delta). Returns {x, y, density, mass, release}: the grids, \
+         density[i][j] at (x[i], y[j]) normalised by the released surface's own integral (NULL if \
+         it holds less than one point's mass), a noisy count of the pairs in the box, and the \
+         stored release's id (catalog sessions).",
+        "private_kde2d(x, y, bandwidth_x, bandwidth_y, epsilon, delta [, lo_x, hi_x, lo_y, hi_y, points_x, points_y, calibration, normalize])",
+    )
+    .with_sql_example(
+        "```sql\nSELECT private_kde2d(x, y, 0.05, 0.05, 1.0, 1e-6, lo_x => 0, hi_x => 1, lo_y => 0, hi_y => 1) FROM t;\n```",
+    )
+    .with_argument("x", "numeric column; a row with NULL, NaN or ±inf in x or y is dropped")
+    .with_argument("y", "numeric column")
+    .with_argument("bandwidth_x", "kernel bandwidth along x, > 0 (literal)")
+    .with_argument("bandwidth_y", "kernel bandwidth along y, > 0 (literal)")
+    .with_argument("epsilon", "privacy parameter ε > 0 (literal)")
+    .with_argument("delta", "privacy parameter δ in (0, 1) (literal)")
+    .with_argument("lo_x", "box along x (literals; default: the x column's policy bounds)")
+    .with_argument("hi_x", "lo_x < hi_x")
+    .with_argument("lo_y", "box along y (default: the y column's policy bounds)")
+    .with_argument("hi_y", "lo_y < hi_y")
+    .with_argument("points_x", "grid points along x in [2, 1024], default 64")
+    .with_argument("points_y", "grid points along y in [2, 1024], default 64")
+    .with_argument("calibration", "'analytic' (default) or 'classic' (ε ≤ 1 only)")
+    .with_argument("normalize", "'project' (default: L2 projection onto densities), 'rescale' or 'none'")
+    .build()
+});
+
+/// The `private_kde2d` aggregate UDF.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct PrivateKde2d {
+    signature: Signature,
+    cx: CallContext,
+}
+
+impl Default for PrivateKde2d {
+    fn default() -> Self {
+        Self::new(NoiseSource::Os)
+    }
+}
+
+impl PrivateKde2d {
+    /// A `private_kde2d` whose releases draw randomness from `noise`.
+    pub fn new(noise: NoiseSource) -> Self {
+        Self { signature: PARAMS.signature(), cx: CallContext { noise, ..CallContext::default() } }
+    }
+
+    /// The same function whose releases need `permits`.
+    pub fn with_permits(self, permits: Permits) -> Self {
+        Self { cx: CallContext { permits, ..self.cx }, ..self }
+    }
+
+    fn clone_with(&self, cx: CallContext) -> Self {
+        Self { signature: self.signature.clone(), cx }
+    }
+}
+
+impl super::PrivateFunction for PrivateKde2d {
+    fn params(&self) -> &'static FunctionParams {
+        &PARAMS
+    }
+
+    fn context(&self) -> &CallContext {
+        &self.cx
+    }
+
+    fn with_context(&self, cx: CallContext) -> AggregateUDF {
+        AggregateUDF::from(self.clone_with(cx))
+    }
+
+    fn plan(&self, args: &[Expr], _schema: &DFSchema) -> Result<PrivateCall> {
+        plan_call(args, self.cx.contribution)
+    }
+}
+
+impl AggregateUDFImpl for PrivateKde2d {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        PARAMS.coerce(
+            |i, t| {
+                if t.is_numeric() || t == &DataType::Null {
+                    Ok(DataType::Float64)
+                } else {
+                    Err(PARAMS.error(format!("argument '{}' must be numeric, got type {t}", PARAMS.data[i])))
+                }
+            },
+            arg_types,
+        )
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Struct(result_fields()))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(vec![Arc::new(Field::new_list(
+            format_state_name(args.name, "kde2d_statistic"),
+            Field::new_list_field(fixed_point_type(), true),
+            true,
+        ))])
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        PARAMS.check_accumulator_args(&args)?;
+        let values = PARAMS.literals_from_physical(args.exprs)?;
+        let (mechanism, _) = mechanism_from_literals(&values, self.cx.contribution)?;
+        Ok(Box::new(Kde2dAccumulator::new(mechanism, self.cx.clone())))
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        Some(&DOCUMENTATION)
+    }
+}
+
+/// Accumulates the exact 2-D statistic; releases once.
+#[derive(Debug)]
+pub struct Kde2dAccumulator {
+    mechanism: Kde2dMechanism,
+    state: Kde2dAccumulation,
+    cx: CallContext,
+    released: Option<ScalarValue>,
+}
+
+impl Kde2dAccumulator {
+    fn new(mechanism: Kde2dMechanism, cx: CallContext) -> Self {
+        let state = mechanism.accumulation();
+        Self { mechanism, state, cx, released: None }
+    }
+
+    fn release(&mut self) -> Result<ScalarValue> {
+        // One paid execution, one release: the permit is taken before any noise is drawn.
+        self.cx.permits.take(NAME)?;
+        let state = self.state.totals();
+        let mut rng = self.cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
+        let lifted = self.mechanism.noisy_lifted(state, rng.as_mut());
+        // Everything from here on is post-processing of the released coordinates.
+        let surface = self.mechanism.surface_from_lifted(&lifted);
+        let release = self.mechanism.post_process(&surface);
+        let recipe = Recipe::Kde2d { spec: self.mechanism.spec().clone(), contribution: self.cx.contribution, surface };
+        let id = self.cx.permits.keep(NAME, &recipe)?;
+        result_value(&release, id)
+    }
+}
+
+impl Accumulator for Kde2dAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let (xs, ys) = (values[0].as_primitive::<Float64Type>(), values[1].as_primitive::<Float64Type>());
+        let (x, y) = (xs.values(), ys.values());
+        match NullBuffer::union(xs.nulls(), ys.nulls()).filter(|n| n.null_count() > 0) {
+            None => self.mechanism.add_all(&mut self.state, x, y),
+            Some(nulls) => {
+                for (start, end) in nulls.valid_slices() {
+                    self.mechanism.add_all(&mut self.state, &x[start..end], &y[start..end]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let state = &mut self.state;
+        for_each_fixed_point_row(NAME, &states[0], self.mechanism.state_len(), |_, part| state.merge(part))
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![fixed_point_state(self.state.totals())?])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        if self.released.is_none() {
+            self.released = Some(self.release()?);
+        }
+        Ok(self.released.clone().expect("set above"))
+    }
+
+    fn size(&self) -> usize {
+        size_of_val(self) + self.state.heap_size()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mechanism::Calibration;
+    use datafusion::logical_expr::Volatility;
+
+    fn accumulator(noise: NoiseSource) -> Kde2dAccumulator {
+        let spec = Kde2dSpec {
+            grid_x: Grid { lo: 0.0, hi: 1.0, points: 12 },
+            grid_y: Grid { lo: 0.0, hi: 2.0, points: 10 },
+            bandwidth_x: 0.2,
+            bandwidth_y: 0.4,
+            epsilon: 1.0,
+            delta: 1e-6,
+            calibration: Calibration::Analytic,
+            normalise: Normalise::Project,
+        };
+        let cx = CallContext { noise, ..CallContext::default() };
+        Kde2dAccumulator::new(Kde2dMechanism::new(spec, Contribution::ROW).unwrap(), cx)
+    }
+
+    fn batch(xs: Vec<Option<f64>>, ys: Vec<Option<f64>>) -> [ArrayRef; 2] {
+        [Arc::new(Float64Array::from(xs)), Arc::new(Float64Array::from(ys))]
+    }
+
+    #[test]
+    fn state_round_trips_through_merge() {
+        let mut a = accumulator(NoiseSource::TestSeed(1));
+        a.update_batch(&batch(vec![Some(0.1), Some(0.5)], vec![Some(1.0), Some(0.2)])).unwrap();
+        let mut b = accumulator(NoiseSource::TestSeed(1));
+        b.update_batch(&batch(vec![Some(0.7)], vec![Some(1.9)])).unwrap();
+        let mut whole = accumulator(NoiseSource::TestSeed(1));
+        whole
+            .update_batch(&batch(vec![Some(0.1), Some(0.5), Some(0.7)], vec![Some(1.0), Some(0.2), Some(1.9)]))
+            .unwrap();
+        let mut merged = accumulator(NoiseSource::TestSeed(1));
+        for acc in [&mut a, &mut b] {
+            let state: Vec<ArrayRef> = acc.state().unwrap().iter().map(|s| s.to_array().unwrap()).collect();
+            merged.merge_batch(&state).unwrap();
+        }
+        assert_eq!(merged.state.totals(), whole.state.totals());
+        assert_eq!(merged.evaluate().unwrap(), whole.evaluate().unwrap());
+        assert_eq!(merged.evaluate().unwrap(), whole.evaluate().unwrap(), "memoised");
+    }
+
+    #[test]
+    fn a_row_with_a_null_or_nan_in_either_column_is_dropped() {
+        let mut with_gaps = accumulator(NoiseSource::TestSeed(1));
+        with_gaps
+            .update_batch(&batch(
+                vec![Some(0.1), None, Some(0.3), Some(0.4), Some(f64::NAN), Some(0.9)],
+                vec![Some(0.5), Some(0.5), None, Some(1.5), Some(0.5), Some(f64::INFINITY)],
+            ))
+            .unwrap();
+        let mut dense = accumulator(NoiseSource::TestSeed(1));
+        dense.update_batch(&batch(vec![Some(0.1), Some(0.4)], vec![Some(0.5), Some(1.5)])).unwrap();
+        assert_eq!(with_gaps.state.totals(), dense.state.totals());
+        let mass: i128 = dense.state.totals().iter().sum();
+        assert_eq!(mass, 2 << 40, "two rows, one unit each");
+    }
+
+    #[test]
+    fn the_result_has_a_row_per_x_and_a_value_per_y() {
+        let mut acc = accumulator(NoiseSource::TestSeed(3));
+        let n = 400;
+        let xs = (0..n).map(|i| Some(0.5 + 0.2 * ((i as f64) * 0.37).sin())).collect();
+        let ys = (0..n).map(|i| Some(1.0 + 0.5 * ((i as f64) * 0.61).cos())).collect();
+        acc.update_batch(&batch(xs, ys)).unwrap();
+        let ScalarValue::Struct(s) = acc.evaluate().unwrap() else { panic!("a struct") };
+        let density = s.column(2).as_list::<i32>().value(0);
+        let rows = density.as_list::<i32>();
+        assert_eq!(rows.len(), 12);
+        assert!((0..12).all(|i| rows.value(i).len() == 10));
+        assert_eq!(s.column(0).as_list::<i32>().value(0).len(), 12);
+        assert_eq!(s.column(1).as_list::<i32>().value(0).len(), 10);
+    }
+
+    #[test]
+    fn udaf_is_volatile_and_names_its_two_data_arguments() {
+        let f = PrivateKde2d::default();
+        assert_eq!(f.signature().volatility, Volatility::Volatile);
+        let err = f
+            .coerce_types(&[
+                DataType::Float64,
+                DataType::Utf8,
+                DataType::Float64,
+                DataType::Float64,
+                DataType::Float64,
+                DataType::Float64,
+            ])
+            .unwrap_err();
+        assert!(err.to_string().contains("argument 'y' must be numeric"), "{err}");
+    }
+}
