@@ -350,3 +350,33 @@ fn grouped_curves_are_plotted_one_per_group() {
     let doc = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(doc.matches("<polyline").count(), 2, "{doc}");
 }
+
+/// A 2-D density is drawn as a heat map: shaded characters in the terminal, coloured cells in
+/// the SVG — not mistaken for a curve of y against x.
+#[test]
+fn a_2d_density_is_drawn_as_a_heat_map() {
+    use std::sync::Arc;
+    let dir = TempDir::new("cli-kde2d");
+    let xs = mixture(4_000, 21);
+    let ys: Vec<f64> = xs.iter().zip(mixture(4_000, 22)).map(|(x, e)| x + 0.3 * (e - 0.5)).collect();
+    common::write_columns(
+        &dir.path("p.parquet"),
+        vec![
+            ("x", Arc::new(datafusion::arrow::array::Float64Array::from(xs)) as _),
+            ("y", Arc::new(datafusion::arrow::array::Float64Array::from(ys)) as _),
+        ],
+    );
+    let table = format!("p={}", dir.str("p.parquet"));
+    let svg = dir.str("k.svg");
+    let sql = "SELECT private_kde2d(x, y, 0.06, 0.06, 2, 1e-6, lo_x => 0, hi_x => 1, lo_y => -0.2, hi_y => 1.2, \
+               points_x => 30, points_y => 20) AS k FROM p";
+    let (code, out, err) = dpcurve(&["sql", "--table", &table, "-c", sql, "--plot", "--svg", &svg], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("k row 1 (density)"), "{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains(" |")).collect();
+    assert!(rows.len() >= 24, "no heat map:\n{out}");
+    assert!(rows.iter().any(|l| l.contains('@')) && out.contains("shades"), "{out}");
+    let doc = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(doc.matches(r#"class="cell""#).count(), 30 * 20, "one cell per grid point");
+    assert!(!doc.contains("<polyline"), "not drawn as a curve");
+}

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod demo;
 pub mod format;
+pub mod heatmap;
 pub mod plot;
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -37,8 +38,10 @@ USAGE:
       -c / -f      run the statements in a string / file (separated by ';');
                    without either, an interactive prompt (or SQL from a pipe)
       --format     output format: table (default), csv, or json (one object per line)
-      --plot       draw every curve in the results in the terminal
-      --svg FILE   also write the curves of the last result to an SVG image
+      --plot       draw every curve (and 2-D density, as a heat map) in the
+                   results in the terminal
+      --svg FILE   also write the curves (or else the 2-D densities) of the
+                   last result to an SVG image
 
   dpcurve admin --catalog PATH COMMAND
       Data owner's commands (the catalog file is created if missing):
@@ -171,15 +174,22 @@ impl Printer {
                     writeln!(out, "\n{}", c.name)?;
                     write!(out, "{}", plot::terminal(std::slice::from_ref(&c), 72, 16))?;
                 }
+                for m in heatmap::surfaces(r) {
+                    writeln!(out, "\n{}", m.name)?;
+                    write!(out, "{}", heatmap::terminal(&m, 64, 24))?;
+                }
             }
         }
         if let (Some(path), Some(last)) = (&self.svg, results.last()) {
-            let curves = plot::curves(last);
-            if curves.is_empty() {
-                eprintln!("note: no curve in the last result, {} not written", path.display());
-            } else {
+            let (curves, surfaces) = (plot::curves(last), heatmap::surfaces(last));
+            if !curves.is_empty() {
                 std::fs::write(path, plot::svg(&curves, "dpcurve", "x", "y"))?;
                 eprintln!("wrote {}", path.display());
+            } else if !surfaces.is_empty() {
+                std::fs::write(path, heatmap::svg(&surfaces, "x", "y"))?;
+                eprintln!("wrote {}", path.display());
+            } else {
+                eprintln!("note: no curve or surface in the last result, {} not written", path.display());
             }
         }
         Ok(())
