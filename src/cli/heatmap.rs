@@ -166,7 +166,6 @@ fn chart(s: &mut String, surface: &Surface, x_label: &str, y_label: &str) {
         bounds: (xs[0], *xs.last().expect("≥ 2"), ys[0], *ys.last().expect("≥ 2")),
         margins: (80.0, 110.0, 50.0, 70.0),
     };
-    frame.draw_axes(s, &surface.name, x_label, y_label);
     let top = surface.top();
     for (i, row) in surface.z.iter().enumerate() {
         let (xa, xb) = half(xs, i);
@@ -184,6 +183,8 @@ fn chart(s: &mut String, surface: &Surface, x_label: &str, y_label: &str) {
             );
         }
     }
+    // Grid lines, ticks and the frame over the cells.
+    frame.draw_axes(s, &surface.name, x_label, y_label);
     // The colour bar, right of the frame.
     let (bx, b0, b1) = (PANEL_W - 95.0, frame.py(ys[0]), frame.py(*ys.last().expect("≥ 2")));
     let steps = 40;
