@@ -55,6 +55,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "select_epsilon", kind: ParamKind::Float },
         ParamDef { name: "select_delta", kind: ParamKind::Float },
         ParamDef { name: "select_max_groups", kind: ParamKind::Int },
+        ParamDef { name: "space", kind: ParamKind::Str },
     ],
     required: 3,
 };
@@ -137,6 +138,34 @@ pub fn mechanism_from_literals(
             }
         },
     };
+    let sobolev = match p.string(values, "space")? {
+        None => false,
+        Some(s) => match s.to_ascii_lowercase().as_str() {
+            "gaussian" => false,
+            "sobolev" => true,
+            _ => return Err(p.error(format!("argument 'space' must be 'gaussian' or 'sobolev', got '{s}'"))),
+        },
+    };
+    if sobolev {
+        // Hall §4.2: exponential-kernel (H¹) noise, a Gaussian process at a fixed bandwidth.
+        if auto_bandwidth || choice == Mechanism::Laplace || delta == 0.0 {
+            return Err(p.error(
+                "space => 'sobolev' adds a Gaussian process at a given bandwidth: it needs a numeric bandwidth, \
+                 delta > 0 and mechanism => 'auto' or 'gaussian'",
+            ));
+        }
+        let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
+        let spec = KdeSpec {
+            grid: Grid { lo, hi, points },
+            bandwidth,
+            epsilon: cost.calibration_epsilon(),
+            delta: cost.calibration_delta(),
+            calibration,
+            normalise,
+        };
+        let m = KdeMechanism::sobolev(spec, contribution).map_err(|e| p.error(e))?;
+        return Ok((KdeCall::Fixed(Box::new(m)), cost));
+    }
     if auto_bandwidth {
         // The automatic bandwidth releases through the pure-ε mechanism (pilot and final).
         if choice == Mechanism::Gaussian {
@@ -261,6 +290,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("normalize", "'project' (default: L2 projection onto densities), 'rescale' (clamp, rescale) or 'none'")
     .with_argument("band_alpha", "level of the simultaneous bands, in (0, 1), default 0.05")
     .with_argument("mechanism", "'auto' (default: the one adding less noise), 'gaussian' (δ > 0) or 'laplace' (pure ε, charged (ε, 0))")
+    .with_argument("space", "'gaussian' (default: noise from the Gaussian kernel's RKHS) or 'sobolev' (Hall §4.2: exponential-kernel noise with the H¹ sensitivity; rougher)")
     .build()
 });
 
@@ -426,6 +456,7 @@ impl KdeAccumulator {
             alpha: self.alpha,
             lifted,
             layout_bandwidth,
+            sobolev: mechanism.is_sobolev(),
         };
         let id = self.permits.keep(NAME, &recipe)?;
         result_value(&release, bands.as_ref(), id)

@@ -33,6 +33,7 @@ use super::calibration::{self, Calibration, CalibrationError};
 use super::contribution::Contribution;
 use super::kde::{Grid, KdeError, KdeLayout, TRUNCATION_BANDWIDTHS};
 use super::lattice::{self, DD, LatticeError, LatticeMechanism, ROW_LIMIT};
+use super::sobolev::SobolevMap;
 
 /// RKHS sensitivity of the kernel sum under adding or removing one row (before the
 /// numerical slack the lifted coordinates add).
@@ -330,6 +331,8 @@ pub struct KdeMechanism {
     lattice: LatticeMechanism,
     /// The pure-ε release (δ = 0), if this is one.
     laplace: Option<LaplaceNodes>,
+    /// The Sobolev-space (H¹, exponential-kernel noise) release, if this is one.
+    sobolev: Option<SobolevMap>,
 }
 
 /// The pure-ε KDE (δ = 0): the binned statistic linearly re-binned onto nodes every r bins
@@ -374,7 +377,40 @@ impl KdeMechanism {
         let basis = KdeBasis::cached(&layout)?;
         let sensitivity = c.per_group() * basis.stat_sensitivity + 2.0 * basis.float_error;
         let lattice = LatticeMechanism::gaussian_over(sensitivity, basis.dim(), rho, c.groups)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: None })
+    }
+
+    /// The Sobolev-space release (Hall et al. §4.2, [`super::sobolev`]): the same statistic and
+    /// post-processing, noise from the exponential kernel `exp(−|s − t|/h)` with the H¹
+    /// sensitivity bound. Needs δ > 0 and a binned statistic.
+    pub fn sobolev(spec: KdeSpec, c: Contribution) -> Result<Self, MechanismError> {
+        if spec.delta == 0.0 {
+            return Err(MechanismError::Noise(
+                "the Sobolev-space release adds a Gaussian process: it needs delta > 0".into(),
+            ));
+        }
+        let layout = KdeLayout::new(spec.grid, spec.bandwidth).map_err(MechanismError::Kde)?;
+        let Some(map) = SobolevMap::new(spec.grid, &layout) else {
+            return Err(MechanismError::Noise(format!(
+                "space => 'sobolev' needs a bandwidth of at least {:e} for a grid of {} points on [{}, {}] (its \
+                 statistic is linearly binned); use a larger bandwidth or fewer points",
+                16.0 * (spec.grid.hi - spec.grid.lo) / super::kde::MAX_BINS as f64,
+                spec.grid.points,
+                spec.grid.lo,
+                spec.grid.hi
+            )));
+        };
+        let rho =
+            calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
+        let sensitivity = c.per_group() * super::sobolev::h1_sensitivity() + 2.0 * map.float_slack();
+        let lattice = LatticeMechanism::gaussian_over(sensitivity, spec.grid.points, rho, c.groups)?;
+        let basis = KdeBasis::cached(&layout)?;
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: Some(map) })
+    }
+
+    /// Whether this is the Sobolev-space release.
+    pub fn is_sobolev(&self) -> bool {
+        self.sobolev.is_some()
     }
 
     /// The pure-ε release at `spec.bandwidth` over the binned statistic of another layout, with
@@ -424,7 +460,7 @@ impl KdeMechanism {
         let lattice = LatticeMechanism::laplace_over(c.per_group() + 2.0 * float_error, nodes, spec.epsilon, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
         let laplace = Some(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes });
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace, sobolev: None })
     }
 
     /// The pure-ε release's nodes: (position of node 0, spacing, count).
@@ -511,11 +547,17 @@ impl KdeMechanism {
     /// Proven L2 sensitivity of the lifted coordinates (before floating-point and rounding
     /// slack), ≈ [`KDE_SENSITIVITY`].
     pub fn stat_sensitivity(&self) -> f64 {
+        if self.sobolev.is_some() {
+            return super::sobolev::h1_sensitivity();
+        }
         self.basis.stat_sensitivity
     }
 
     /// The lifted coordinates `w` of a statistic, in double-double.
     pub fn lifted(&self, state: &[i128]) -> Vec<DD> {
+        if let Some(map) = &self.sobolev {
+            return map.lift(state);
+        }
         if let Some(n) = &self.laplace {
             // Node counts: bin l = i·r + m gives (r − m)/r of its mass to node i, m/r to node i + 1.
             let mut c = vec![0i128; n.nodes];
@@ -551,6 +593,9 @@ impl KdeMechanism {
 
     /// `A·w̃`: the kernel sum on the grid for (noisy) lifted coordinates. Post-processing.
     pub fn curve_from_lifted(&self, w: &[f64]) -> Vec<f64> {
+        if let Some(map) = &self.sobolev {
+            return map.synthesise(w);
+        }
         if let Some(n) = &self.laplace {
             let g = self.spec.grid;
             return (0..g.points).map(|k| self.node_sum_at(n, w, g.at(k))).collect();
@@ -560,8 +605,12 @@ impl KdeMechanism {
         (0..self.spec.grid.points).map(|k| y[k * lat.grid_stride + lat.grid_offset]).collect()
     }
 
-    /// The kernel sum at every point of the lattice circle (the grid's points among them).
+    /// The kernel sum at every point of the lattice circle (the grid's points among them; the
+    /// Sobolev release's grid values).
     pub fn circle_from_lifted(&self, w: &[f64]) -> Vec<f64> {
+        if let Some(map) = &self.sobolev {
+            return map.synthesise(w);
+        }
         if self.laplace.is_some() {
             return Vec::new(); // the pure-ε release is evaluated directly (`sum_at`)
         }
@@ -588,6 +637,9 @@ impl KdeMechanism {
     /// ([`Self::circle_from_lifted`]): read from the circle at lattice points, the
     /// trigonometric continuation between them; the pure-ε release's node sum everywhere.
     pub fn sum_at(&self, w: &[f64], circle: &[f64], x: f64) -> f64 {
+        if let Some(map) = &self.sobolev {
+            return map.continue_at(circle, x).unwrap_or(f64::NAN);
+        }
         if let Some(n) = &self.laplace {
             return self.node_sum_at(n, w, x);
         }
@@ -688,6 +740,11 @@ impl KdeMechanism {
     /// ([`bands::gaussian_kernel_threshold`]).
     pub fn noise_threshold(&self, alpha: f64) -> f64 {
         let g = self.spec.grid;
+        if let Some(map) = &self.sobolev {
+            // An Ornstein–Uhlenbeck path: correlation ρ between all neighbours.
+            let theta = bands::path_angle(std::iter::repeat_n(map.rho(), g.points.saturating_sub(1)));
+            return bands::sup_threshold(alpha, g.points, theta);
+        }
         bands::gaussian_kernel_threshold(alpha, g.points, g.step(), self.spec.bandwidth)
     }
 

@@ -19,6 +19,7 @@ pub mod mean_curve;
 pub mod rng;
 pub mod samplers;
 pub mod selection;
+pub mod sobolev;
 pub mod stored;
 pub mod sums;
 

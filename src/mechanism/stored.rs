@@ -48,6 +48,8 @@ pub enum Recipe {
         /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic and the chosen
         /// node spacing (the release's nodes are laid out on its bins).
         layout_bandwidth: Option<(f64, f64)>,
+        /// The Sobolev-space (exponential-kernel) release (`space => 'sobolev'`).
+        sobolev: bool,
     },
     /// A `private_kde2d` release.
     Kde2d {
@@ -98,7 +100,7 @@ impl Recipe {
     /// The public parameters as JSON (every float printed so that it reads back exactly).
     pub fn parameters(&self) -> String {
         let v = match self {
-            Recipe::Kde { spec, contribution, alpha, layout_bandwidth, .. } => {
+            Recipe::Kde { spec, contribution, alpha, layout_bandwidth, sobolev, .. } => {
                 let mut v = json!({
                     "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
                     "bandwidth": spec.bandwidth, "epsilon": spec.epsilon, "delta": spec.delta,
@@ -106,6 +108,9 @@ impl Recipe {
                     "mechanism": if spec.delta == 0.0 { "laplace" } else { "gaussian" },
                     "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
                 });
+                if *sobolev {
+                    v["space"] = json!("sobolev");
+                }
                 if let Some((lb, node_spacing)) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
                     // count and the pilot spent the rest of the call's ε.
@@ -186,6 +191,7 @@ impl Recipe {
                     )),
                     None => None,
                 },
+                sobolev: p.get("space").and_then(Value::as_str) == Some("sobolev"),
             }),
             "private_kde2d" => {
                 let grid = |axis: &str| -> Result<Grid, String> {
@@ -278,8 +284,9 @@ impl StoredCurve {
     /// Rebuilds the release from its recipe (public computation only).
     pub fn build(recipe: &Recipe) -> Result<Self, String> {
         match recipe {
-            Recipe::Kde { spec, contribution, alpha, lifted, layout_bandwidth } => {
+            Recipe::Kde { spec, contribution, alpha, lifted, layout_bandwidth, sobolev } => {
                 let mechanism = match layout_bandwidth {
+                    None if *sobolev => KdeMechanism::sobolev(spec.clone(), *contribution),
                     None => KdeMechanism::with_contribution(spec.clone(), *contribution),
                     Some((lb, s)) => KdeLayout::new(spec.grid, *lb)
                         .map_err(MechanismError::Kde)
@@ -408,7 +415,17 @@ mod tests {
         m.layout().add_all(&mut st, &xs);
         let lifted = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(3)));
         let release = m.post_process(&m.curve_from_lifted(&lifted));
-        (Recipe::Kde { spec, contribution: Contribution::ROW, alpha: 0.05, lifted, layout_bandwidth: None }, release)
+        (
+            Recipe::Kde {
+                spec,
+                contribution: Contribution::ROW,
+                alpha: 0.05,
+                lifted,
+                layout_bandwidth: None,
+                sobolev: false,
+            },
+            release,
+        )
     }
 
     #[test]
@@ -460,6 +477,7 @@ mod tests {
                 alpha: 0.05,
                 lifted,
                 layout_bandwidth: Some((auto.layout().bandwidth(), spacing)),
+                sobolev: false,
             };
             let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
             assert_eq!(back, recipe, "exact round trip");
