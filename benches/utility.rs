@@ -32,6 +32,13 @@
 //! Options: `--n LIST` (default 1e3,1e4,1e5,1e6), `--eps LIST` (default 0.1,0.5,1,2), `--reps N`
 //! (default 5), `--data DIR` (default `target/bench-data`), `--python PATH` (default `python3`),
 //! `--no-tuned` (skip the fixed-bandwidth dpcurve runs).
+//!
+//! `--study sobolev` runs the issue-13 comparison instead (Hall §4.2, Figure 2): the Gaussian-
+//! kernel release against the Sobolev-space one (`space => 'sobolev'`), both at (ε, 1e-6) and the
+//! same 10 fixed bandwidths, on the mixture and the claw: the ISE against the truth at each
+//! space's best h, the ISE against the non-private KDE at one common h (range/50), and the
+//! roughness of the released density — its mean squared second difference over the non-private
+//! KDE's at that h (1 = as smooth as the estimate).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -54,6 +61,7 @@ struct Options {
     data: PathBuf,
     python: String,
     tuned: bool,
+    study: Option<String>,
 }
 
 fn parse_count(s: &str) -> usize {
@@ -69,6 +77,7 @@ impl Options {
             data: Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("bench-data"),
             python: "python3".into(),
             tuned: true,
+            study: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -80,6 +89,7 @@ impl Options {
                 "--data" => o.data = PathBuf::from(value()),
                 "--python" => o.python = value(),
                 "--no-tuned" => o.tuned = false,
+                "--study" => o.study = Some(value()),
                 "--bench" => {}
                 other => panic!("unknown option {other}"),
             }
@@ -405,10 +415,111 @@ fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `--study sobolev`: Gaussian-kernel against Sobolev-space noise (Hall §4.2).
+
+/// The released density of `private_kde(x, h, ε, 1e-6, …, space)` (the Gaussian mechanism).
+async fn density_in(s: &DpSession, table: &str, h: f64, eps: f64, lo: f64, hi: f64, space: &str) -> Vec<f64> {
+    let sql = format!(
+        "SELECT k['density'] FROM (SELECT private_kde(x, {h}, {eps}, 1e-6, {lo}, {hi}, {POINTS}, \
+         mechanism => 'gaussian', space => '{space}') AS k FROM {table})"
+    );
+    let batches = s.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let l = batches[0].column(0).as_list::<i32>();
+    if l.is_null(0) { vec![0.0; POINTS] } else { floats(&l.value(0)) }
+}
+
+/// The non-private Gaussian KDE of `xs` on the grid, normalised by its trapezoid integral.
+fn exact_kde(xs: &[f64], g: &[f64], h: f64) -> Vec<f64> {
+    let raw: Vec<f64> = g
+        .iter()
+        .map(|t| {
+            let (a, b) = (xs.partition_point(|x| *x < t - 8.0 * h), xs.partition_point(|x| *x <= t + 8.0 * h));
+            xs[a..b].iter().map(|x| (-(t - x) * (t - x) / (2.0 * h * h)).exp()).sum::<f64>()
+        })
+        .collect();
+    let step = g[1] - g[0];
+    let z = step * (raw.iter().sum::<f64>() - 0.5 * (raw[0] + raw[raw.len() - 1]));
+    raw.iter().map(|v| v / z).collect()
+}
+
+fn second_differences(d: &[f64]) -> f64 {
+    d.windows(3).map(|w| (w[2] - 2.0 * w[1] + w[0]).powi(2)).sum::<f64>() / (d.len() - 2) as f64
+}
+
+async fn sobolev_study(o: &Options) {
+    let s = DpSession::new(SessionOptions::default());
+    println!(
+        "# Sobolev-space (exponential-kernel, H¹) against Gaussian-kernel release, (ε, δ = 1e-6), {} reps",
+        o.reps
+    );
+    println!("#  ISE* = ISE to the truth at each space's best of 10 fixed h; vs KDE = ISE to the non-private");
+    println!("#  KDE at h = range/50; rough = mean squared 2nd difference / the non-private KDE's (h = range/50)");
+    println!(
+        "{:<8} {:>8} {:>5} | {:>10} {:>10} {:>6} | {:>10} {:>10} {:>6} | {:>8} {:>8}",
+        "dist", "n", "eps", "ISE* gauss", "ISE* sob", "ratio", "vsKDE gau", "vsKDE sob", "ratio", "rough g", "rough s"
+    );
+    let mut table = 0;
+    for dist in [Dist::Mixture, Dist::Claw] {
+        let (lo, hi) = dist.range();
+        let g = grid(lo, hi);
+        let truth = dist.truth(&g);
+        let common = (hi - lo) / 50.0;
+        for &n in &o.n {
+            let mut files = Vec::new();
+            for rep in 0..o.reps {
+                let (path, mut xs) = data_file(&o.data, dist, n, rep);
+                xs.sort_by(f64::total_cmp);
+                table += 1;
+                let t = format!("s{table}");
+                s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
+                files.push((t, exact_kde(&xs, &g, common)));
+            }
+            for &eps in &o.eps {
+                // [space][h] → ISEs to the truth; at the common h: ISE to the KDE and roughness.
+                let mut best = [f64::MAX; 2];
+                let mut at_common = [(0.0, 0.0); 2];
+                for (si, space) in ["gaussian", "sobolev"].into_iter().enumerate() {
+                    for h in fixed_bandwidths(lo, hi) {
+                        let mut e = 0.0;
+                        for (t, _) in &files {
+                            e += ise(&density_in(&s, t, h, eps, lo, hi, space).await, &truth, lo, hi);
+                        }
+                        best[si] = best[si].min(e / o.reps as f64);
+                    }
+                    for (t, kde) in &files {
+                        let d = density_in(&s, t, common, eps, lo, hi, space).await;
+                        at_common[si].0 += ise(&d, kde, lo, hi) / o.reps as f64;
+                        at_common[si].1 += second_differences(&d) / second_differences(kde) / o.reps as f64;
+                    }
+                }
+                println!(
+                    "{:<8} {:>8} {:>5} | {:>10.3e} {:>10.3e} {:>6.2} | {:>10.3e} {:>10.3e} {:>6.2} | {:>8.1} {:>8.1}",
+                    dist.name(),
+                    n,
+                    eps,
+                    best[0],
+                    best[1],
+                    best[1] / best[0],
+                    at_common[0].0,
+                    at_common[1].0,
+                    at_common[1].0 / at_common[0].0,
+                    at_common[0].1,
+                    at_common[1].1
+                );
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let o = Options::parse();
     std::fs::create_dir_all(&o.data).unwrap();
+    if o.study.as_deref() == Some("sobolev") {
+        sobolev_study(&o).await;
+        return;
+    }
     let s = DpSession::new(SessionOptions::default());
     let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
     let mut files: BTreeMap<String, Key> = BTreeMap::new();
