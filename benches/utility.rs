@@ -39,13 +39,18 @@
 //! space's best h, the ISE against the non-private KDE at one common h (range/50), and the
 //! roughness of the released density — its mean squared second difference over the non-private
 //! KDE's at that h (1 = as smooth as the estimate).
+//!
+//! `--study kde2d` measures `private_kde2d` (issue 13): pairs (x from the mixture, y from the claw,
+//! independent, so the true density is the product), h = range/30 per axis, a 64 × 64 grid,
+//! (ε, 1e-6): the ISE against the non-private product-kernel KDE and against the truth, and the
+//! non-private KDE's own ISE to the truth (the sampling error the privacy noise adds to).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, Float64Array, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use dpcurve::{DpSession, SessionOptions};
@@ -512,13 +517,103 @@ async fn sobolev_study(o: &Options) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `--study kde2d`: the private 2-D KDE against the non-private one and the truth.
+
+async fn kde2d_study(o: &Options) {
+    const G: usize = 64;
+    let s = DpSession::new(SessionOptions::default());
+    let ((lx, hx), (ly, hy)) = (Dist::Mixture.range(), Dist::Claw.range());
+    let (bx, by) = ((hx - lx) / 30.0, (hy - ly) / 30.0);
+    let axis = |lo: f64, hi: f64| (0..G).map(|i| lo + (hi - lo) * i as f64 / (G - 1) as f64).collect::<Vec<_>>();
+    let (gx, gy) = (axis(lx, hx), axis(ly, hy));
+    let (fx, fy) = (Dist::Mixture.truth(&gx), Dist::Claw.truth(&gy));
+    let cell = (gx[1] - gx[0]) * (gy[1] - gy[0]);
+    let ise2 = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(u, v)| (u - v).powi(2)).sum::<f64>() * cell;
+    let truth: Vec<f64> = fx.iter().flat_map(|a| fy.iter().map(move |b| a * b)).collect();
+    println!(
+        "# private_kde2d: x ~ mixture on [0, 1], y ~ claw on [-3, 3] (independent), h = range/30, 64 × 64, δ = 1e-6, {} reps",
+        o.reps
+    );
+    println!(
+        "{:>8} {:>5} | {:>12} {:>12} {:>12} | {:>8}",
+        "n", "eps", "ISE vs KDE", "ISE vs truth", "KDE vs truth", "s/query"
+    );
+    for &n in &o.n {
+        let mut files = Vec::new();
+        for rep in 0..o.reps {
+            let xs = Dist::Mixture.sample(n, 9_100_000 + 10 * n.ilog10() as u64 + rep as u64);
+            let ys = Dist::Claw.sample(n, 9_200_000 + 10 * n.ilog10() as u64 + rep as u64);
+            let path = o.data.join(format!("utility-kde2d-{n}-{rep}.parquet"));
+            if !path.exists() {
+                let schema = Arc::new(Schema::new(vec![
+                    Field::new("x", DataType::Float64, false),
+                    Field::new("y", DataType::Float64, false),
+                ]));
+                let tmp = path.with_extension("tmp");
+                let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), schema.clone(), None).unwrap();
+                for (cx, cy) in xs.chunks(1 << 20).zip(ys.chunks(1 << 20)) {
+                    let cols: Vec<ArrayRef> =
+                        vec![Arc::new(Float64Array::from(cx.to_vec())), Arc::new(Float64Array::from(cy.to_vec()))];
+                    w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap()).unwrap();
+                }
+                w.close().unwrap();
+                std::fs::rename(&tmp, &path).unwrap();
+            }
+            // The non-private product-kernel KDE: A·Bᵀ with A_ir = K(gx_i − x_r), B_jr = K(gy_j − y_r).
+            let k = |t: f64, v: f64, h: f64| (-(t - v) * (t - v) / (2.0 * h * h)).exp();
+            let mut kde = vec![0.0; G * G];
+            for (x, y) in xs.iter().zip(&ys) {
+                let a: Vec<f64> = gx.iter().map(|t| k(*t, *x, bx)).collect();
+                let b: Vec<f64> = gy.iter().map(|t| k(*t, *y, by)).collect();
+                for (i, ai) in a.iter().enumerate().filter(|(_, v)| **v > 1e-300) {
+                    for (j, bj) in b.iter().enumerate() {
+                        kde[i * G + j] += ai * bj;
+                    }
+                }
+            }
+            let w = |i: usize| if i == 0 || i == G - 1 { 0.5 } else { 1.0 };
+            let z: f64 = (0..G * G).map(|q| w(q / G) * w(q % G) * kde[q]).sum::<f64>() * cell;
+            kde.iter_mut().for_each(|v| *v /= z);
+            let t = format!("k2d_{n}_{rep}");
+            s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
+            files.push((t, kde));
+        }
+        for &eps in &o.eps {
+            let (mut vs_kde, mut vs_truth, mut kde_truth) = (0.0, 0.0, 0.0);
+            let started = std::time::Instant::now();
+            for (t, kde) in &files {
+                let sql = format!(
+                    "SELECT private_kde2d(x, y, {bx}, {by}, {eps}, 1e-6, {lx}, {hx}, {ly}, {hy}, {G}, {G})['density'] FROM {t}"
+                );
+                let batches = s.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+                let rows = batches[0].column(0).as_list::<i32>();
+                let d: Vec<f64> = if rows.is_null(0) {
+                    vec![0.0; G * G]
+                } else {
+                    let r = rows.value(0);
+                    let r = r.as_list::<i32>();
+                    (0..G).flat_map(|i| floats(&r.value(i))).collect()
+                };
+                vs_kde += ise2(&d, kde) / o.reps as f64;
+                vs_truth += ise2(&d, &truth) / o.reps as f64;
+                kde_truth += ise2(kde, &truth) / o.reps as f64;
+            }
+            let per = started.elapsed().as_secs_f64() / o.reps as f64;
+            println!("{n:>8} {eps:>5} | {vs_kde:>12.3e} {vs_truth:>12.3e} {kde_truth:>12.3e} | {per:>8.2}");
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let o = Options::parse();
     std::fs::create_dir_all(&o.data).unwrap();
-    if o.study.as_deref() == Some("sobolev") {
-        sobolev_study(&o).await;
-        return;
+    match o.study.as_deref() {
+        Some("sobolev") => return sobolev_study(&o).await,
+        Some("kde2d") => return kde2d_study(&o).await,
+        Some(other) => panic!("unknown study {other} (sobolev, kde2d)"),
+        None => {}
     }
     let s = DpSession::new(SessionOptions::default());
     let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();

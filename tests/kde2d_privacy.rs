@@ -4,8 +4,9 @@
 //! the exact product-kernel KDE, the released noise's Kronecker covariance, and an empirical
 //! privacy audit — each with a negative control showing it would catch a mistake.
 
+mod common;
+
 use dpcurve::datagen::mixture;
-use dpcurve::mechanism::calibration::epsilon_for_mu;
 use dpcurve::mechanism::kde::gaussian_kernel;
 use dpcurve::mechanism::kde2d::{Kde2dMechanism, Kde2dSpec};
 use dpcurve::mechanism::lattice::DD;
@@ -230,25 +231,8 @@ fn audit_epsilon_lower_bound(noise_scale: f64, seed: u64) -> (f64, f64, f64) {
     m.add_all(&mut acc, &[0.47], &[0.13]);
     let lat = m.lattice();
     let (r0, r1) = (lat.round(&m.lifted(&d0)), lat.round(&m.lifted(acc.totals())));
-    let dir: Vec<f64> = r1.iter().zip(&r0).map(|(a, b)| (a - b) as f64).collect();
-    let norm = dir.iter().map(|v| v * v).sum::<f64>().sqrt();
-    let mut rng = ChaCha20Rng::seed_from_u64(seed);
-    let n = 1_000;
-    let mut stats = [Vec::with_capacity(n), Vec::with_capacity(n)];
-    for (side, r) in [&r0, &r1].into_iter().enumerate() {
-        for _ in 0..n {
-            let z = lat.noise(&mut rng);
-            let t: f64 = r.iter().zip(&z).zip(&dir).map(|((a, z), d)| (*a as f64 + noise_scale * *z as f64) * d).sum();
-            stats[side].push(t / norm * lat.gamma());
-        }
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let var = |v: &[f64], mu: f64| v.iter().map(|x| (x - mu) * (x - mu)).sum::<f64>() / (v.len() - 1) as f64;
-    let (m0, m1) = (mean(&stats[0]), mean(&stats[1]));
-    let sd = (0.5 * (var(&stats[0], m0) + var(&stats[1], m1))).sqrt();
-    let mu = (m1 - m0) / sd;
-    let se = (2.0 / n as f64 + mu * mu / (4.0 * n as f64)).sqrt();
-    (epsilon_for_mu(mu - 3.0 * se, delta), mu, 1.0 / m.sigma())
+    let (eps_lb, mu) = common::projection_audit(lat, &r0, &r1, noise_scale, seed, 1_000, delta);
+    (eps_lb, mu, 1.0 / m.sigma())
 }
 
 const AUDIT_EPSILON: f64 = 3.0;

@@ -187,6 +187,7 @@ async fn a_kde_release_is_kept_listed_reread_and_evaluated_for_free() {
     let s = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
     let b = s.query(&format!("SELECT release_eval('{id}', 0.25)")).await.unwrap();
     assert_eq!(floats(&b, 0), vec![Some(density[25])]);
+    assert_eq!(spent(&f.admin, "p"), paid, "re-reading in a new session spent nothing");
 }
 
 #[tokio::test]

@@ -142,7 +142,7 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ("private_kde(x, 0.1, 1 + x, 1e-6, 0, 1)", "argument 'epsilon' must be a literal constant"),
         ("private_kde(x, 0.1, 1, 1e-6, 0, max(x))", ""),
         ("private_kde(x, 0.1, NULL, 1e-6, 0, 1)", "argument 'epsilon' is required and may not be NULL"),
-        ("private_kde(x, 0.1, 1)", "takes 4 to 15 arguments"),
+        ("private_kde(x, 0.1, 1)", "takes 4 to 16 arguments"),
         (
             "private_kde(x, 0.1, 1, 1e-6, 0, 1, normalize => 'softmax')",
             "argument 'normalize' must be 'project', 'rescale' or 'none', got 'softmax'",
@@ -156,11 +156,11 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
             "argument 'band_alpha' must be in the open interval (0, 1), got 1.5",
         ),
         (
-            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 'auto', 5, 1e-6, 10, 7)",
-            "takes 4 to 15 arguments",
+            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 'auto', 5, 1e-6, 10, 'gaussian', 7)",
+            "takes 4 to 16 arguments",
         ),
         (
-            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 'auto', 5, 1e-6, 10, 7, nonneg => true)",
+            "private_kde(x, 0.1, 1, 1e-6, 0, 1, 10, 'analytic', true, 'project', 0.05, 'auto', 5, 1e-6, 10, 'gaussian', 7, nonneg => true)",
             "too many arguments",
         ),
         ("private_kde('a', 0.1, 1, 1e-6, 0, 1)", "argument 'value' must be numeric, got type Utf8"),

@@ -1,6 +1,82 @@
 //! DataFusion glue: the private aggregate UDFs, their literal parameters, and the
 //! rewrite that lets optional arguments be named in any combination.
 
+/// Declares a private aggregate UDF type: the struct (its signature and [`CallContext`]),
+/// `Default` (OS noise), `new(noise)`, `with_permits`, `context`, `clone_with`, `udaf`, and its
+/// [`PrivateFunction`] impl, which validates and prices a call with
+/// `$plan(args, schema, contribution)`. The module must have `PARAMS` and import what it names.
+macro_rules! private_aggregate {
+    ($(#[$doc:meta])* $name:ident, $plan:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, PartialEq, Eq, Hash)]
+        pub struct $name {
+            signature: datafusion::logical_expr::Signature,
+            cx: crate::functions::CallContext,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new(crate::mechanism::NoiseSource::Os)
+            }
+        }
+
+        impl $name {
+            /// The function, its releases drawing randomness from `noise`.
+            pub fn new(noise: crate::mechanism::NoiseSource) -> Self {
+                let cx = crate::functions::CallContext { noise, ..Default::default() };
+                Self { signature: PARAMS.signature(), cx }
+            }
+
+            /// The same function whose releases need `permits`.
+            pub fn with_permits(self, permits: crate::functions::Permits) -> Self {
+                Self { cx: crate::functions::CallContext { permits, ..self.cx }, ..self }
+            }
+
+            /// What the guard decided for this call.
+            pub fn context(&self) -> &crate::functions::CallContext {
+                &self.cx
+            }
+
+            /// A copy with another call context.
+            pub fn clone_with(&self, cx: crate::functions::CallContext) -> Self {
+                Self { signature: self.signature.clone(), cx }
+            }
+
+            /// The UDF, ready to register.
+            pub fn udaf(noise: crate::mechanism::NoiseSource) -> datafusion::logical_expr::AggregateUDF {
+                datafusion::logical_expr::AggregateUDF::from(Self::new(noise))
+            }
+        }
+
+        impl crate::functions::PrivateFunction for $name {
+            fn params(&self) -> &'static crate::functions::params::FunctionParams {
+                &PARAMS
+            }
+
+            fn context(&self) -> &crate::functions::CallContext {
+                &self.cx
+            }
+
+            fn with_context(&self, cx: crate::functions::CallContext) -> datafusion::logical_expr::AggregateUDF {
+                datafusion::logical_expr::AggregateUDF::from(self.clone_with(cx))
+            }
+
+            fn plan(
+                &self,
+                args: &[datafusion::logical_expr::Expr],
+                schema: &datafusion::common::DFSchema,
+            ) -> datafusion::common::Result<crate::functions::PrivateCall> {
+                let plan: fn(
+                    &[datafusion::logical_expr::Expr],
+                    &datafusion::common::DFSchema,
+                    crate::mechanism::Contribution,
+                ) -> datafusion::common::Result<crate::functions::PrivateCall> = $plan;
+                plan(args, schema, self.cx.contribution)
+            }
+        }
+    };
+}
+
 pub mod named_args;
 pub mod params;
 pub mod permits;

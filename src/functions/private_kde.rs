@@ -19,11 +19,11 @@ use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Typ
 use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature};
+use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Expr, Signature};
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::functions::{CallContext, Permits};
+use crate::functions::Permits;
 use crate::mechanism::auto_bandwidth::AutoKde;
 use crate::mechanism::budget::Budget;
 use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
@@ -138,6 +138,15 @@ pub fn mechanism_from_literals(
             }
         },
     };
+    // The mechanism is calibrated with the charged (ε, δ), never more.
+    let spec_for = |cost: &Budget| KdeSpec {
+        grid: Grid { lo, hi, points },
+        bandwidth,
+        epsilon: cost.calibration_epsilon(),
+        delta: cost.calibration_delta(),
+        calibration,
+        normalise,
+    };
     let sobolev = match p.string(values, "space")? {
         None => false,
         Some(s) => match s.to_ascii_lowercase().as_str() {
@@ -155,15 +164,7 @@ pub fn mechanism_from_literals(
             ));
         }
         let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
-        let spec = KdeSpec {
-            grid: Grid { lo, hi, points },
-            bandwidth,
-            epsilon: cost.calibration_epsilon(),
-            delta: cost.calibration_delta(),
-            calibration,
-            normalise,
-        };
-        let m = KdeMechanism::sobolev(spec, contribution).map_err(|e| p.error(e))?;
+        let m = KdeMechanism::sobolev(spec_for(&cost), contribution).map_err(|e| p.error(e))?;
         return Ok((KdeCall::Fixed(Box::new(m)), cost));
     }
     if auto_bandwidth {
@@ -186,15 +187,7 @@ pub fn mechanism_from_literals(
     // for the pure-ε release.
     let build = |delta: f64| -> Result<(KdeMechanism, Budget)> {
         let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
-        let spec = KdeSpec {
-            grid: Grid { lo, hi, points },
-            bandwidth,
-            epsilon: cost.calibration_epsilon(),
-            delta: cost.calibration_delta(),
-            calibration,
-            normalise,
-        };
-        Ok((KdeMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?, cost))
+        Ok((KdeMechanism::with_contribution(spec_for(&cost), contribution).map_err(|e| p.error(e))?, cost))
     };
     let fixed = |r: Result<(KdeMechanism, Budget)>| r.map(|(m, c)| (KdeCall::Fixed(Box::new(m)), c));
     fixed(match choice {
@@ -294,63 +287,11 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-/// The `private_kde` aggregate UDF.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct PrivateKde {
-    signature: Signature,
-    cx: CallContext,
-}
-
-impl Default for PrivateKde {
-    fn default() -> Self {
-        Self::new(NoiseSource::Os)
-    }
-}
-
-impl PrivateKde {
-    /// A `private_kde` whose releases draw randomness from `noise`.
-    pub fn new(noise: NoiseSource) -> Self {
-        Self { signature: PARAMS.signature(), cx: CallContext { noise, ..CallContext::default() } }
-    }
-
-    /// The same function whose releases need `permits`.
-    pub fn with_permits(self, permits: Permits) -> Self {
-        Self { cx: CallContext { permits, ..self.cx }, ..self }
-    }
-
-    /// What the guard decided for this call.
-    pub fn context(&self) -> &CallContext {
-        &self.cx
-    }
-
-    /// A copy with another call context.
-    pub fn clone_with(&self, cx: CallContext) -> Self {
-        Self { signature: self.signature.clone(), cx }
-    }
-
-    /// The UDF, ready to register.
-    pub fn udaf(noise: NoiseSource) -> AggregateUDF {
-        AggregateUDF::from(Self::new(noise))
-    }
-}
-
-impl super::PrivateFunction for PrivateKde {
-    fn params(&self) -> &'static FunctionParams {
-        &PARAMS
-    }
-
-    fn context(&self) -> &CallContext {
-        &self.cx
-    }
-
-    fn with_context(&self, cx: CallContext) -> AggregateUDF {
-        AggregateUDF::from(self.clone_with(cx))
-    }
-
-    fn plan(&self, args: &[Expr], _schema: &datafusion::common::DFSchema) -> Result<PrivateCall> {
-        plan_call(args, self.cx.contribution)
-    }
-}
+private_aggregate!(
+    /// The `private_kde` aggregate UDF.
+    PrivateKde,
+    |args, _, contribution| plan_call(args, contribution)
+);
 
 impl AggregateUDFImpl for PrivateKde {
     fn name(&self) -> &str {

@@ -23,18 +23,18 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
-use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err};
+use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature};
+use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Expr, Signature};
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::functions::{CallContext, Permits};
+use crate::functions::CallContext;
 use crate::mechanism::budget::Budget;
 use crate::mechanism::kde2d::{Kde2dAccumulation, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use crate::mechanism::stored::Recipe;
-use crate::mechanism::{Contribution, Grid, NoiseSource, Normalise};
+use crate::mechanism::{Contribution, Grid, Normalise};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_kde2d";
@@ -204,52 +204,11 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-/// The `private_kde2d` aggregate UDF.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct PrivateKde2d {
-    signature: Signature,
-    cx: CallContext,
-}
-
-impl Default for PrivateKde2d {
-    fn default() -> Self {
-        Self::new(NoiseSource::Os)
-    }
-}
-
-impl PrivateKde2d {
-    /// A `private_kde2d` whose releases draw randomness from `noise`.
-    pub fn new(noise: NoiseSource) -> Self {
-        Self { signature: PARAMS.signature(), cx: CallContext { noise, ..CallContext::default() } }
-    }
-
-    /// The same function whose releases need `permits`.
-    pub fn with_permits(self, permits: Permits) -> Self {
-        Self { cx: CallContext { permits, ..self.cx }, ..self }
-    }
-
-    fn clone_with(&self, cx: CallContext) -> Self {
-        Self { signature: self.signature.clone(), cx }
-    }
-}
-
-impl super::PrivateFunction for PrivateKde2d {
-    fn params(&self) -> &'static FunctionParams {
-        &PARAMS
-    }
-
-    fn context(&self) -> &CallContext {
-        &self.cx
-    }
-
-    fn with_context(&self, cx: CallContext) -> AggregateUDF {
-        AggregateUDF::from(self.clone_with(cx))
-    }
-
-    fn plan(&self, args: &[Expr], _schema: &DFSchema) -> Result<PrivateCall> {
-        plan_call(args, self.cx.contribution)
-    }
-}
+private_aggregate!(
+    /// The `private_kde2d` aggregate UDF.
+    PrivateKde2d,
+    |args, _, contribution| plan_call(args, contribution)
+);
 
 impl AggregateUDFImpl for PrivateKde2d {
     fn name(&self) -> &str {
@@ -366,7 +325,7 @@ impl Accumulator for Kde2dAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mechanism::Calibration;
+    use crate::mechanism::{Calibration, NoiseSource};
     use datafusion::logical_expr::Volatility;
 
     fn accumulator(noise: NoiseSource) -> Kde2dAccumulator {

@@ -17,13 +17,11 @@ use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Typ
 use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature,
-};
+use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature};
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::functions::{CallContext, Permits};
+use crate::functions::Permits;
 use crate::mechanism::budget::Budget;
 use crate::mechanism::mean_curve::{
     CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
@@ -218,45 +216,11 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-/// The `private_mean_curve` aggregate UDF.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct PrivateMeanCurve {
-    signature: Signature,
-    cx: CallContext,
-}
-
-impl Default for PrivateMeanCurve {
-    fn default() -> Self {
-        Self::new(NoiseSource::Os)
-    }
-}
-
-impl PrivateMeanCurve {
-    /// A `private_mean_curve` whose releases draw randomness from `noise`.
-    pub fn new(noise: NoiseSource) -> Self {
-        Self { signature: PARAMS.signature(), cx: CallContext { noise, ..CallContext::default() } }
-    }
-
-    /// The same function whose releases need `permits`.
-    pub fn with_permits(self, permits: Permits) -> Self {
-        Self { cx: CallContext { permits, ..self.cx }, ..self }
-    }
-
-    /// What the guard decided for this call.
-    pub fn context(&self) -> &CallContext {
-        &self.cx
-    }
-
-    /// A copy with another call context.
-    pub fn clone_with(&self, cx: CallContext) -> Self {
-        Self { signature: self.signature.clone(), cx }
-    }
-
-    /// The UDF, ready to register.
-    pub fn udaf(noise: NoiseSource) -> AggregateUDF {
-        AggregateUDF::from(Self::new(noise))
-    }
-}
+private_aggregate!(
+    /// The `private_mean_curve` aggregate UDF.
+    PrivateMeanCurve,
+    plan_call
+);
 
 fn coerce_curve(t: &DataType) -> Result<DataType> {
     let item = |f: &FieldRef| f.data_type().is_numeric() || f.data_type() == &DataType::Null;
@@ -266,24 +230,6 @@ fn coerce_curve(t: &DataType) -> Result<DataType> {
         DataType::LargeList(f) if item(f) => Ok(DataType::LargeList(float_item())),
         DataType::FixedSizeList(f, n) if item(f) => Ok(DataType::FixedSizeList(float_item(), *n)),
         other => Err(PARAMS.error(format!("argument 'curve' must be a list of numbers, got type {other}"))),
-    }
-}
-
-impl super::PrivateFunction for PrivateMeanCurve {
-    fn params(&self) -> &'static FunctionParams {
-        &PARAMS
-    }
-
-    fn context(&self) -> &CallContext {
-        &self.cx
-    }
-
-    fn with_context(&self, cx: CallContext) -> AggregateUDF {
-        AggregateUDF::from(self.clone_with(cx))
-    }
-
-    fn plan(&self, args: &[Expr], schema: &DFSchema) -> Result<PrivateCall> {
-        plan_call(args, schema, self.cx.contribution)
     }
 }
 
