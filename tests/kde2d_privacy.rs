@@ -90,6 +90,18 @@ fn calibration_matches_the_one_dimensional_release_with_the_product_sensitivity(
 }
 
 #[test]
+fn a_privacy_units_bound_scales_the_noise() {
+    let gx = Grid { lo: 0.0, hi: 1.0, points: 24 };
+    let gy = Grid { lo: -2.0, hi: 2.0, points: 20 };
+    let row = mechanism(1.0, 1e-6);
+    let unit = Kde2dMechanism::new(spec(gx, gy, 0.15, 0.5, 1.0, 1e-6), Contribution::new(4, 1).unwrap()).unwrap();
+    assert!((unit.sigma() / row.sigma() - 4.0).abs() < 1e-6, "σ {} vs 4 × {}", unit.sigma(), row.sigma());
+    // Two groups per unit: the noise covers both jointly (√2 more per group for the Gaussian).
+    let two = Kde2dMechanism::new(spec(gx, gy, 0.15, 0.5, 1.0, 1e-6), Contribution::new(1, 2).unwrap()).unwrap();
+    assert!(two.sigma() > 1.4 * row.sigma(), "σ {} vs {}", two.sigma(), row.sigma());
+}
+
+#[test]
 fn lifted_neighbour_differences_stay_within_the_calibrated_sensitivity() {
     let m = mechanism(1.0, 1e-6);
     let (xs, ys) = sample(3_000, 21);

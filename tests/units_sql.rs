@@ -290,3 +290,24 @@ async fn unit_policy_is_validated_and_the_rewrite_leaks_nothing() {
     assert!(e.contains("[rule no-raw-rows]"), "{e}");
     assert_eq!(f.spent("with"), Budget::ZERO);
 }
+
+/// `private_kde2d` is bounded per unit like the 1-D functions: with K = 4 rows per meter the big
+/// meter adds exactly 4 rows of mass (noise off), without the unit its 1 000 rows.
+#[tokio::test]
+async fn a_2d_release_is_bounded_per_unit_too() {
+    let f = fixture("units-kde2d").await;
+    let s = f.session(NoiseSource::Off, 2).await;
+    let mass = |t: &'static str| {
+        let s = &s;
+        async move {
+            let q =
+                format!("SELECT private_kde2d(x, 1 - x, 0.02, 0.02, 1.0, 1e-6, lo_y => 0, hi_y => 1)['mass'] FROM {t}");
+            one_f64(&s.query(&q).await.unwrap())
+        }
+    };
+    let (with, without, rowwise) = (mass("with").await, mass("without").await, mass("rowwise").await);
+    assert!((without - 800.0).abs() < 1e-3, "200 meters × 4 rows: {without}");
+    assert!((with - without - MAX_ROWS as f64).abs() < 1e-3, "the big meter adds exactly K rows: {with} vs {without}");
+    // Negative control: without the unit every row counts.
+    assert!((rowwise - 2000.0).abs() < 1e-2, "{rowwise}");
+}
