@@ -117,6 +117,77 @@ fn kde_privacy_map_and_release_never_panic() {
 }
 
 #[test]
+fn kde2d_and_sobolev_privacy_maps_and_releases_never_panic() {
+    use dpcurve::mechanism::Contribution;
+    use dpcurve::mechanism::kde2d::{Kde2dMechanism, Kde2dSpec};
+    let mut rng = ChaCha20Rng::seed_from_u64(0xF025);
+    let (mut released_2d, mut released_sobolev) = (0, 0);
+    let points = [0usize, 1, 2, 3, 9, 64, 1024, 1025, 1 << 20];
+    for _ in 0..400 {
+        let grid = |rng: &mut ChaCha20Rng| {
+            let (lo, hi) = (mostly(rng, &[-1.0, 0.0, 0.3]), mostly(rng, &[1.0, 2.0, 1e3]));
+            Grid { lo, hi, points: pick(rng, &points) }
+        };
+        let (gx, gy) = (grid(&mut rng), grid(&mut rng));
+        let spec = Kde2dSpec {
+            grid_x: gx,
+            grid_y: gy,
+            bandwidth_x: mostly(&mut rng, &[0.05, 0.3, 0.7, 30.0]),
+            bandwidth_y: mostly(&mut rng, &[0.05, 0.3, 0.7, 30.0]),
+            epsilon: mostly(&mut rng, &[1e-12, 0.1, 1.0, 10.0]),
+            delta: delta(&mut rng),
+            calibration: Calibration::Analytic,
+            normalise: dpcurve::mechanism::Normalise::Project,
+        };
+        let what = format!("{spec:?}");
+        let m = std::panic::catch_unwind(|| Kde2dMechanism::new(spec.clone(), Contribution::ROW));
+        if let Some(m) = ends_in_a_value_or_an_error(m, &what) {
+            assert!(m.sigma().is_finite() && m.sigma() > 0.0, "{what}: σ = {}", m.sigma());
+            // Release only where the noise lattice is quick (≤ 1.2·10⁴ coordinates).
+            if m.lattice().dim() <= 12_000 {
+                let xs: Vec<f64> = (0..20).map(|_| float(&mut rng)).chain([gx.lo, gx.hi]).collect();
+                let ys: Vec<f64> = (0..20).map(|_| float(&mut rng)).chain([gy.hi, gy.lo]).collect();
+                let r = std::panic::catch_unwind(|| {
+                    let mut acc = m.accumulation();
+                    m.add_all(&mut acc, &xs, &ys);
+                    m.release(acc.totals(), Some(&mut ChaCha20Rng::seed_from_u64(1)))
+                });
+                r.unwrap_or_else(|_| panic!("2-D release panicked for {what}"));
+                released_2d += 1;
+            }
+        }
+        // The same axis as a Sobolev-space 1-D release.
+        let spec1 = KdeSpec {
+            grid: Grid { points: gx.points.min(65_537), ..gx },
+            bandwidth: spec.bandwidth_x,
+            epsilon: spec.epsilon,
+            delta: spec.delta,
+            calibration: Calibration::Analytic,
+            normalise: dpcurve::mechanism::Normalise::Project,
+        };
+        let what = format!("sobolev {spec1:?}");
+        let m = std::panic::catch_unwind(|| KdeMechanism::sobolev(spec1.clone(), Contribution::ROW));
+        if let Some(m) = ends_in_a_value_or_an_error(m, &what) {
+            assert!(m.sigma().is_finite() && m.sigma() > 0.0, "{what}: σ = {}", m.sigma());
+            if m.layout().state_len() <= 1 << 20 {
+                let values: Vec<f64> = (0..20).map(|_| float(&mut rng)).collect();
+                let r = std::panic::catch_unwind(|| {
+                    let mut state = m.layout().empty_state();
+                    m.layout().add_all(&mut state, &values);
+                    m.release(&state, Some(&mut ChaCha20Rng::seed_from_u64(1)))
+                });
+                r.unwrap_or_else(|_| panic!("Sobolev release panicked for {what}"));
+                released_sobolev += 1;
+            }
+        }
+    }
+    assert!(
+        released_2d >= 5 && released_sobolev > 20,
+        "too few releases: {released_2d} 2-D, {released_sobolev} Sobolev"
+    );
+}
+
+#[test]
 fn mean_curve_privacy_map_and_release_never_panic() {
     let mut rng = ChaCha20Rng::seed_from_u64(0xF023);
     let kernels = [CovKernel::Gaussian, CovKernel::Matern52, CovKernel::Matern32, CovKernel::Exponential];
