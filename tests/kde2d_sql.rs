@@ -259,6 +259,11 @@ async fn the_guard_refuses_what_would_leak_with_precise_messages_and_charges_not
         ("SELECT private_kde2d(x, y, 0.1, 0.4, 1, 1e-6, width => 3) FROM t", "unknown argument name 'width'"),
         ("SELECT private_kde2d(x, CAST(y AS INT), 0.1, 0.4, 1, 1e-6) FROM t", ""),
         ("SELECT private_kde2d(x, 'a', 0.1, 0.4, 1, 1e-6) FROM t", "argument 'y' must be numeric"),
+        // The analyst's tricks on the second data argument: a subquery over another private
+        // table, a window over private rows, a join of two private tables.
+        ("SELECT private_kde2d(x, (SELECT max(x) FROM u), 0.1, 0.4, 1, 1e-6, lo_y => 0, hi_y => 1) FROM t", "subquer"),
+        ("SELECT private_kde2d(x, y, 0.1, 0.4, 1, 1e-6) OVER () FROM t", "window"),
+        ("SELECT private_kde2d(t.x, u.y, 0.1, 0.4, 1, 1e-6, 0, 1, -2, 2) FROM t JOIN u ON t.x = u.x", "join"),
     ];
     for (q, want) in cases {
         match s.query(q).await {
