@@ -32,7 +32,8 @@
 //! **Floating point.** The kernel values `fl(φ)` and the constants `fl(ρ)`, `fl(1/√(1−ρ²))` are
 //! public and the same for neighbouring tables, so the map actually applied is a fixed linear
 //! map; its distance from the exact one (relative errors of 2⁻⁵⁰ on kernel values and constants,
-//! truncation of the kernel beyond 8h where it is below e⁻³²) and the double-double rounding of
+//! truncation of the kernel beyond 8h where it is below e⁻³², grid points that are floating-point
+//! sums rather than evenly spaced reals) and the double-double rounding of
 //! the sums (≤ 2⁻¹⁰⁰ relative, over at most [`ROW_LIMIT`] rows) are bounded in
 //! [`SobolevMap::float_slack`] and added to the sensitivity.
 
@@ -81,7 +82,11 @@ impl SobolevMap {
         let inv = 2.0 / self.innovation;
         // Kernel values (2⁻⁵⁰ relative), truncation (< e⁻³² each), constants (2⁻⁵⁰ relative)
         // on a bump of entries ≤ 1 over n points; sums of ≤ ROW_LIMIT rows in double-double.
-        let per_row = inv * n.sqrt() * (4.0 * 2f64.powi(-50) + (-32f64).exp());
+        // The grid points are `fl(lo + k·step)`, not the evenly spaced reals the AR(1) whitening
+        // assumes: each is off by at most 8·2⁻⁵²·(|lo| + |hi|), which moves a bump's value by at
+        // most that over h (its slope is below 1/h).
+        let position = 8.0 * 2f64.powi(-52) * (self.grid.lo.abs() + self.grid.hi.abs()) / self.bandwidth;
+        let per_row = inv * n.sqrt() * (4.0 * 2f64.powi(-50) + (-32f64).exp() + position);
         let sums = inv * n.sqrt() * 8.0 * DD_OP_ERR * ROW_LIMIT * (1.0 + self.kernel_taps() as f64);
         per_row + sums
     }
