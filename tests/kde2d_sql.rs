@@ -51,19 +51,24 @@ async fn fixture(tag: &str) -> Fixture {
     let regions: Vec<&str> = (0..N).map(|i| ["a", "b"][i % 2]).collect();
     write_pairs(&dir.path("g.parquet"), &xs, &ys, Some(&regions));
     write_pairs(&dir.path("u.parquet"), &xs, &ys, None);
+    // `h` is `t` plus one row at (0.5, 0): its neighbour for the attacks below.
+    let (mut hx, mut hy) = (xs.clone(), ys.clone());
+    hx.push(0.5);
+    hy.push(0.0);
+    write_pairs(&dir.path("h.parquet"), &hx, &hy, None);
     let (px, py): (Vec<f64>, Vec<f64>) =
         [(0.0, -2.0), (0.5, 0.0), (0.25, 1.0), (0.31, -0.77), (1.0, 2.0), (1.5, 0.0), (0.5, 2.5)].into_iter().unzip();
     write_pairs(&dir.path("pts.parquet"), &px, &py, None);
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("t", &dir.str("t")).await.unwrap();
-    for t in ["g", "u", "pts"] {
+    for t in ["g", "u", "pts", "h"] {
         admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
     }
-    for t in ["t", "g", "u"] {
+    for t in ["t", "g", "u", "h"] {
         admin.make_private(t, 20.0, 1e-3).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
     }
-    for t in ["t", "g"] {
+    for t in ["t", "g", "h"] {
         admin.set_bounds(t, "y", -2.0, 2.0).await.unwrap();
     }
     admin.set_keys("g", "region", &["a".into(), "b".into()]).await.unwrap();
@@ -322,4 +327,48 @@ async fn named_arguments_a_partial_box_and_groups_work_and_an_empty_table_still_
     let e = one(&s.query("SELECT private_kde2d(x, y, 0.1, 0.4, 1, 1e-6) FROM t WHERE x > 5").await.unwrap());
     assert!(e.mass.abs() < 0.02 * N as f64, "mass {}", e.mass);
     assert_eq!(spent(&f.admin, "t"), before.checked_add(&Budget::charge(1.0, 1e-6).unwrap()).unwrap());
+}
+
+/// The analyst's attacks through the second data argument, on neighbouring tables `t` and `h`
+/// (`h` = `t` plus a row at (0.5, 0)): an integer division by zero, an overflow to ±inf and a
+/// NaN on exactly that row. Each query must run on both tables, produce a result of the same
+/// shape, and be charged exactly once — whether a query fails may not depend on one row.
+#[tokio::test]
+async fn failure_tricks_on_the_second_column_cannot_tell_neighbours_apart() {
+    let f = fixture("kde2d-neighbours").await;
+    let s = session(&f, NoiseSource::Os, 2).await;
+    let attacks = [
+        "CAST(1 AS INT) / CAST(round(x * 2 - 1) AS INT)",
+        "CASE WHEN x = 0.5 THEN 1e308 * 10 ELSE y END",
+        "CASE WHEN x = 0.5 THEN sqrt(-1.0) ELSE y END",
+        "CASE WHEN x = 0.5 THEN CAST('oops' AS DOUBLE) ELSE y END",
+    ];
+    let mut ran = 0;
+    for attack in attacks {
+        let mut outcomes = Vec::new();
+        for table in ["t", "h"] {
+            let before = spent(&f.admin, table);
+            let q = format!(
+                "SELECT private_kde2d(x, {attack}, 0.1, 0.4, 1, 1e-6, lo_y => -2, hi_y => 2, points_x => 8, \
+                 points_y => 8) FROM {table}"
+            );
+            // Either it runs (one charge) or the planner refuses it (no charge), the same on both.
+            let outcome = match s.query(&q).await {
+                Ok(b) => {
+                    let k = one(&b);
+                    let paid = before.checked_add(&Budget::charge(1.0, 1e-6).unwrap()).unwrap();
+                    assert_eq!(spent(&f.admin, table), paid, "{q}: charged once");
+                    format!("ran: {} × {}, stored {}", k.x.len(), k.y.len(), k.release.is_some())
+                }
+                Err(e) => {
+                    assert_eq!(spent(&f.admin, table), before, "{q}: a refusal charges nothing");
+                    format!("refused: {}", e.to_string().replace(&format!("'{table}'"), "'T'"))
+                }
+            };
+            outcomes.push(outcome);
+        }
+        assert_eq!(outcomes[0], outcomes[1], "{attack}");
+        ran += outcomes[0].starts_with("ran") as usize;
+    }
+    assert!(ran >= 2, "the attacks must mostly reach execution to test anything");
 }
