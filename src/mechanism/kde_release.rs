@@ -524,6 +524,10 @@ impl KdeMechanism {
     /// upper bound on what `release` allocates).
     pub fn memory_bytes(&self) -> (u64, u64) {
         let state = 16 * self.layout.state_len() as u64;
+        if self.sobolev.is_some() {
+            // Grid sums, whitened coordinates and the synthesis: a few vectors of the grid's length.
+            return (state, 64 * self.spec.grid.points as u64);
+        }
         let b = &self.basis;
         let work = 8 * (b.lift.len() + b.synth.len()) as u64 + 96 * b.m as u64;
         (state, work)
