@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{TempDir, write_columns};
+use common::{TempDir, floats, write_columns};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray, StructArray};
 use datafusion::arrow::datatypes::Float64Type;
 use dpcurve::mechanism::budget::Budget;
@@ -116,16 +116,6 @@ fn one(batches: &[RecordBatch]) -> Surface {
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
     let b = batches.iter().find(|b| b.num_rows() == 1).unwrap();
     surface(b.column(0).as_struct(), 0)
-}
-
-fn floats(batches: &[RecordBatch], col: usize) -> Vec<Option<f64>> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            let c = b.column(col).as_primitive::<Float64Type>();
-            (0..b.num_rows()).map(move |i| c.is_valid(i).then(|| c.value(i)))
-        })
-        .collect()
 }
 
 #[tokio::test]

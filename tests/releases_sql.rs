@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{ListKind, TempDir, write_columns, write_curves, write_x};
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray};
+use common::{ListKind, TempDir, floats, write_columns, write_curves, write_x};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StringArray};
 use datafusion::arrow::datatypes::{Float64Type, Int64Type};
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
@@ -21,16 +21,6 @@ fn list(s: &datafusion::arrow::array::StructArray, name: &str) -> Option<Vec<f64
 fn text(s: &datafusion::arrow::array::StructArray, name: &str) -> Option<String> {
     let c = s.column_by_name(name).unwrap().as_string::<i32>();
     c.is_valid(0).then(|| c.value(0).to_string())
-}
-
-fn floats(batches: &[RecordBatch], col: usize) -> Vec<Option<f64>> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            let c = b.column(col).as_primitive::<Float64Type>();
-            (0..b.num_rows()).map(move |i| c.is_valid(i).then(|| c.value(i)))
-        })
-        .collect()
 }
 
 struct Fixture {

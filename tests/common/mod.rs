@@ -202,3 +202,14 @@ pub fn projection_audit(
     let se = (2.0 / n as f64 + mu * mu / (4.0 * n as f64)).sqrt();
     (dpcurve::mechanism::calibration::epsilon_for_mu(mu - 3.0 * se, delta), mu)
 }
+
+/// The Float64 column `col` of a result, row by row (None for NULL).
+pub fn floats(batches: &[RecordBatch], col: usize) -> Vec<Option<f64>> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = b.column(col).as_primitive::<Float64Type>();
+            (0..b.num_rows()).map(move |i| c.is_valid(i).then(|| c.value(i)))
+        })
+        .collect()
+}
