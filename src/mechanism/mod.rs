@@ -14,6 +14,7 @@ pub mod contribution;
 pub mod kde;
 pub mod kde2d;
 pub mod kde_release;
+pub mod kernel_fit;
 pub mod lattice;
 pub mod mean_curve;
 pub mod rng;

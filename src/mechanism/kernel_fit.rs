@@ -1,0 +1,816 @@
+//! Private RKHS minimizers (Hall, Rinaldo & Wasserman §4.3; Bousquet & Elisseeff 2002):
+//! kernel regression with a Huber-type loss and a soft-margin kernel classifier, released by
+//! output perturbation with exact discrete Gaussian noise (SPEC §6).
+//!
+//! # The estimator
+//!
+//! Public parameters fix an x box `[lo, hi]`, a bandwidth h, a penalty Λ > 0 and a loss ℓ.
+//! The hypothesis space is the RKHS `H_D` of the kernel `k_D(s, t) = φ(s)ᵀφ(t)` of a public,
+//! deterministic feature map `φ: ℝ → ℝ^D` (below); `f_w(x) = wᵀφ(x)`, `‖f_w‖_{H_D} = ‖w‖₂`.
+//! The fit minimises the **unnormalised** objective
+//!
+//! ```text
+//!     F_D(w) = Σ_{rows z ∈ D} ℓ_z(w) + (Λ/2)·‖w‖²
+//! ```
+//!
+//! where a row's loss `ℓ_z` is a convex combination of the loss at the lattice points its values
+//! are linearly binned to (below). Unnormalised, because the number of rows is private: the
+//! usual `(1/n)Σ + λ‖f‖²` of the papers (neighbours *replace* one row, n public) has no
+//! add/remove sensitivity bound that does not depend on n. With Λ fixed, more rows mean less
+//! regularisation per row (the effective `λ = Λ/n`), exactly as a ridge penalty behaves.
+//!
+//! # Sensitivity (add/remove neighbours)
+//!
+//! **Claim.** If every `ℓ_z` is convex in w and `|ℓ_z(w) − ℓ_z(w')| ≤ L·κ·‖w − w'‖` for all
+//! w, w' (L the loss's Lipschitz constant in the prediction, `κ ≥ sup ‖φ(x)‖` over the points
+//! rows are binned to), then for `D' = D ∪ {z}` the minimizers satisfy
+//! `‖w*_D − w*_{D'}‖₂ ≤ L·κ/Λ`.
+//!
+//! **Proof** (Bousquet–Elisseeff's argument, restated for add/remove). `F_D` is Λ-strongly
+//! convex, so at its minimizer `F_D(v) − F_D(w*_D) ≥ (Λ/2)‖v − w*_D‖²` for every v; the same
+//! holds for `F_{D'} = F_D + ℓ_z`. With `a = w*_D`, `b = w*_{D'}`:
+//! `F_D(b) − F_D(a) ≥ (Λ/2)‖a − b‖²` and `F_{D'}(a) − F_{D'}(b) ≥ (Λ/2)‖a − b‖²`. Adding
+//! them, the `F_D` terms cancel: `ℓ_z(a) − ℓ_z(b) ≥ Λ‖a − b‖²`. The left side is at most
+//! `L·κ·‖a − b‖`, hence `‖a − b‖ ≤ L·κ/Λ`. ∎
+//!
+//! A privacy unit of at most K rows per group adds K such terms: `K·L·κ/Λ` (SPEC §7). The
+//! bound is on the coefficient vector, i.e. on the RKHS norm of the fitted function, which is
+//! what Hall et al.'s Gaussian-process release needs; here the "process" is `φ(t)ᵀZ` with
+//! `Z ~ N(0, σ²I_D)` — a Gaussian process with covariance `σ²k_D` — so no infinite-dimensional
+//! argument is needed.
+//!
+//! **The approximation.** `k_D` approximates the Gaussian kernel `exp(−(s−t)²/(2h²))`; the
+//! proof above is about `k_D` itself, so the approximation changes what is estimated (a
+//! slightly different, still smooth, function class), never the privacy guarantee.
+//! `φ` is a truncated Fourier series of the Gaussian kernel periodised with period
+//! `P = (hi − lo) + 10h` (images are ≥ 10h away, e^{-50}): with `θ = x − lo`,
+//! `ω_j = 2πj/P` and `a_j = (h√(2π)/P)·e^{−h²ω_j²/2}` for `j ≤ J = ⌈9P/(2πh)⌉`,
+//! `φ(x) = (√a₀, √(2a_j)·cos(ω_j θ), √(2a_j)·sin(ω_j θ))`, so `‖φ(x)‖² = a₀ + 2Σa_j ≈ 1`
+//! for every x (κ ≈ 1 exactly up to rounding; the bound uses the computed sum times
+//! `1 + 10⁻¹²`, which covers the rounding of the float features, D ≤ 1 024).
+//!
+//! **The losses** (both convex, smooth and L-Lipschitz in the prediction f):
+//! * regression, the pseudo-Huber loss of the residual r = y − f with scale c:
+//!   `ℓ = c²(√(1 + (r/c)²) − 1)`, `|∂ℓ/∂f| < c` (L = c), `∂²ℓ/∂f² ≤ 1`. Quadratic for |r| ≪ c,
+//!   so with c of the order of the y range it is regularised least squares on clipped y.
+//! * classification (labels ±1), the smoothed hinge of the margin z = y·f with smoothing s:
+//!   `ℓ = ½(1 − z + √((1 − z)² + s²))`, `|∂ℓ/∂f| < 1` (L = 1), `∂²ℓ/∂f² ≤ 1/(2s)`; the hinge
+//!   `max(0, 1 − z)` of the soft-margin SVM as s → 0 (Chaudhuri et al. 2011 smooth it too).
+//!
+//! # The statistic (exact, mergeable, any number of rows)
+//!
+//! x is clamped to `[lo, hi]` and linearly binned to `nb` bins (spacing ≤ h/8); for regression
+//! y is clamped to `[lo_y, hi_y]` and linearly binned to 33 levels, for classification the
+//! label picks one of two levels (−1: label ≤ 0, +1: label > 0). Each row adds fixed-point
+//! weights ≥ 0 summing to exactly one unit (2⁻⁴⁰ units, as the KDE) to the `nb × levels`
+//! lattice; NULL or NaN in either value drops the row (a row that adds nothing). A row's loss is
+//! `Σ_c ω_c·ℓ(y_c, f(x_c))` over its cells: a convex combination of L-Lipschitz convex losses, so
+//! the claim applies. The objective depends on the data only through these exact integers
+//! (merge order cannot matter), so training scales to any number of rows in one pass.
+//!
+//! # Computing the minimizer, and its certificate
+//!
+//! Damped Newton in double-double (gradient and objective in double-double, the Newton system in
+//! f64; the Hessian is assembled from the Fourier sums `Σ_b q_b cos(kθ_b)`, `Σ_b q_b sin(kθ_b)`).
+//! The computed `ŵ` is used only with an a-posteriori certificate: by strong convexity
+//! `‖ŵ − w*‖ ≤ ‖∇F(ŵ)‖/Λ`, and the gradient is evaluated in double-double with a stated
+//! rounding bound. Newton stops once the certified distance is ≤ `η = 2⁻²⁰·L·κ/Λ`; the
+//! calibrated sensitivity is `K·L·κ/Λ + 2η` (both neighbours' solver errors) plus the lattice
+//! rounding slack. **Residual assumption**: the solver reaches the certificate (it always has in
+//! the adversarial tests, `tests/kernel_fit_privacy.rs`; the number of Newton steps is
+//! data-dependent, a timing signal like the samplers').
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use nalgebra::{DMatrix, DVector};
+use rand::Rng;
+
+use super::Calibration;
+use super::calibration;
+use super::contribution::Contribution;
+use super::kde::{FIXED_ONE, Grid, linear_bin};
+use super::kde_release::MechanismError;
+use super::lattice::{DD, DD_OP_ERR, LatticeMechanism};
+use super::sums::BufferedSums;
+
+/// x bins per bandwidth (linear binning's error relative to the kernel is (1/8)²/8 ≈ 0.2 %).
+pub const BINS_PER_BANDWIDTH: f64 = 8.0;
+/// Fewest x bins.
+pub const MIN_BINS: usize = 33;
+/// Largest `(hi − lo)/bandwidth` (the feature count grows with it: D ≈ 2.9·(hi−lo)/h + 30).
+pub const MAX_RANGE_OVER_BANDWIDTH: f64 = 256.0;
+/// Largest bandwidth relative to the box (the kernel would be flat).
+pub const MAX_BANDWIDTH_OVER_RANGE: f64 = 1024.0;
+/// Levels of the clamped response of a regression.
+pub const Y_LEVELS: usize = 33;
+/// Penalties accepted: `[MIN_PENALTY, MAX_PENALTY]`.
+pub const MIN_PENALTY: f64 = 1e-6;
+/// See [`MIN_PENALTY`].
+pub const MAX_PENALTY: f64 = 1e15;
+/// Newton steps before the solver gives up on the certificate.
+pub const MAX_NEWTON_STEPS: usize = 200;
+/// The certificate's tolerance: `η = 2^-CERTIFICATE_BITS · L·κ/Λ`.
+const CERTIFICATE_BITS: i32 = 20;
+/// Periodisation margin in bandwidths.
+const PERIOD_MARGIN: f64 = 10.0;
+/// Highest kept frequency: `h·ω_J ≥ FREQUENCY_CUTOFF` (`e^{-40.5}` of the spectrum's peak).
+const FREQUENCY_CUTOFF: f64 = 9.0;
+/// Rows buffered before a flush (one row adds at most 2^40 to an entry).
+const FLUSH_ROWS: usize = 1 << 22;
+
+/// The loss of a fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FitLoss {
+    /// Pseudo-Huber loss of the residual with this scale c (regression; L = c).
+    Huber(f64),
+    /// Smoothed hinge of the margin with this smoothing s (classification, labels ±1; L = 1).
+    Hinge(f64),
+}
+
+impl FitLoss {
+    /// Lipschitz constant in the prediction.
+    pub fn lipschitz(self) -> f64 {
+        match self {
+            FitLoss::Huber(c) => c,
+            FitLoss::Hinge(_) => 1.0,
+        }
+    }
+
+    /// Largest second derivative in the prediction.
+    pub fn max_curvature(self) -> f64 {
+        match self {
+            FitLoss::Huber(_) => 1.0,
+            FitLoss::Hinge(s) => 0.5 / s,
+        }
+    }
+
+    /// Loss and its derivative in f at target level y and prediction f (double-double).
+    fn value_and_slope(self, y: f64, f: DD) -> (DD, DD) {
+        match self {
+            FitLoss::Huber(c) => {
+                let r = DD::from_f64(y).sub(f);
+                let t = r.mul(DD::from_f64(c).recip());
+                let root = DD::from_f64(1.0).add(t.mul(t)).sqrt();
+                // c²(root − 1) = r²/(1 + root): no cancellation for small r.
+                let value = r.mul(r).mul(DD::from_f64(1.0).add(root).recip());
+                (value, r.mul(root.recip()).neg())
+            }
+            FitLoss::Hinge(s) => {
+                let z = if y > 0.0 { f } else { f.neg() };
+                let u = DD::from_f64(1.0).sub(z);
+                let s2 = DD::from_f64(s).mul_f64(s);
+                let root = u.mul(u).add(s2).sqrt();
+                let (value, dz) = if u.hi >= 0.0 {
+                    let value = u.add(root).mul_f64(0.5);
+                    (value, DD::from_f64(1.0).add(u.mul(root.recip())).mul_f64(-0.5))
+                } else {
+                    // root + u = s²/(root − u): no cancellation for a wide margin.
+                    let gap = root.sub(u);
+                    (s2.mul(gap.recip()).mul_f64(0.5), s2.mul(root.mul(gap).recip()).mul_f64(-0.5))
+                };
+                (value, if y > 0.0 { dz } else { dz.neg() })
+            }
+        }
+    }
+
+    /// Second derivative in f (f64; only steers Newton).
+    fn curvature(self, y: f64, f: f64) -> f64 {
+        match self {
+            FitLoss::Huber(c) => {
+                let t = (y - f) / c;
+                (1.0 + t * t).powf(-1.5)
+            }
+            FitLoss::Hinge(s) => {
+                let u = 1.0 - if y > 0.0 { f } else { -f };
+                0.5 * s * s * (u * u + s * s).powf(-1.5)
+            }
+        }
+    }
+}
+
+/// All public parameters of one fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitSpec {
+    /// The x box and the output grid.
+    pub grid: Grid,
+    /// Kernel bandwidth h.
+    pub bandwidth: f64,
+    /// Penalty Λ of the unnormalised objective.
+    pub penalty: f64,
+    /// The loss.
+    pub loss: FitLoss,
+    /// Clamping range of the response (regression); (−1, 1) for a classifier.
+    pub y_range: (f64, f64),
+    /// Privacy parameter ε.
+    pub epsilon: f64,
+    /// Privacy parameter δ (> 0).
+    pub delta: f64,
+    /// σ calibration.
+    pub calibration: Calibration,
+}
+
+/// The fitted function on the grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitRelease {
+    /// Grid points.
+    pub x: Vec<f64>,
+    /// The fitted function at the grid points.
+    pub fit: Vec<f64>,
+}
+
+/// What the solver did (for tests and the bench).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Solution {
+    /// The coefficients, in double-double.
+    pub w: Vec<DD>,
+    /// Newton steps taken.
+    pub steps: usize,
+    /// Certified bound on ‖ŵ − w*‖.
+    pub distance: f64,
+    /// Whether `distance ≤ η`.
+    pub certified: bool,
+}
+
+/// The public feature map (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Features {
+    lo: f64,
+    /// ω₁ = 2π/P.
+    omega: f64,
+    /// `√a₀, √(2a₁), …, √(2a_J)`.
+    amp: Vec<f64>,
+}
+
+impl Features {
+    fn new(lo: f64, hi: f64, h: f64) -> Self {
+        let period = (hi - lo) + PERIOD_MARGIN * h;
+        let omega = 2.0 * std::f64::consts::PI / period;
+        let j_max = ((FREQUENCY_CUTOFF / (h * omega)).ceil() as usize).max(1);
+        let scale = h * (2.0 * std::f64::consts::PI).sqrt() / period;
+        let amp = (0..=j_max)
+            .map(|j| {
+                let a = scale * (-0.5 * (h * omega * j as f64).powi(2)).exp();
+                if j == 0 { a.sqrt() } else { (2.0 * a).sqrt() }
+            })
+            .collect();
+        Self { lo, omega, amp }
+    }
+
+    /// Highest frequency index J.
+    fn j_max(&self) -> usize {
+        self.amp.len() - 1
+    }
+
+    /// Number of features D = 2J + 1.
+    pub fn dim(&self) -> usize {
+        2 * self.j_max() + 1
+    }
+
+    /// θ(x) = ω₁·(x − lo).
+    fn theta(&self, x: f64) -> f64 {
+        self.omega * (x - self.lo)
+    }
+
+    /// φ(x): `[c₀, c₁…c_J, s₁…s_J]`.
+    pub fn eval(&self, x: f64) -> Vec<f64> {
+        let (j, theta) = (self.j_max(), self.theta(x));
+        let mut out = vec![0.0; self.dim()];
+        out[0] = self.amp[0];
+        for k in 1..=j {
+            let a = k as f64 * theta;
+            out[k] = self.amp[k] * libm::cos(a);
+            out[j + k] = self.amp[k] * libm::sin(a);
+        }
+        out
+    }
+
+    /// An upper bound on `‖φ(x)‖` for every x (module docs).
+    pub fn kappa(&self) -> f64 {
+        let sq: f64 = self.amp.iter().map(|a| a * a).sum();
+        (sq * (1.0 + 1e-12)).sqrt()
+    }
+}
+
+/// Tables the solver needs (built at release time only).
+#[derive(Debug)]
+struct SolverTables {
+    /// φ at every bin, bin-major (nb × D).
+    phi: Vec<f64>,
+    /// cos(kθ_b), sin(kθ_b) for k = 0..=2J, bin-major (nb × (2J+1)).
+    cos: Vec<f64>,
+    sin: Vec<f64>,
+}
+
+/// The private kernel fit for fixed public parameters.
+#[derive(Debug)]
+pub struct KernelFitMechanism {
+    spec: FitSpec,
+    features: Features,
+    /// Number of x bins and their spacing.
+    bins: usize,
+    spacing: f64,
+    /// Response levels.
+    levels: Vec<f64>,
+    kappa: f64,
+    /// `L·κ/Λ` for one row.
+    core: f64,
+    eta: f64,
+    lattice: LatticeMechanism,
+    tables: OnceLock<SolverTables>,
+}
+
+impl Clone for KernelFitMechanism {
+    /// A copy without the solver tables (they are rebuilt on demand).
+    fn clone(&self) -> Self {
+        Self {
+            spec: self.spec.clone(),
+            features: self.features.clone(),
+            bins: self.bins,
+            spacing: self.spacing,
+            levels: self.levels.clone(),
+            kappa: self.kappa,
+            core: self.core,
+            eta: self.eta,
+            lattice: self.lattice.clone(),
+            tables: OnceLock::new(),
+        }
+    }
+}
+
+impl KernelFitMechanism {
+    /// Validates every parameter (planning time) and fixes the noise.
+    pub fn new(spec: FitSpec, c: Contribution) -> Result<Self, MechanismError> {
+        let bad = |m: String| Err(MechanismError::Noise(m));
+        let Grid { lo, hi, points } = spec.grid;
+        let range = hi - lo;
+        if !(lo.is_finite() && hi.is_finite() && lo < hi && range.is_finite()) {
+            return bad(format!("lo and hi must be finite with lo < hi, got lo = {lo}, hi = {hi}"));
+        }
+        if !(2..=65_536).contains(&points) {
+            return bad(format!("points must be an integer in [2, 65536], got {points}"));
+        }
+        let h = spec.bandwidth;
+        if !(h.is_finite() && h > 0.0) {
+            return bad(format!("bandwidth must be a finite number > 0, got {h}"));
+        }
+        if range / h > MAX_RANGE_OVER_BANDWIDTH {
+            return bad(format!(
+                "bandwidth must be at least (hi − lo)/{MAX_RANGE_OVER_BANDWIDTH} = {} (the fit has ≈ 3 features \
+                 per bandwidth), got {h}",
+                range / MAX_RANGE_OVER_BANDWIDTH
+            ));
+        }
+        if h / range > MAX_BANDWIDTH_OVER_RANGE {
+            return bad(format!(
+                "bandwidth must be at most {MAX_BANDWIDTH_OVER_RANGE} times hi − lo = {range}, got {h}"
+            ));
+        }
+        let lambda = spec.penalty;
+        if !(lambda.is_finite() && (MIN_PENALTY..=MAX_PENALTY).contains(&lambda)) {
+            return bad(format!("penalty must be a number in [{MIN_PENALTY:e}, {MAX_PENALTY:e}], got {lambda}"));
+        }
+        let levels = match spec.loss {
+            FitLoss::Huber(scale) => {
+                let (ylo, yhi) = spec.y_range;
+                if !(ylo.is_finite() && yhi.is_finite() && ylo < yhi && (yhi - ylo).is_finite()) {
+                    return bad(format!("lo_y and hi_y must be finite with lo_y < hi_y, got {ylo}, {yhi}"));
+                }
+                if !(scale.is_finite() && scale > 0.0 && scale <= 1e12 * (yhi - ylo)) {
+                    return bad(format!("huber must be a finite number > 0, got {scale}"));
+                }
+                let step = (yhi - ylo) / (Y_LEVELS - 1) as f64;
+                (0..Y_LEVELS).map(|j| if j + 1 == Y_LEVELS { yhi } else { ylo + j as f64 * step }).collect()
+            }
+            FitLoss::Hinge(s) => {
+                if !(s.is_finite() && s > 0.0 && s <= 1.0) {
+                    return bad(format!("smoothing must be a number in (0, 1], got {s}"));
+                }
+                vec![-1.0, 1.0]
+            }
+        };
+        if !(spec.delta > 0.0 && spec.delta < 1.0) {
+            return bad(format!("delta must be in the open interval (0, 1) (the fit adds Gaussian noise), got {}", spec.delta));
+        }
+        let features = Features::new(lo, hi, h);
+        let bins = ((BINS_PER_BANDWIDTH * range / h).ceil() as usize + 1).max(MIN_BINS);
+        let spacing = range / (bins - 1) as f64;
+        let kappa = features.kappa();
+        let core = spec.loss.lipschitz() * kappa / lambda * (1.0 + 1e-12);
+        let eta = core * 2f64.powi(-CERTIFICATE_BITS);
+        let rho =
+            calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
+        let sensitivity = c.per_group() * core + 2.0 * eta;
+        let lattice = LatticeMechanism::gaussian_over(sensitivity, features.dim(), rho, c.groups)?;
+        Ok(Self { spec, features, bins, spacing, levels, kappa, core, eta, lattice, tables: OnceLock::new() })
+    }
+
+    /// The parameters.
+    pub fn spec(&self) -> &FitSpec {
+        &self.spec
+    }
+
+    /// The feature map.
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    /// `L·κ/Λ`: the proven sensitivity of one row's change to the coefficients.
+    pub fn row_sensitivity(&self) -> f64 {
+        self.core
+    }
+
+    /// The certificate's tolerance η.
+    pub fn tolerance(&self) -> f64 {
+        self.eta
+    }
+
+    /// The bound κ on ‖φ‖.
+    pub fn kappa(&self) -> f64 {
+        self.kappa
+    }
+
+    /// Noise standard deviation of one coefficient (≈ of the fitted function at a point).
+    pub fn sigma(&self) -> f64 {
+        self.lattice.noise_sd()
+    }
+
+    /// The discrete mechanism on the coefficients.
+    pub fn lattice(&self) -> &LatticeMechanism {
+        &self.lattice
+    }
+
+    /// Number of x bins.
+    pub fn bins(&self) -> usize {
+        self.bins
+    }
+
+    /// Response levels (lattice columns).
+    pub fn levels(&self) -> &[f64] {
+        &self.levels
+    }
+
+    /// Length of the statistic (bins × levels, bin-major).
+    pub fn state_len(&self) -> usize {
+        self.bins * self.levels.len()
+    }
+
+    /// Memory one call needs: (state, work) in bytes.
+    pub fn memory_bytes(&self) -> (u64, u64) {
+        let (nb, d) = (self.bins as u64, self.features.dim() as u64);
+        (16 * self.state_len() as u64, 8 * nb * (d + 4 * d) + 8 * d * d + 32 * d + 8 * self.spec.grid.points as u64)
+    }
+
+    /// A statistic under accumulation.
+    pub fn accumulation(&self) -> FitAccumulation {
+        FitAccumulation(BufferedSums::new(self.state_len(), FLUSH_ROWS))
+    }
+
+    /// Adds rows (response or label `ys`, predictor `xs`). A NULL-free batch; NaN in either
+    /// value drops the row, ±inf and values outside the box are clamped. Nothing a value can
+    /// be makes this fail.
+    pub fn add_all(&self, acc: &mut FitAccumulation, ys: &[f64], xs: &[f64]) {
+        let (lo, nb) = (self.spec.grid.lo, self.bins);
+        let ix = 1.0 / self.spacing;
+        let top = (nb - 1) as f64;
+        let ny = self.levels.len();
+        let regression = matches!(self.spec.loss, FitLoss::Huber(_));
+        let (ylo, yhi) = self.spec.y_range;
+        let iy = (ny - 1) as f64 / (yhi - ylo);
+        for (cy, cx) in ys.chunks(FLUSH_ROWS).zip(xs.chunks(FLUSH_ROWS)) {
+            let pending = acc.0.buffer(cx.len());
+            for (&y, &x) in cy.iter().zip(cx) {
+                // Clamp in bin units (NaN stays NaN and is dropped by linear_bin).
+                let p = ((x - lo) * ix).clamp(0.0, top);
+                let (l, wl, wr, okx) = linear_bin(p, 0.0, 1.0, nb);
+                if regression {
+                    let q = ((y - ylo) * iy).clamp(0.0, (ny - 1) as f64);
+                    let (m, vl, _vr, oky) = linear_bin(q, 0.0, 1.0, ny);
+                    let half = 1i128 << 39;
+                    let w00 = ((wl as i128 * vl as i128 + half) >> 40) as i64;
+                    let w10 = ((wr as i128 * vl as i128 + half) >> 40) as i64;
+                    let mask = -((okx & oky) as i64);
+                    let base = l * ny + m;
+                    pending[base] += w00 & mask;
+                    pending[base + 1] += (wl - w00) & mask;
+                    pending[base + ny] += w10 & mask;
+                    pending[base + ny + 1] += (wr - w10) & mask;
+                } else {
+                    let mask = -((okx & !y.is_nan()) as i64);
+                    let level = (y > 0.0) as usize;
+                    pending[l * 2 + level] += wl & mask;
+                    pending[(l + 1) * 2 + level] += wr & mask;
+                }
+            }
+        }
+    }
+
+    fn tables(&self) -> &SolverTables {
+        self.tables.get_or_init(|| {
+            let (nb, d, j2) = (self.bins, self.features.dim(), 2 * self.features.j_max() + 1);
+            let mut phi = Vec::with_capacity(nb * d);
+            let (mut cos, mut sin) = (Vec::with_capacity(nb * j2), Vec::with_capacity(nb * j2));
+            for b in 0..nb {
+                let x = self.bin_x(b);
+                phi.extend(self.features.eval(x));
+                let theta = self.features.theta(x);
+                for k in 0..j2 {
+                    cos.push(libm::cos(k as f64 * theta));
+                    sin.push(libm::sin(k as f64 * theta));
+                }
+            }
+            SolverTables { phi, cos, sin }
+        })
+    }
+
+    /// Position of bin b.
+    pub fn bin_x(&self, b: usize) -> f64 {
+        if b + 1 == self.bins { self.spec.grid.hi } else { self.spec.grid.lo + b as f64 * self.spacing }
+    }
+
+    /// Objective, gradient (double-double) and the per-bin curvature sums at `w`.
+    fn evaluate(&self, mass: &[DD], w: &[DD], want_curvature: bool) -> (DD, Vec<DD>, Vec<f64>) {
+        let t = self.tables();
+        let (nb, d, ny) = (self.bins, w.len(), self.levels.len());
+        let lambda = self.spec.penalty;
+        let mut objective = DD::default();
+        for v in w {
+            objective = objective.add(v.mul(*v).mul_f64(0.5 * lambda));
+        }
+        let mut grad: Vec<DD> = w.iter().map(|v| v.mul_f64(lambda)).collect();
+        let mut curvature = vec![0.0; if want_curvature { nb } else { 0 }];
+        for b in 0..nb {
+            let phi = &t.phi[b * d..(b + 1) * d];
+            let cells = &mass[b * ny..(b + 1) * ny];
+            if cells.iter().all(|m| m.hi == 0.0) {
+                continue; // an empty bin adds nothing (the same value the loop would give)
+            }
+            let mut f = DD::default();
+            for (p, v) in phi.iter().zip(w) {
+                f = f.add(v.mul_f64(*p));
+            }
+            let mut slope = DD::default();
+            for (m, &y) in cells.iter().zip(&self.levels) {
+                if m.hi == 0.0 {
+                    continue;
+                }
+                let (value, ds) = self.spec.loss.value_and_slope(y, f);
+                objective = objective.add(value.mul(*m));
+                slope = slope.add(ds.mul(*m));
+                if want_curvature {
+                    curvature[b] += m.hi * self.spec.loss.curvature(y, f.hi);
+                }
+            }
+            for (g, p) in grad.iter_mut().zip(phi) {
+                *g = g.add(slope.mul_f64(*p));
+            }
+        }
+        (objective, grad, curvature)
+    }
+
+    /// `H = ΛI + Σ_b q_b φ_bφ_bᵀ` from the Fourier sums of q (f64).
+    fn hessian(&self, q: &[f64]) -> DMatrix<f64> {
+        let t = self.tables();
+        let (j, d) = (self.features.j_max(), self.features.dim());
+        let j2 = 2 * j + 1;
+        let (mut cs, mut sn) = (vec![0.0; j2], vec![0.0; j2]);
+        for (b, &qb) in q.iter().enumerate() {
+            if qb == 0.0 {
+                continue;
+            }
+            for k in 0..j2 {
+                cs[k] += qb * t.cos[b * j2 + k];
+                sn[k] += qb * t.sin[b * j2 + k];
+            }
+        }
+        let amp = &self.features.amp;
+        let mut h = DMatrix::<f64>::zeros(d, d);
+        for a in 0..=j {
+            for b in 0..=j {
+                let (sum, diff) = (a + b, a.abs_diff(b));
+                let s = amp[a] * amp[b] * 0.5;
+                h[(a, b)] = s * (cs[diff] + cs[sum]);
+                if a >= 1 && b >= 1 {
+                    h[(j + a, j + b)] = s * (cs[diff] - cs[sum]);
+                }
+                if b >= 1 {
+                    // cos(aθ)·sin(bθ) = ½[sin((a+b)θ) − sin((a−b)θ)]
+                    let sd = if a >= b { sn[diff] } else { -sn[diff] };
+                    let v = s * (sn[sum] - sd);
+                    h[(a, j + b)] = v;
+                    h[(j + b, a)] = v;
+                }
+            }
+        }
+        for i in 0..d {
+            h[(i, i)] += self.spec.penalty;
+        }
+        h
+    }
+
+    /// A certified bound on `‖ŵ − w*‖` from the double-double gradient at ŵ.
+    fn certify(&self, grad: &[DD], w: &[DD], total_mass: f64) -> f64 {
+        let d = w.len() as f64;
+        let norm = |v: &[DD]| v.iter().map(|x| x.hi * x.hi).sum::<f64>().sqrt() * (1.0 + 4.0 * d * f64::EPSILON);
+        // The norms use the leading parts; the trailing parts are ≤ 2^-53 of them.
+        let (g, wn) = (norm(grad) * (1.0 + 1e-15), norm(w) * (1.0 + 1e-15));
+        let (nb, ny) = (self.bins as f64, self.levels.len() as f64);
+        let (l, k, lambda) = (self.spec.loss.lipschitz(), self.kappa, self.spec.penalty);
+        let err = 4.0
+            * DD_OP_ERR
+            * (k * total_mass * (self.spec.loss.max_curvature() * d * k * wn + (16.0 + ny + nb + 1.0) * l)
+                + 2.0 * lambda * wn);
+        (g + err) / lambda * (1.0 + 1e-12)
+    }
+
+    /// The exact minimizer's numerical stand-in with its certificate (no noise).
+    pub fn solve(&self, state: &[i128]) -> Solution {
+        let mass: Vec<DD> = state.iter().map(|&v| DD::from_i128(v).scale_pow2(-40)).collect();
+        let total_mass = state.iter().map(|&v| v as f64).sum::<f64>() / FIXED_ONE * (1.0 + 1e-9);
+        let d = self.features.dim();
+        let mut w = vec![DD::default(); d];
+        let mut steps = 0;
+        loop {
+            let (objective, grad, q) = self.evaluate(&mass, &w, true);
+            let distance = self.certify(&grad, &w, total_mass);
+            if distance <= self.eta || steps >= MAX_NEWTON_STEPS {
+                return Solution { w, steps, distance, certified: distance <= self.eta };
+            }
+            steps += 1;
+            let g = DVector::from_iterator(d, grad.iter().map(|v| v.to_f64()));
+            let h = self.hessian(&q);
+            let p = match h.clone().cholesky() {
+                Some(ch) => -ch.solve(&g),
+                // Not positive definite in floating point: a gradient step scaled by the
+                // Hessian's largest diagonal entry (Armijo below keeps it a descent step).
+                None => -&g / h.diagonal().max().max(self.spec.penalty),
+            };
+            let slope: f64 = g.dot(&p);
+            let mut t = 1.0;
+            let mut accepted = false;
+            for _ in 0..60 {
+                let trial: Vec<DD> = w.iter().zip(p.iter()).map(|(v, pk)| v.add(DD::from_f64(pk * t))).collect();
+                let (value, _, _) = self.evaluate(&mass, &trial, false);
+                let allowed = objective.add(DD::from_f64(1e-4 * t * slope + objective.hi.abs() * 1e-27));
+                if value.sub(allowed).hi <= 0.0 {
+                    w = trial;
+                    accepted = true;
+                    break;
+                }
+                t *= 0.5;
+            }
+            if !accepted {
+                let (_, grad, _) = self.evaluate(&mass, &w, false);
+                let distance = self.certify(&grad, &w, total_mass);
+                return Solution { w, steps, distance, certified: distance <= self.eta };
+            }
+        }
+    }
+
+    /// The private part of a release: `round(ŵ) + Z` on the lattice (exact discrete Gaussian).
+    /// `rng = None` is the noiseless test hook.
+    pub fn noisy_coefficients<R: Rng + ?Sized>(&self, state: &[i128], rng: Option<&mut R>) -> Vec<f64> {
+        self.lattice.release(&self.solve(state).w, rng)
+    }
+
+    /// The fitted function `φ(x)ᵀw` (post-processing of released coefficients).
+    pub fn eval(&self, w: &[f64], x: f64) -> f64 {
+        self.features.eval(x).iter().zip(w).map(|(p, v)| p * v).sum()
+    }
+
+    /// The fitted function on the grid.
+    pub fn post_process(&self, w: &[f64]) -> FitRelease {
+        let x = self.spec.grid.xs();
+        let fit = x.iter().map(|&t| self.eval(w, t)).collect();
+        FitRelease { x, fit }
+    }
+
+    /// One release from the exact statistic.
+    pub fn release<R: Rng + ?Sized>(&self, state: &[i128], rng: Option<&mut R>) -> (Vec<f64>, FitRelease) {
+        let w = self.noisy_coefficients(state, rng);
+        let release = self.post_process(&w);
+        (w, release)
+    }
+}
+
+/// A statistic under accumulation ([`BufferedSums`]); rows only enter through
+/// [`KernelFitMechanism::add_all`].
+#[derive(Debug, Clone)]
+pub struct FitAccumulation(BufferedSums);
+
+impl FitAccumulation {
+    /// Adds a partial statistic of the same layout.
+    pub fn merge(&mut self, other: &[i128]) {
+        self.0.merge(other);
+    }
+
+    /// The exact statistic.
+    pub fn totals(&mut self) -> &[i128] {
+        self.0.totals()
+    }
+
+    /// Heap bytes.
+    pub fn heap_size(&self) -> usize {
+        self.0.heap_size()
+    }
+}
+
+impl fmt::Display for FitLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FitLoss::Huber(c) => write!(f, "huber({c})"),
+            FitLoss::Hinge(s) => write!(f, "hinge({s})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(loss: FitLoss) -> FitSpec {
+        FitSpec {
+            grid: Grid { lo: 0.0, hi: 1.0, points: 51 },
+            bandwidth: 0.1,
+            penalty: 10.0,
+            loss,
+            y_range: (-1.0, 1.0),
+            epsilon: 1.0,
+            delta: 1e-6,
+            calibration: Calibration::Analytic,
+        }
+    }
+
+    #[test]
+    fn features_approximate_the_gaussian_kernel_with_unit_norm() {
+        let f = Features::new(0.0, 1.0, 0.1);
+        assert!((f.kappa() - 1.0).abs() < 1e-9, "κ = {}", f.kappa());
+        for (s, t) in [(0.0, 0.0), (0.0, 1.0), (0.3, 0.45), (0.9, 0.2), (0.5, 0.55)] {
+            let k: f64 = f.eval(s).iter().zip(f.eval(t)).map(|(a, b)| a * b).sum();
+            let exact = (-0.5 * ((s - t) / 0.1f64).powi(2)).exp();
+            assert!((k - exact).abs() < 1e-12, "k({s}, {t}) = {k}, Gaussian {exact}");
+        }
+    }
+
+    #[test]
+    fn the_hessian_from_fourier_sums_is_phi_q_phi() {
+        let m = KernelFitMechanism::new(spec(FitLoss::Huber(1.0)), Contribution::ROW).unwrap();
+        let q: Vec<f64> = (0..m.bins()).map(|b| ((b * 7) % 5) as f64).collect();
+        let h = m.hessian(&q);
+        let t = m.tables();
+        let d = m.features().dim();
+        for (a, c) in [(0, 0), (1, 3), (d - 1, 2), (d - 1, d - 1), (5, d / 2 + 3)] {
+            let mut direct: f64 = (0..m.bins()).map(|b| q[b] * t.phi[b * d + a] * t.phi[b * d + c]).sum();
+            if a == c {
+                direct += 10.0;
+            }
+            assert!((h[(a, c)] - direct).abs() < 1e-9 * (1.0 + direct.abs()), "H[{a},{c}] {} vs {direct}", h[(a, c)]);
+        }
+    }
+
+    #[test]
+    fn regression_recovers_a_smooth_function_and_certifies() {
+        let m = KernelFitMechanism::new(spec(FitLoss::Huber(1.0)), Contribution::ROW).unwrap();
+        let mut acc = m.accumulation();
+        let n = 20_000;
+        let xs: Vec<f64> = (0..n).map(|i| (i as f64 + 0.5) / n as f64).collect();
+        let ys: Vec<f64> = xs.iter().map(|x| (6.0 * x).sin() * 0.8).collect();
+        m.add_all(&mut acc, &ys, &xs);
+        let s = m.solve(acc.totals());
+        assert!(s.certified, "{s:?}");
+        let w: Vec<f64> = s.w.iter().map(|v| v.to_f64()).collect();
+        for x in [0.1, 0.3, 0.5, 0.7, 0.9] {
+            let fit = m.eval(&w, x);
+            assert!((fit - (6.0 * x).sin() * 0.8).abs() < 0.02, "f({x}) = {fit}");
+        }
+    }
+
+    #[test]
+    fn classifier_separates_two_regions_and_certifies() {
+        let m = KernelFitMechanism::new(spec(FitLoss::Hinge(0.1)), Contribution::ROW).unwrap();
+        let mut acc = m.accumulation();
+        let n = 4000;
+        let xs: Vec<f64> = (0..n).map(|i| (i as f64 + 0.5) / n as f64).collect();
+        let ys: Vec<f64> = xs.iter().map(|&x| if x > 0.6 { 1.0 } else { 0.0 }).collect();
+        m.add_all(&mut acc, &ys, &xs);
+        let s = m.solve(acc.totals());
+        assert!(s.certified, "{s:?}");
+        let w: Vec<f64> = s.w.iter().map(|v| v.to_f64()).collect();
+        assert!(m.eval(&w, 0.2) < -0.5 && m.eval(&w, 0.9) > 0.5);
+        assert!(m.eval(&w, 0.55) < 0.0 && m.eval(&w, 0.65) > 0.0);
+    }
+
+    #[test]
+    fn every_row_adds_one_unit_and_nan_drops_it() {
+        for loss in [FitLoss::Huber(1.0), FitLoss::Hinge(0.1)] {
+            let m = KernelFitMechanism::new(spec(loss), Contribution::ROW).unwrap();
+            let mut acc = m.accumulation();
+            let xs = [0.3, -5.0, f64::INFINITY, f64::NEG_INFINITY, 1.0, f64::NAN, 0.2, 0.77];
+            let ys = [0.1, 9.0, -f64::INFINITY, 0.0, 1.0, 0.5, f64::NAN, -0.999];
+            m.add_all(&mut acc, &ys, &xs);
+            let mass: i128 = acc.totals().iter().sum();
+            assert_eq!(mass, 6 << 40, "{loss}: six rows with a number in both values");
+            assert!(acc.totals().iter().all(|&v| v >= 0));
+        }
+    }
+}
