@@ -77,12 +77,15 @@ macro_rules! private_aggregate {
     };
 }
 
+pub mod kernel_fit;
 pub mod named_args;
 pub mod params;
 pub mod permits;
 pub mod post;
 pub mod private_kde;
 pub mod private_kde2d;
+pub mod private_kernel_classifier;
+pub mod private_kernel_regression;
 pub mod private_mean_curve;
 pub mod releases;
 
@@ -99,6 +102,8 @@ use crate::mechanism::{Contribution, NoiseSource};
 pub use permits::{PermitSlot, Permits, ReleaseStore, SlotCharge};
 pub use private_kde::PrivateKde;
 pub use private_kde2d::PrivateKde2d;
+pub use private_kernel_classifier::PrivateKernelClassifier;
+pub use private_kernel_regression::PrivateKernelRegression;
 pub use private_mean_curve::PrivateMeanCurve;
 
 /// One private aggregate call found in a plan, with the budget it spends.
@@ -122,8 +127,14 @@ impl PrivateCall {
 }
 
 /// The declared parameters of every private aggregate, for the named-argument rewrite.
-pub fn all_params() -> [&'static params::FunctionParams; 3] {
-    [&private_kde::PARAMS, &private_kde2d::PARAMS, &private_mean_curve::PARAMS]
+pub fn all_params() -> [&'static params::FunctionParams; 5] {
+    [
+        &private_kde::PARAMS,
+        &private_kde2d::PARAMS,
+        &private_mean_curve::PARAMS,
+        &private_kernel_regression::PARAMS,
+        &private_kernel_classifier::PARAMS,
+    ]
 }
 
 /// All private aggregate UDFs, drawing noise from `noise`, with `permits` (catalog
@@ -132,6 +143,8 @@ pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> 
     vec![
         AggregateUDF::from(PrivateKde::new(noise).with_permits(permits.clone())),
         AggregateUDF::from(PrivateKde2d::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateKernelRegression::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateKernelClassifier::new(noise).with_permits(permits.clone())),
         AggregateUDF::from(PrivateMeanCurve::new(noise).with_permits(permits)),
     ]
 }
@@ -168,6 +181,12 @@ fn as_private(func: &AggregateUDF) -> Option<&dyn PrivateFunction> {
         return Some(f);
     }
     if let Some(f) = inner.downcast_ref::<PrivateKde2d>() {
+        return Some(f);
+    }
+    if let Some(f) = inner.downcast_ref::<PrivateKernelRegression>() {
+        return Some(f);
+    }
+    if let Some(f) = inner.downcast_ref::<PrivateKernelClassifier>() {
         return Some(f);
     }
     inner.downcast_ref::<PrivateMeanCurve>().map(|f| f as &dyn PrivateFunction)

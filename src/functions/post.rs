@@ -226,7 +226,7 @@ fn curve_arg(function: &str, arg_types: &[DataType], want: usize) -> Result<Data
     Ok(arg_types[0].clone())
 }
 
-/// The (grid, values) list columns of a curve struct: `x`/`t` and `density`/`mean`.
+/// The (grid, values) list columns of a curve struct: `x`/`t` and `density`/`mean`/`fit`/`score`.
 fn curve_fields(t: &DataType) -> Option<(usize, usize)> {
     let DataType::Struct(fields) = t else { return None };
     let find = |names: &[&str]| {
@@ -235,7 +235,7 @@ fn curve_fields(t: &DataType) -> Option<(usize, usize)> {
                 && matches!(f.data_type(), DataType::List(item) if item.data_type() == &DataType::Float64)
         })
     };
-    Some((find(&["x", "t"])?, find(&["density", "mean"])?))
+    Some((find(&["x", "t"])?, find(&["density", "mean", "fit", "score"])?))
 }
 
 impl ScalarUDFImpl for CurveUdf {

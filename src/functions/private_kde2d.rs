@@ -43,7 +43,7 @@ pub const DEFAULT_POINTS: usize = 64;
 /// Most grid points along one axis.
 pub const MAX_POINTS: usize = 1024;
 /// Argument positions of the box (x and y are 0 and 1), for the policy defaults.
-pub const BOX_ARGS: [(usize, usize); 2] = [(6, 7), (8, 9)];
+pub const BOX_ARGS: &[(usize, (usize, usize))] = &[(0, (6, 7)), (1, (8, 9))];
 
 /// Declared arguments, in positional order.
 pub static PARAMS: FunctionParams = FunctionParams {

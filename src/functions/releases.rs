@@ -220,6 +220,10 @@ impl TableFunctionImpl for ReleaseTable {
             StoredCurve::Kde2d { release } => {
                 ("private_kde2d", super::private_kde2d::result_value(release, Some(id.clone()))?)
             }
+            StoredCurve::KernelFit { mechanism, release, .. } => {
+                let kind = super::kernel_fit::Kind::of(mechanism.spec().loss);
+                (kind.name(), super::kernel_fit::result_value(kind, release, Some(id.clone()))?)
+            }
             StoredCurve::MeanCurve { release, band, .. } => {
                 ("private_mean_curve", super::private_mean_curve::result_value(release, band, Some(id.clone()))?)
             }

@@ -13,7 +13,9 @@ use datafusion::common::{Column, Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use crate::functions::{private_kde, private_kde2d, private_mean_curve};
+use crate::functions::{
+    private_kde, private_kde2d, private_kernel_classifier, private_kernel_regression, private_mean_curve,
+};
 use crate::policy::table::as_private;
 
 /// Public bounds per (private table, column).
@@ -88,6 +90,21 @@ fn literal(v: ScalarValue) -> Expr {
     Expr::Literal(v, None)
 }
 
+/// The argument positions `(data argument, (lo, hi))` of the boxes a function takes from its
+/// data columns' policy bounds (functions with more than one data column).
+fn box_args(func: &datafusion::logical_expr::AggregateUDF) -> Option<&'static [(usize, (usize, usize))]> {
+    let inner = func.inner();
+    if inner.is::<private_kde2d::PrivateKde2d>() {
+        Some(private_kde2d::BOX_ARGS)
+    } else if inner.is::<private_kernel_regression::PrivateKernelRegression>() {
+        Some(private_kernel_regression::BOX_ARGS)
+    } else if inner.is::<private_kernel_classifier::PrivateKernelClassifier>() {
+        Some(private_kernel_classifier::BOX_ARGS)
+    } else {
+        None
+    }
+}
+
 /// The call with omitted policy parameters filled in (keeping the output name), or None.
 fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyDefaults) -> Option<Expr> {
     let (inner, name) = match e {
@@ -112,9 +129,9 @@ fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyDefaults) -> Option<Expr
             set(&mut args, hi_i, ScalarValue::Float64(Some(hi)));
             changed = true;
         }
-    } else if func.inner().is::<private_kde2d::PrivateKde2d>() {
+    } else if let Some(boxes) = box_args(func) {
         // Each axis independently: its column's bounds unless the call gives that axis's box.
-        for (data, (lo_i, hi_i)) in private_kde2d::BOX_ARGS.into_iter().enumerate() {
+        for &(data, (lo_i, hi_i)) in boxes {
             if is_null_literal(args.get(lo_i)) && is_null_literal(args.get(hi_i)) {
                 let Some(key) = args.get(data).and_then(|a| trace_column(a, input)) else { continue };
                 let Some(&(lo, hi)) = defaults.bounds.get(&key) else { continue };

@@ -390,7 +390,10 @@ impl KernelFitMechanism {
             }
         };
         if !(spec.delta > 0.0 && spec.delta < 1.0) {
-            return bad(format!("delta must be in the open interval (0, 1) (the fit adds Gaussian noise), got {}", spec.delta));
+            return bad(format!(
+                "delta must be in the open interval (0, 1) (the fit adds Gaussian noise), got {}",
+                spec.delta
+            ));
         }
         let features = Features::new(lo, hi, h);
         let bins = ((BINS_PER_BANDWIDTH * range / h).ceil() as usize + 1).max(MIN_BINS);

@@ -30,6 +30,7 @@ use super::contribution::Contribution;
 use super::kde::{Grid, KdeLayout};
 use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
 use super::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use super::kernel_fit::{FitLoss, FitRelease, FitSpec, KernelFitMechanism};
 use super::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
 
 /// What a stored release keeps: public parameters and the released coordinates.
@@ -59,6 +60,15 @@ pub enum Recipe {
         contribution: Contribution,
         /// The released surface on the grid (x-major), before normalisation.
         surface: Vec<f64>,
+    },
+    /// A `private_kernel_regression` or `private_kernel_classifier` release.
+    KernelFit {
+        /// Its public parameters (the loss says which function).
+        spec: FitSpec,
+        /// The contribution bound.
+        contribution: Contribution,
+        /// The released (noisy) coefficients of the fitted function in the feature basis.
+        coefficients: Vec<f64>,
     },
     /// A `private_mean_curve` release.
     MeanCurve {
@@ -93,6 +103,10 @@ impl Recipe {
         match self {
             Recipe::Kde { .. } => "private_kde",
             Recipe::Kde2d { .. } => "private_kde2d",
+            Recipe::KernelFit { spec, .. } => match spec.loss {
+                FitLoss::Huber(_) => "private_kernel_regression",
+                FitLoss::Hinge(_) => "private_kernel_classifier",
+            },
             Recipe::MeanCurve { .. } => "private_mean_curve",
         }
     }
@@ -131,6 +145,23 @@ impl Recipe {
                 "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
                 "unit_rows": contribution.rows, "unit_groups": contribution.groups,
             }),
+            Recipe::KernelFit { spec, contribution, .. } => {
+                let mut v = json!({
+                    "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
+                    "bandwidth": spec.bandwidth, "penalty": spec.penalty,
+                    "epsilon": spec.epsilon, "delta": spec.delta, "calibration": spec.calibration.name(),
+                    "unit_rows": contribution.rows, "unit_groups": contribution.groups,
+                });
+                match spec.loss {
+                    FitLoss::Huber(c) => {
+                        v["huber"] = json!(c);
+                        v["lo_y"] = json!(spec.y_range.0);
+                        v["hi_y"] = json!(spec.y_range.1);
+                    }
+                    FitLoss::Hinge(s) => v["smoothing"] = json!(s),
+                }
+                v
+            }
             Recipe::MeanCurve { spec, contribution, alpha, .. } => json!({
                 "points": spec.points, "kernel": spec.kernel.name(), "range": spec.range,
                 "penalty": spec.penalty, "eta": spec.eta, "clip": spec.clip, "epsilon": spec.epsilon,
@@ -148,6 +179,7 @@ impl Recipe {
         let (lifted, n) = match self {
             Recipe::Kde { lifted, .. } => (lifted, None),
             Recipe::Kde2d { surface, .. } => (surface, None),
+            Recipe::KernelFit { coefficients, .. } => (coefficients, None),
             Recipe::MeanCurve { lifted, n, .. } => (lifted, Some(*n)),
         };
         let mut out = Vec::with_capacity(8 * (lifted.len() + 1));
@@ -216,6 +248,31 @@ impl Recipe {
                     surface: floats(data)?,
                 })
             }
+            "private_kernel_regression" | "private_kernel_classifier" => {
+                let (loss, y_range) = if function == "private_kernel_regression" {
+                    (FitLoss::Huber(field(&p, "huber")?), (field(&p, "lo_y")?, field(&p, "hi_y")?))
+                } else {
+                    (FitLoss::Hinge(field(&p, "smoothing")?), (-1.0, 1.0))
+                };
+                Ok(Recipe::KernelFit {
+                    spec: FitSpec {
+                        grid: Grid {
+                            lo: field(&p, "lo")?,
+                            hi: field(&p, "hi")?,
+                            points: count(&p, "points")? as usize,
+                        },
+                        bandwidth: field(&p, "bandwidth")?,
+                        penalty: field(&p, "penalty")?,
+                        loss,
+                        y_range,
+                        epsilon: field(&p, "epsilon")?,
+                        delta: field(&p, "delta")?,
+                        calibration,
+                    },
+                    contribution,
+                    coefficients: floats(data)?,
+                })
+            }
             "private_mean_curve" => {
                 if data.len() < 8 {
                     return Err("stored release: truncated data".into());
@@ -265,6 +322,15 @@ pub enum StoredCurve {
         /// The release as it was returned.
         release: Kde2dRelease,
     },
+    /// A kernel regression or classifier release.
+    KernelFit {
+        /// The mechanism (public parameters, the feature map).
+        mechanism: Box<KernelFitMechanism>,
+        /// Released coefficients.
+        coefficients: Vec<f64>,
+        /// The release as it was returned.
+        release: FitRelease,
+    },
     /// A mean-curve release.
     MeanCurve {
         /// The release as it was returned.
@@ -307,6 +373,18 @@ impl StoredCurve {
                     return Err("stored release: a surface of the wrong size".into());
                 }
                 Ok(StoredCurve::Kde2d { release: mechanism.post_process(surface) })
+            }
+            Recipe::KernelFit { spec, contribution, coefficients } => {
+                let mechanism = KernelFitMechanism::new(spec.clone(), *contribution).map_err(|e| e.to_string())?;
+                if coefficients.len() != mechanism.features().dim() {
+                    return Err("stored release: coefficients of the wrong dimension".into());
+                }
+                let release = mechanism.post_process(coefficients);
+                Ok(StoredCurve::KernelFit {
+                    mechanism: Box::new(mechanism),
+                    coefficients: coefficients.clone(),
+                    release,
+                })
             }
             Recipe::MeanCurve { spec, contribution, alpha, lifted, n } => {
                 let mechanism =
@@ -357,6 +435,11 @@ impl StoredCurve {
         }
         match self {
             StoredCurve::Kde2d { .. } => None,
+            StoredCurve::KernelFit { mechanism, coefficients, .. } => {
+                let grid = mechanism.spec().grid;
+                // The same evaluation as the returned grid values: exact there, and anywhere.
+                (x >= grid.lo && x <= grid.hi).then(|| mechanism.eval(coefficients, x))
+            }
             StoredCurve::Kde { mechanism, lifted, circle, release, .. } => {
                 let grid = mechanism.spec().grid;
                 release.density.as_ref()?;
