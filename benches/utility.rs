@@ -44,6 +44,14 @@
 //! independent, so the true density is the product), h = range/30 per axis, a 64 × 64 grid,
 //! (ε, 1e-6): the ISE against the non-private product-kernel KDE and against the truth, and the
 //! non-private KDE's own ISE to the truth (the sampling error the privacy noise adds to).
+//!
+//! `--study regression` measures `private_kernel_regression` and `private_kernel_classifier`
+//! (issue 13, Hall §4.3): x from the mixture on [0, 1], y = 0.8·sin(2πx) + 0.3x + N(0, 0.5²) clamped
+//! to [−2.5, 2.5], label = y > 0; bandwidth 0.05; for each penalty Λ in `--penalty` (default
+//! 1,10,100,1000,10000): the mean squared error over the grid (x in [0.05, 0.95]) of the release
+//! against the non-private fit of the same objective (noise off) and against the true regression
+//! function, next to the non-private fit's own error; for the classifier the share of grid points
+//! whose predicted class differs from the Bayes classifier's (sign of the true function).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -67,6 +75,7 @@ struct Options {
     python: String,
     tuned: bool,
     study: Option<String>,
+    penalties: Vec<f64>,
 }
 
 fn parse_count(s: &str) -> usize {
@@ -83,6 +92,7 @@ impl Options {
             python: "python3".into(),
             tuned: true,
             study: None,
+            penalties: vec![1.0, 10.0, 100.0, 1000.0, 10000.0],
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -95,6 +105,7 @@ impl Options {
                 "--python" => o.python = value(),
                 "--no-tuned" => o.tuned = false,
                 "--study" => o.study = Some(value()),
+                "--penalty" => o.penalties = value().split(',').map(|s| s.trim().parse().expect("a penalty")).collect(),
                 "--bench" => {}
                 other => panic!("unknown option {other}"),
             }
@@ -605,6 +616,108 @@ async fn kde2d_study(o: &Options) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `--study regression`: private kernel regression and classification (Hall §4.3).
+
+fn regression_truth(x: f64) -> f64 {
+    0.8 * (2.0 * std::f64::consts::PI * x).sin() + 0.3 * x
+}
+
+/// The fitted values of one call (`fit` or `score` field) on the 101-point grid.
+async fn fit_values(s: &DpSession, sql: &str) -> Vec<f64> {
+    let batches = s.query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    floats(&batches[0].column(0).as_list::<i32>().value(0))
+}
+
+async fn regression_study(o: &Options) {
+    use dpcurve::NoiseSource;
+    let private = DpSession::new(SessionOptions::default());
+    let exact = DpSession::new(SessionOptions { noise: NoiseSource::Off, ..Default::default() });
+    let g: Vec<f64> = (0..101).map(|i| i as f64 / 100.0).collect();
+    let inner: Vec<usize> = (0..101).filter(|&i| (0.05..=0.95).contains(&g[i])).collect();
+    let mse = |a: &[f64], b: &dyn Fn(usize) -> f64| {
+        inner.iter().map(|&i| (a[i] - b(i)).powi(2)).sum::<f64>() / inner.len() as f64
+    };
+    let wrong = |a: &[f64]| {
+        inner.iter().filter(|&&i| (a[i] > 0.0) != (regression_truth(g[i]) > 0.0)).count() as f64 / inner.len() as f64
+    };
+    println!(
+        "# private_kernel_regression / _classifier: x ~ mixture on [0, 1], y = 0.8 sin(2πx) + 0.3x + N(0, 0.25) in [-2.5, 2.5], h = 0.05, δ = 1e-6, {} reps",
+        o.reps
+    );
+    println!(
+        "{:>8} {:>5} {:>7} | {:>11} {:>11} {:>11} | {:>9} {:>9} | {:>8}",
+        "n", "eps", "penalty", "MSE vs fit", "MSE truth", "fit truth", "cls wrong", "cls exact", "s/query"
+    );
+    for &n in &o.n {
+        let mut tables = Vec::new();
+        for rep in 0..o.reps {
+            let path = o.data.join(format!("utility-regression-{n}-{rep}.parquet"));
+            if !path.exists() {
+                let seed = 9_300_000 + 10 * n.ilog10() as u64 + rep as u64;
+                let xs = Dist::Mixture.sample(n, seed);
+                let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(seed + 1);
+                let ys: Vec<f64> = xs
+                    .iter()
+                    .map(|&x| {
+                        let z: f64 = rand_distr::Distribution::sample(&rand_distr::StandardNormal, &mut rng);
+                        (regression_truth(x) + 0.5 * z).clamp(-2.5, 2.5)
+                    })
+                    .collect();
+                let schema = Arc::new(Schema::new(vec![
+                    Field::new("x", DataType::Float64, false),
+                    Field::new("y", DataType::Float64, false),
+                ]));
+                let tmp = path.with_extension("tmp");
+                let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), schema.clone(), None).unwrap();
+                for (cx, cy) in xs.chunks(1 << 20).zip(ys.chunks(1 << 20)) {
+                    let cols: Vec<ArrayRef> =
+                        vec![Arc::new(Float64Array::from(cx.to_vec())), Arc::new(Float64Array::from(cy.to_vec()))];
+                    w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap()).unwrap();
+                }
+                w.close().unwrap();
+                std::fs::rename(&tmp, &path).unwrap();
+            }
+            let t = format!("reg_{n}_{rep}");
+            for s in [&private, &exact] {
+                s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
+            }
+            tables.push(t);
+        }
+        for &eps in &o.eps {
+            for &penalty in &o.penalties {
+                let (mut vs_fit, mut vs_truth, mut fit_truth, mut cls, mut cls_exact) = (0.0, 0.0, 0.0, 0.0, 0.0);
+                let mut seconds = 0.0;
+                let r = o.reps as f64;
+                for t in &tables {
+                    let reg = |e: f64| {
+                        format!(
+                            "SELECT private_kernel_regression(y, x, {e}, 1e-6, bandwidth => 0.05, penalty => {penalty}, \
+                             lo => 0, hi => 1, lo_y => -2.5, hi_y => 2.5)['fit'] FROM {t}"
+                        )
+                    };
+                    let cl = format!(
+                        "SELECT private_kernel_classifier(y, x, {eps}, 1e-6, bandwidth => 0.05, penalty => {penalty}, \
+                         lo => 0, hi => 1)['score'] FROM {t}"
+                    );
+                    let started = std::time::Instant::now();
+                    let f = fit_values(&private, &reg(eps)).await;
+                    seconds += started.elapsed().as_secs_f64() / r;
+                    let f0 = fit_values(&exact, &reg(eps)).await;
+                    vs_fit += mse(&f, &|i| f0[i]) / r;
+                    vs_truth += mse(&f, &|i| regression_truth(g[i])) / r;
+                    fit_truth += mse(&f0, &|i| regression_truth(g[i])) / r;
+                    cls += wrong(&fit_values(&private, &cl).await) / r;
+                    cls_exact += wrong(&fit_values(&exact, &cl).await) / r;
+                }
+                println!(
+                    "{n:>8} {eps:>5} {penalty:>7} | {vs_fit:>11.3e} {vs_truth:>11.3e} {fit_truth:>11.3e} | {cls:>9.3} {cls_exact:>9.3} | {seconds:>8.2}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let o = Options::parse();
@@ -612,7 +725,8 @@ async fn main() {
     match o.study.as_deref() {
         Some("sobolev") => return sobolev_study(&o).await,
         Some("kde2d") => return kde2d_study(&o).await,
-        Some(other) => panic!("unknown study {other} (sobolev, kde2d)"),
+        Some("regression") => return regression_study(&o).await,
+        Some(other) => panic!("unknown study {other} (sobolev, kde2d, regression)"),
         None => {}
     }
     let s = DpSession::new(SessionOptions::default());
