@@ -380,3 +380,28 @@ fn a_2d_density_is_drawn_as_a_heat_map() {
     assert_eq!(doc.matches(r#"class="cell""#).count(), 30 * 20, "one cell per grid point");
     assert!(!doc.contains("<polyline"), "not drawn as a curve");
 }
+
+/// A kernel regression and a classifier are drawn as curves of x (terminal and SVG), one per call.
+#[test]
+fn kernel_fits_are_plotted_as_curves() {
+    use std::sync::Arc;
+    let dir = TempDir::new("cli-kernel-fit");
+    let xs = mixture(3_000, 31);
+    let ys: Vec<f64> = xs.iter().map(|x| (6.0 * x).sin()).collect();
+    common::write_columns(
+        &dir.path("r.parquet"),
+        vec![
+            ("x", Arc::new(datafusion::arrow::array::Float64Array::from(xs)) as _),
+            ("y", Arc::new(datafusion::arrow::array::Float64Array::from(ys)) as _),
+        ],
+    );
+    let table = format!("r={}", dir.str("r.parquet"));
+    let svg = dir.str("f.svg");
+    let sql = "SELECT private_kernel_regression(y, x, 2, 1e-6, lo => 0, hi => 1, lo_y => -1, hi_y => 1) AS f, \
+               private_kernel_classifier(y > 0, x, 2, 1e-6, lo => 0, hi => 1) AS c FROM r";
+    let (code, out, err) = dpcurve(&["sql", "--table", &table, "-c", sql, "--plot", "--svg", &svg], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("f row 1 (fit)") && out.contains("c row 2 (score)"), "{out}");
+    let doc = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(doc.matches("<polyline").count(), 2, "{doc}");
+}
