@@ -52,6 +52,12 @@
 //! against the non-private fit of the same objective (noise off) and against the true regression
 //! function, next to the non-private fit's own error; for the classifier the share of grid points
 //! whose predicted class differs from the Bayes classifier's (sign of the true function).
+//!
+//! `--study iclp` compares the pure-ε ICLP releases (Lin & Reimherr §4.4) with the other noises:
+//! `private_kde` on the mixture and the claw at the best of the 10 fixed bandwidths (ISE to the
+//! truth) with `mechanism => 'iclp'` (δ = 0), `'laplace'` (δ = 0, node counts) and `'gaussian'`
+//! (δ = 1e-6); and the regression of `--study regression` at Λ = 1 000 with δ = 0 against δ = 1e-6
+//! (MSE against the non-private fit).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -718,6 +724,101 @@ async fn regression_study(o: &Options) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `--study iclp`: the pure-ε Laplace-process releases against the other noises.
+
+async fn iclp_study(o: &Options) {
+    use dpcurve::NoiseSource;
+    let s = DpSession::new(SessionOptions::default());
+    let exact = DpSession::new(SessionOptions { noise: NoiseSource::Off, ..Default::default() });
+    println!("# ICLP (pure ε, Laplace process) against node-Laplace (pure ε) and Gaussian (δ = 1e-6), {} reps", o.reps);
+    println!("#  KDE: ISE to the truth at each mechanism's best of 10 fixed h");
+    println!(
+        "{:<8} {:>8} {:>5} | {:>10} {:>10} {:>10} | {:>6} {:>6}",
+        "dist", "n", "eps", "iclp", "laplace", "gaussian", "i/l", "i/g"
+    );
+    let mut table = 0;
+    for dist in [Dist::Mixture, Dist::Claw] {
+        let (lo, hi) = dist.range();
+        let g = grid(lo, hi);
+        let truth = dist.truth(&g);
+        for &n in &o.n {
+            let mut files = Vec::new();
+            for rep in 0..o.reps {
+                let (path, _) = data_file(&o.data, dist, n, rep);
+                table += 1;
+                let t = format!("i{table}");
+                s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
+                files.push(t);
+            }
+            for &eps in &o.eps {
+                let mut best = [f64::MAX; 3];
+                for (mi, (mech, delta)) in [("iclp", 0.0), ("laplace", 0.0), ("gaussian", 1e-6)].into_iter().enumerate()
+                {
+                    for h in fixed_bandwidths(lo, hi) {
+                        let mut e = 0.0;
+                        for t in &files {
+                            let sql = format!(
+                                "SELECT k['density'] FROM (SELECT private_kde(x, {h}, {eps}, {delta}, {lo}, {hi}, {POINTS}, \
+                                 mechanism => '{mech}') AS k FROM {t})"
+                            );
+                            let Ok(batches) = s.query(&sql).await else {
+                                e = f64::MAX;
+                                break;
+                            };
+                            let l = batches[0].column(0).as_list::<i32>();
+                            let d = if l.is_null(0) { vec![0.0; POINTS] } else { floats(&l.value(0)) };
+                            e += ise(&d, &truth, lo, hi) / o.reps as f64;
+                        }
+                        best[mi] = best[mi].min(e);
+                    }
+                }
+                println!(
+                    "{:<8} {:>8} {:>5} | {:>10.3e} {:>10.3e} {:>10.3e} | {:>6.2} {:>6.2}",
+                    dist.name(),
+                    n,
+                    eps,
+                    best[0],
+                    best[1],
+                    best[2],
+                    best[0] / best[1],
+                    best[0] / best[2]
+                );
+            }
+        }
+    }
+    println!("#  kernel regression (Λ = 1000, h = 0.05): MSE of the release against the non-private fit");
+    println!("{:>8} {:>5} | {:>11} {:>11} | {:>6}", "n", "eps", "delta = 0", "1e-6", "ratio");
+    for &n in &o.n {
+        for &eps in &o.eps {
+            let mut mse = [0.0; 2];
+            for rep in 0..o.reps {
+                let path = o.data.join(format!("utility-regression-{n}-{rep}.parquet"));
+                if !path.exists() {
+                    continue;
+                }
+                let t = format!("ireg_{n}_{rep}_{}", (eps * 1000.0) as u64);
+                for sess in [&s, &exact] {
+                    sess.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
+                }
+                let sql = |delta: f64| {
+                    format!(
+                        "SELECT private_kernel_regression(y, x, {eps}, {delta}, bandwidth => 0.05, penalty => 1000, \
+                         lo => 0, hi => 1, lo_y => -2.5, hi_y => 2.5)['fit'] FROM {t}"
+                    )
+                };
+                let f0 = fit_values(&exact, &sql(1e-6)).await;
+                for (i, delta) in [0.0, 1e-6].into_iter().enumerate() {
+                    let f = fit_values(&s, &sql(delta)).await;
+                    mse[i] +=
+                        f.iter().zip(&f0).map(|(a, b)| (a - b).powi(2)).sum::<f64>() / f.len() as f64 / o.reps as f64;
+                }
+            }
+            println!("{n:>8} {eps:>5} | {:>11.3e} {:>11.3e} | {:>6.1}", mse[0], mse[1], mse[0] / mse[1]);
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let o = Options::parse();
@@ -726,7 +827,8 @@ async fn main() {
         Some("sobolev") => return sobolev_study(&o).await,
         Some("kde2d") => return kde2d_study(&o).await,
         Some("regression") => return regression_study(&o).await,
-        Some(other) => panic!("unknown study {other} (sobolev, kde2d, regression)"),
+        Some("iclp") => return iclp_study(&o).await,
+        Some(other) => panic!("unknown study {other} (sobolev, kde2d, regression, iclp)"),
         None => {}
     }
     let s = DpSession::new(SessionOptions::default());

@@ -80,7 +80,7 @@ fn calibration_is_the_gaussian_reference_scaled_by_l_kappa_over_lambda() {
     for (bad, want) in [
         (FitSpec { penalty: 0.0, ..spec(FitLoss::Huber(1.0), 1.0, 1.0, 1e-6) }, "penalty must be"),
         (FitSpec { bandwidth: 1e-4, ..spec(FitLoss::Huber(1.0), 1.0, 1.0, 1e-6) }, "bandwidth must be at least"),
-        (FitSpec { delta: 0.0, ..spec(FitLoss::Huber(1.0), 1.0, 1.0, 1e-6) }, "delta must be"),
+        (FitSpec { delta: 1.0, ..spec(FitLoss::Huber(1.0), 1.0, 1.0, 1e-6) }, "delta must be"),
         (spec(FitLoss::Hinge(0.01), 1.0, 1.0, 1e-6), "smoothing must be"),
         (FitSpec { y_range: (1.0, 1.0), ..spec(FitLoss::Huber(1.0), 1.0, 1.0, 1e-6) }, "lo_y < hi_y"),
     ] {

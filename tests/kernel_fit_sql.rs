@@ -226,7 +226,7 @@ async fn the_guard_refuses_what_would_leak_with_precise_messages_and_charges_not
     let s = session(&f, NoiseSource::Os, 2).await;
     let r = "private_kernel_regression";
     let cases = [
-        (format!("SELECT {r}(y, x, 1, 0) FROM t"), "argument 'delta' must be in the open interval (0, 1)"),
+        (format!("SELECT {r}(y, x, 1, 1) FROM t"), "argument 'delta' must be in [0, 1)"),
         (format!("SELECT {r}(y, x, 1, 1e-6, penalty => 0) FROM t"), "argument 'penalty' must be a finite number > 0"),
         (format!("SELECT {r}(y, x, 1, 1e-6, penalty => 1e-9) FROM t"), "penalty must be a number in [1e-6, 1e15]"),
         (format!("SELECT {r}(y, x, 1, 1e-6, penalty => y) FROM t"), "argument 'penalty' must be a literal constant"),

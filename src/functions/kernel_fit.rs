@@ -85,9 +85,9 @@ pub fn mechanism_from_literals(
     let p = kind.params();
     let epsilon = p.epsilon(values)?;
     let delta = p.required_float(values, "delta")?;
-    if !(delta > 0.0 && delta < 1.0) {
+    if !(0.0..1.0).contains(&delta) {
         return Err(p.error(format!(
-            "argument 'delta' must be in the open interval (0, 1) (the fit is released with Gaussian noise), got {delta}"
+            "argument 'delta' must be in [0, 1) (0 selects the pure-ε Laplace-process release), got {delta}"
         )));
     }
     let (lo, hi) = p.interval(values, "lo", "hi", "x")?;

@@ -133,8 +133,11 @@ pub fn mechanism_from_literals(
             "auto" => Mechanism::Auto,
             "gaussian" => Mechanism::Gaussian,
             "laplace" => Mechanism::Laplace,
+            "iclp" => Mechanism::Iclp,
             _ => {
-                return Err(p.error(format!("argument 'mechanism' must be 'auto', 'gaussian' or 'laplace', got '{s}'")));
+                return Err(p.error(format!(
+                    "argument 'mechanism' must be 'auto', 'gaussian', 'laplace' or 'iclp', got '{s}'"
+                )));
             }
         },
     };
@@ -157,7 +160,7 @@ pub fn mechanism_from_literals(
     };
     if sobolev {
         // Hall §4.2: exponential-kernel (H¹) noise, a Gaussian process at a fixed bandwidth.
-        if auto_bandwidth || choice == Mechanism::Laplace || delta == 0.0 {
+        if auto_bandwidth || matches!(choice, Mechanism::Laplace | Mechanism::Iclp) || delta == 0.0 {
             return Err(p.error(
                 "space => 'sobolev' adds a Gaussian process at a given bandwidth: it needs a numeric bandwidth, \
                  delta > 0 and mechanism => 'auto' or 'gaussian'",
@@ -169,7 +172,7 @@ pub fn mechanism_from_literals(
     }
     if auto_bandwidth {
         // The automatic bandwidth releases through the pure-ε mechanism (pilot and final).
-        if choice == Mechanism::Gaussian {
+        if matches!(choice, Mechanism::Gaussian | Mechanism::Iclp) {
             return Err(p.error(
                 "bandwidth => 'auto' releases through the pure-ε mechanism (a pilot then the release, both \
                  discrete Laplace): use mechanism => 'auto' or 'laplace', or give a bandwidth",
@@ -193,6 +196,10 @@ pub fn mechanism_from_literals(
     fixed(match choice {
         Mechanism::Gaussian => build(delta),
         Mechanism::Laplace => build(0.0),
+        Mechanism::Iclp => {
+            let cost = Budget::charge(epsilon, 0.0).map_err(|e| p.error(e))?;
+            Ok((KdeMechanism::iclp(spec_for(&cost), contribution).map_err(|e| p.error(e))?, cost))
+        }
         Mechanism::Auto if delta == 0.0 => build(0.0),
         // 'auto': whichever adds less noise to the released kernel sum for these public
         // parameters (the pure-ε one where it is available and quieter).
@@ -215,6 +222,9 @@ enum Mechanism {
     Gaussian,
     /// The pure-ε release: discrete Laplace noise on counts at nodes every ≈ h/2.
     Laplace,
+    /// The pure-ε ICLP release: discrete Laplace noise on the Gaussian release's lifted
+    /// coordinates (a Laplace process with the kernel's covariance).
+    Iclp,
 }
 
 /// Validates a logical call at planning time and returns what it costs.
@@ -282,7 +292,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("nonneg", "false: keep negative values (normalize => 'none'); default true")
     .with_argument("normalize", "'project' (default: L2 projection onto densities), 'rescale' (clamp, rescale) or 'none'")
     .with_argument("band_alpha", "level of the simultaneous bands, in (0, 1), default 0.05")
-    .with_argument("mechanism", "'auto' (default: the one adding less noise), 'gaussian' (δ > 0) or 'laplace' (pure ε, charged (ε, 0))")
+    .with_argument("mechanism", "'auto' (default: the one adding less noise), 'gaussian' (δ > 0), 'laplace' (pure ε: noise on node counts, charged (ε, 0)) or 'iclp' (pure ε: a Laplace process with the kernel's covariance, Lin & Reimherr §4.4)")
     .with_argument("space", "'gaussian' (default: noise from the Gaussian kernel's RKHS) or 'sobolev' (Hall §4.2: exponential-kernel noise with the H¹ sensitivity; rougher)")
     .build()
 });
@@ -398,6 +408,7 @@ impl KdeAccumulator {
             lifted,
             layout_bandwidth,
             sobolev: mechanism.is_sobolev(),
+            iclp: mechanism.is_iclp(),
         };
         let id = self.permits.keep(NAME, &recipe)?;
         result_value(&release, bands.as_ref(), id)

@@ -66,7 +66,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("label", "boolean or numeric label: true or > 0 is the positive class; NULL or NaN drops the row")
     .with_argument("x", "numeric predictor; clamped to [lo, hi]; NULL or NaN drops the row")
     .with_argument("epsilon", "privacy parameter ε > 0 (literal)")
-    .with_argument("delta", "privacy parameter δ in (0, 1) (literal)")
+    .with_argument("delta", "privacy parameter δ in [0, 1) (literal); 0: pure ε, Laplace-process noise (ICLP)")
     .with_argument("bandwidth", "Gaussian kernel bandwidth, (hi − lo)/256 ≤ bandwidth (literal; default (hi − lo)/20)")
     .with_argument("penalty", "Λ of the unnormalised objective Σ loss + (Λ/2)‖f‖², in [1e-6, 1e15] (default 100): the noise scales as 1/Λ")
     .with_argument("lo", "the x box (default: the x column's policy bounds)")

@@ -333,6 +333,8 @@ pub struct KdeMechanism {
     laplace: Option<LaplaceNodes>,
     /// The Sobolev-space (H¹, exponential-kernel noise) release, if this is one.
     sobolev: Option<SobolevMap>,
+    /// The ICLP release (Lin & Reimherr §4.4): discrete Laplace noise on the lifted coordinates.
+    iclp: bool,
 }
 
 /// The pure-ε KDE (δ = 0): the binned statistic linearly re-binned onto nodes every r bins
@@ -377,7 +379,7 @@ impl KdeMechanism {
         let basis = KdeBasis::cached(&layout)?;
         let sensitivity = c.per_group() * basis.stat_sensitivity + 2.0 * basis.float_error;
         let lattice = LatticeMechanism::gaussian_over(sensitivity, basis.dim(), rho, c.groups)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: None })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: None, iclp: false })
     }
 
     /// The Sobolev-space release (Hall et al. §4.2, [`super::sobolev`]): the same statistic and
@@ -405,7 +407,55 @@ impl KdeMechanism {
         let sensitivity = c.per_group() * super::sobolev::h1_sensitivity() + 2.0 * map.float_slack();
         let lattice = LatticeMechanism::gaussian_over(sensitivity, spec.grid.points, rho, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: Some(map) })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: Some(map), iclp: false })
+    }
+
+    /// The ICLP release (Lin & Reimherr §4.4; pure ε, `mechanism => 'iclp'`): the Gaussian
+    /// release's lifted coordinates `Λ^{1/2}Qᵀv` with iid discrete Laplace noise instead — a
+    /// Laplace process whose covariance is the kernel's. One row moves the coordinates by a convex
+    /// combination of two bins' columns `Λ^{1/2}Qᵀe_b`; each frequency k ≥ 1 contributes the pair
+    /// `√(2λ_k/m)·(cos, sin)`, whose L1 norm is ≤ `2·√(λ_k/m)` (`|cos| + |sin| ≤ √2`), and k = 0
+    /// (and m/2) `√(λ_k/m)`: so `Δ₁ = Σ_c lift_c/√m` over the real coordinates. The L2 float bound
+    /// times √dim covers the L1 float error. Needs a binned statistic.
+    pub fn iclp(spec: KdeSpec, c: Contribution) -> Result<Self, MechanismError> {
+        let layout = KdeLayout::new(spec.grid, spec.bandwidth).map_err(MechanismError::Kde)?;
+        if !layout.is_binned() {
+            return Err(MechanismError::Noise(format!(
+                "mechanism => 'iclp' needs a bandwidth of at least {:e} for a grid of {} points on [{}, {}] (its \
+                 statistic is linearly binned); use a larger bandwidth or fewer points",
+                16.0 * (spec.grid.hi - spec.grid.lo) / super::kde::MAX_BINS as f64,
+                spec.grid.points,
+                spec.grid.lo,
+                spec.grid.hi
+            )));
+        }
+        if !(spec.epsilon.is_finite() && spec.epsilon > 0.0) {
+            return Err(MechanismError::Noise(format!("epsilon must be a finite number > 0, got {}", spec.epsilon)));
+        }
+        let basis = KdeBasis::cached(&layout)?;
+        let delta_1 = Self::iclp_sensitivity(&basis);
+        let float_l1 = (basis.dim() as f64).sqrt() * basis.float_error;
+        let lattice = LatticeMechanism::laplace_over(
+            c.per_group() * delta_1 + 2.0 * float_l1,
+            basis.dim(),
+            spec.epsilon,
+            c.groups,
+        )?;
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: None, iclp: true })
+    }
+
+    fn iclp_sensitivity(basis: &KdeBasis) -> f64 {
+        basis.lift.iter().sum::<f64>() / (basis.m as f64).sqrt() * (1.0 + 1e-12)
+    }
+
+    /// The ICLP release's proven L1 sensitivity of the lifted coordinates (before slack).
+    pub fn iclp_l1_sensitivity(&self) -> f64 {
+        Self::iclp_sensitivity(&self.basis)
+    }
+
+    /// Whether this is the ICLP (Laplace-process) release.
+    pub fn is_iclp(&self) -> bool {
+        self.iclp
     }
 
     /// Whether this is the Sobolev-space release.
@@ -460,7 +510,7 @@ impl KdeMechanism {
         let lattice = LatticeMechanism::laplace_over(c.per_group() + 2.0 * float_error, nodes, spec.epsilon, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
         let laplace = Some(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes });
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace, sobolev: None })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace, sobolev: None, iclp: false })
     }
 
     /// The pure-ε release's nodes: (position of node 0, spacing, count).
@@ -795,6 +845,9 @@ impl KdeMechanism {
     /// and for the plug-in band the released density and mass). None without a density.
     pub fn bands(&self, release: &KdeRelease, alpha: f64) -> Option<KdeBands> {
         let density = release.density.as_ref()?;
+        if self.iclp {
+            return None; // no supremum threshold for the Laplace process yet
+        }
         let h = self.spec.bandwidth;
         let (u, profile) = match &self.laplace {
             None => (self.noise_threshold(alpha), None),

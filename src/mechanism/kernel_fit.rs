@@ -88,7 +88,10 @@
 //! `‖ŵ − w*‖ ≤ ‖∇F(ŵ)‖/Λ`, and the gradient is evaluated in double-double with a stated
 //! rounding bound. Newton stops once the certified distance is ≤ `η = 2⁻²⁰·L·κ/Λ`; the
 //! calibrated sensitivity is `K·L·κ/Λ + 2η` (both neighbours' solver errors) plus the lattice
-//! rounding slack. **Residual assumption**: the solver reaches the certificate (it always has in
+//! rounding slack. With δ = 0 (ICLP, Lin & Reimherr §4.4) the coefficients get iid discrete Laplace
+//! noise for the L1 sensitivity `√D·(K·L·κ/Λ + 2η)` (Cauchy–Schwarz on the L2 bound): pure ε, a
+//! Laplace process with covariance ∝ k_D, and √D times the L2 bound in scale — the price of pure ε.
+//! **Residual assumption**: the solver reaches the certificate (it always has in
 //! the adversarial tests, `tests/kernel_fit_privacy.rs`; the number of Newton steps is
 //! data-dependent, a timing signal like the samplers').
 
@@ -410,11 +413,8 @@ impl KernelFitMechanism {
                 vec![-1.0, 1.0]
             }
         };
-        if !(spec.delta > 0.0 && spec.delta < 1.0) {
-            return bad(format!(
-                "delta must be in the open interval (0, 1) (the fit adds Gaussian noise), got {}",
-                spec.delta
-            ));
+        if !(0.0..1.0).contains(&spec.delta) {
+            return bad(format!("delta must be in [0, 1) (0: the pure-ε Laplace-process release), got {}", spec.delta));
         }
         let features = Features::new(lo, hi, h);
         let bins = ((BINS_PER_BANDWIDTH * range / h).ceil() as usize + 1).max(MIN_BINS);
@@ -422,10 +422,20 @@ impl KernelFitMechanism {
         let kappa = features.kappa();
         let core = spec.loss.lipschitz() * kappa / lambda * (1.0 + 1e-12);
         let eta = core * 2f64.powi(-CERTIFICATE_BITS);
-        let rho =
-            calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
         let sensitivity = c.per_group() * core + 2.0 * eta;
-        let lattice = LatticeMechanism::gaussian_over(sensitivity, features.dim(), rho, c.groups)?;
+        let lattice = if spec.delta > 0.0 {
+            let rho = calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta)
+                .map_err(MechanismError::Calibration)?;
+            LatticeMechanism::gaussian_over(sensitivity, features.dim(), rho, c.groups)?
+        } else {
+            // ICLP (pure ε): ‖Δw‖₁ ≤ √D·‖Δw‖₂ (Cauchy–Schwarz), iid discrete Laplace noise — the
+            // fitted function then carries a Laplace process with covariance ∝ k_D.
+            if !(spec.epsilon.is_finite() && spec.epsilon > 0.0) {
+                return bad(format!("epsilon must be a finite number > 0, got {}", spec.epsilon));
+            }
+            let l1 = sensitivity * (features.dim() as f64).sqrt() * (1.0 + 1e-12);
+            LatticeMechanism::laplace_over(l1, features.dim(), spec.epsilon, c.groups)?
+        };
         Ok(Self { spec, features, bins, spacing, levels, kappa, core, eta, lattice, tables: OnceLock::new() })
     }
 

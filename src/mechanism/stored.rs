@@ -51,6 +51,8 @@ pub enum Recipe {
         layout_bandwidth: Option<(f64, f64)>,
         /// The Sobolev-space (exponential-kernel) release (`space => 'sobolev'`).
         sobolev: bool,
+        /// The ICLP (Laplace-process) release (`mechanism => 'iclp'`).
+        iclp: bool,
     },
     /// A `private_kde2d` release.
     Kde2d {
@@ -114,12 +116,12 @@ impl Recipe {
     /// The public parameters as JSON (every float printed so that it reads back exactly).
     pub fn parameters(&self) -> String {
         let v = match self {
-            Recipe::Kde { spec, contribution, alpha, layout_bandwidth, sobolev, .. } => {
+            Recipe::Kde { spec, contribution, alpha, layout_bandwidth, sobolev, iclp, .. } => {
                 let mut v = json!({
                     "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
                     "bandwidth": spec.bandwidth, "epsilon": spec.epsilon, "delta": spec.delta,
                     "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
-                    "mechanism": if spec.delta == 0.0 { "laplace" } else { "gaussian" },
+                    "mechanism": if *iclp { "iclp" } else if spec.delta == 0.0 { "laplace" } else { "gaussian" },
                     "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
                 });
                 if *sobolev {
@@ -224,6 +226,7 @@ impl Recipe {
                     None => None,
                 },
                 sobolev: p.get("space").and_then(Value::as_str) == Some("sobolev"),
+                iclp: p.get("mechanism").and_then(Value::as_str) == Some("iclp"),
             }),
             "private_kde2d" => {
                 let grid = |axis: &str| -> Result<Grid, String> {
@@ -350,8 +353,9 @@ impl StoredCurve {
     /// Rebuilds the release from its recipe (public computation only).
     pub fn build(recipe: &Recipe) -> Result<Self, String> {
         match recipe {
-            Recipe::Kde { spec, contribution, alpha, lifted, layout_bandwidth, sobolev } => {
+            Recipe::Kde { spec, contribution, alpha, lifted, layout_bandwidth, sobolev, iclp } => {
                 let mechanism = match layout_bandwidth {
+                    None if *iclp => KdeMechanism::iclp(spec.clone(), *contribution),
                     None if *sobolev => KdeMechanism::sobolev(spec.clone(), *contribution),
                     None => KdeMechanism::with_contribution(spec.clone(), *contribution),
                     Some((lb, s)) => KdeLayout::new(spec.grid, *lb)
@@ -506,6 +510,7 @@ mod tests {
                 lifted,
                 layout_bandwidth: None,
                 sobolev: false,
+                iclp: false,
             },
             release,
         )
@@ -561,6 +566,7 @@ mod tests {
                 lifted,
                 layout_bandwidth: Some((auto.layout().bandwidth(), spacing)),
                 sobolev: false,
+                iclp: false,
             };
             let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
             assert_eq!(back, recipe, "exact round trip");
