@@ -48,7 +48,8 @@
 //! `--study regression` measures `private_kernel_regression` and `private_kernel_classifier`
 //! (issue 13, Hall §4.3): x from the mixture on [0, 1], y = 0.8·sin(2πx) + 0.3x + N(0, 0.5²) clamped
 //! to [−2.5, 2.5], label = y > 0; bandwidth 0.05; for each penalty Λ in `--penalty` (default
-//! 1,10,100,1000,10000): the mean squared error over the grid (x in [0.05, 0.95]) of the release
+//! 10,100,1000,10000,auto): the mean squared error over the grid (x in [0.05, 0.95]) of the release
+//! (and `auto`, the plug-in rule; its "non-private fit" is at the rule's value for the exact count)
 //! against the non-private fit of the same objective (noise off) and against the true regression
 //! function, next to the non-private fit's own error; for the classifier the share of grid points
 //! whose predicted class differs from the Bayes classifier's (sign of the true function).
@@ -98,7 +99,7 @@ impl Options {
             python: "python3".into(),
             tuned: true,
             study: None,
-            penalties: vec![1.0, 10.0, 100.0, 1000.0, 10000.0],
+            penalties: vec![10.0, 100.0, 1000.0, 10000.0, f64::NAN],
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -111,7 +112,12 @@ impl Options {
                 "--python" => o.python = value(),
                 "--no-tuned" => o.tuned = false,
                 "--study" => o.study = Some(value()),
-                "--penalty" => o.penalties = value().split(',').map(|s| s.trim().parse().expect("a penalty")).collect(),
+                "--penalty" => {
+                    o.penalties = value()
+                        .split(',')
+                        .map(|s| if s.trim() == "auto" { f64::NAN } else { s.trim().parse().expect("a penalty") })
+                        .collect()
+                }
                 "--bench" => {}
                 other => panic!("unknown option {other}"),
             }
@@ -691,7 +697,9 @@ async fn regression_study(o: &Options) {
             tables.push(t);
         }
         for &eps in &o.eps {
-            for &penalty in &o.penalties {
+            for &penalty_value in &o.penalties {
+                // NaN stands for 'auto' (the plug-in rule from a noisy count).
+                let penalty = if penalty_value.is_nan() { "'auto'".to_string() } else { penalty_value.to_string() };
                 let (mut vs_fit, mut vs_truth, mut fit_truth, mut cls, mut cls_exact) = (0.0, 0.0, 0.0, 0.0, 0.0);
                 let mut seconds = 0.0;
                 let r = o.reps as f64;

@@ -336,3 +336,40 @@ async fn failure_tricks_cannot_tell_neighbours_apart() {
     }
     assert!(ran >= 6, "the attacks must mostly reach execution to test anything (ran {ran})");
 }
+
+/// `penalty => 'auto'`: the penalty is the plug-in rule's value for the released row count (with
+/// the noise off, the exact count), the fit is the fit at that penalty, and the call is charged
+/// (ε, δ) once — the count's share included. With noise, the count is noisy and so is the choice.
+#[tokio::test]
+async fn penalty_auto_is_the_rule_at_the_released_count_and_costs_the_call() {
+    let f = fixture("fit-auto").await;
+    let off = session(&f, NoiseSource::Off, 2).await;
+    let q = |penalty: &str| {
+        format!("SELECT private_kernel_regression(y, x, 1.0, 1e-6, penalty => {penalty}, points => 21) AS k FROM t")
+    };
+    let b = off.query(&q("'auto'")).await.unwrap();
+    let s = b[0].column(0).as_struct();
+    let chosen = s.column_by_name("penalty").unwrap().as_primitive::<Float64Type>().value(0);
+    let fit_spec = FitSpec { epsilon: 0.95, ..spec(FitLoss::Huber(2.0), 21, 0.05, 100.0) };
+    let want = dpcurve::mechanism::kernel_fit::auto_penalty(&fit_spec, N as i64);
+    assert!((chosen - want).abs() <= 1e-12 * want, "chose {chosen}, the rule at n = {N} gives {want}");
+    assert!(chosen > 150.0 && chosen < 400.0, "Λ = {chosen} for n = {N}");
+    let auto = one(&b);
+    let explicit = one(&off.query(&q(&format!("{chosen:?}"))).await.unwrap());
+    assert_eq!(auto.values, explicit.values, "the fit at the chosen penalty");
+    // A tenth of the rows: a smaller penalty (more smoothing per row is not affordable).
+    let small = off.query(&q("'auto'").replace("FROM t", "FROM t WHERE x < 0.1")).await.unwrap();
+    let small =
+        small[0].column(0).as_struct().column_by_name("penalty").unwrap().as_primitive::<Float64Type>().value(0);
+    assert!(small < chosen, "{small} vs {chosen}");
+    // Charged (ε, δ) once, with noise; the chosen penalty is near the rule at the true count.
+    let s = session(&f, NoiseSource::TestSeed(4), 2).await;
+    let before = spent(&f.admin, "t");
+    let b = s.query(&q("'auto'")).await.unwrap();
+    let noisy = b[0].column(0).as_struct().column_by_name("penalty").unwrap().as_primitive::<Float64Type>().value(0);
+    assert!((noisy / want - 1.0).abs() < 0.05, "Λ = {noisy} vs {want}");
+    assert_eq!(spent(&f.admin, "t"), before.checked_add(&Budget::charge(1.0, 1e-6).unwrap()).unwrap());
+    // 'auto' is the only string accepted.
+    let err = s.query(&q("'fast'")).await.unwrap_err().to_string();
+    assert!(err.contains("argument 'penalty' must be a number or 'auto'"), "{err}");
+}

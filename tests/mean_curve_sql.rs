@@ -218,3 +218,46 @@ async fn private_tables_are_charged_and_policy_supplies_clip_and_length() {
     let err = s.query("SELECT c FROM growth").await.unwrap_err().to_string();
     assert!(err.contains("[rule no-raw-rows]"), "{err}");
 }
+
+/// `penalty => 'auto'`: φ is the plug-in rule's value at the released count (noise off: the exact
+/// count), and the release equals the one at that φ. More curves, a smaller φ.
+#[tokio::test]
+async fn penalty_auto_is_the_rule_at_the_released_count() {
+    use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveSpec, auto_penalty};
+    use dpcurve::mechanism::{Calibration, Contribution};
+    let dir = TempDir::new("mc-auto");
+    let s = table(&dir, "a", &curves(2_000, 50, 12), ListKind::List, NoiseSource::Off).await;
+    let spec = MeanCurveSpec {
+        points: 50,
+        kernel: CovKernel::Matern32,
+        range: 0.2,
+        penalty: 0.1,
+        eta: 1.0,
+        clip: 0.5,
+        epsilon: 1.0,
+        delta: 1e-5,
+        count_fraction: 0.1,
+        calibration: Calibration::Analytic,
+    };
+    let phi = auto_penalty(&spec, Contribution::ROW, 2_000);
+    let phi_small = auto_penalty(&spec, Contribution::ROW, 100);
+    assert!(phi < 0.02 && phi_small > 4.0 * phi, "φ(2000) = {phi}, φ(100) = {phi_small}");
+    let auto = mean_result(
+        &s.query("SELECT private_mean_curve(c, 1.0, 1e-5, clip => 0.5, points => 50, penalty => 'auto') FROM a")
+            .await
+            .unwrap(),
+    );
+    let explicit = mean_result(
+        &s.query(&format!(
+            "SELECT private_mean_curve(c, 1.0, 1e-5, clip => 0.5, points => 50, penalty => {phi:?}) FROM a"
+        ))
+        .await
+        .unwrap(),
+    );
+    assert_eq!(auto, explicit);
+    let err = s
+        .query("SELECT private_mean_curve(c, 1.0, 1e-5, clip => 0.5, points => 50, penalty => 'x') FROM a")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("must be a number or 'auto'"), "{err}");
+}

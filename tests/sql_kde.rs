@@ -120,7 +120,7 @@ async fn parameter_errors_fail_at_planning_with_precise_messages() {
         ("private_kde(x, 0.1, 1, 0, 0, 1, mechanism => 'gaussian')", "mechanism => 'gaussian' needs delta > 0"),
         (
             "private_kde(x, 0.1, 1, 1e-6, 0, 1, mechanism => 'fourier')",
-            "argument 'mechanism' must be 'auto', 'gaussian' or 'laplace', got 'fourier'",
+            "argument 'mechanism' must be 'auto', 'gaussian', 'laplace' or 'iclp', got 'fourier'",
         ),
         ("private_kde(x, 0.1, 1, 1e-6, 1, 0)", "'lo' and 'hi' must be finite numbers with lo < hi, got lo = 1, hi = 0"),
         ("private_kde(x, 0.1, 1, 1e-6, 0, 0)", "with lo < hi"),

@@ -6,7 +6,7 @@
 use std::mem::size_of_val;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray, StructArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StringArray, StructArray};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
 use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
@@ -18,7 +18,10 @@ use super::params::FunctionParams;
 use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use crate::functions::CallContext;
 use crate::mechanism::budget::Budget;
-use crate::mechanism::kernel_fit::{FitAccumulation, FitLoss, FitRelease, FitSpec, KernelFitMechanism};
+use crate::mechanism::kernel_fit::{
+    self, AUTO_COUNT_SHARE, FitAccumulation, FitLoss, FitRelease, FitSpec, KernelFitMechanism,
+};
+use crate::mechanism::lattice::{DD, LatticeMechanism};
 use crate::mechanism::stored::Recipe;
 use crate::mechanism::{Contribution, Grid};
 
@@ -81,7 +84,7 @@ pub fn mechanism_from_literals(
     kind: Kind,
     values: &[Option<ScalarValue>],
     contribution: Contribution,
-) -> Result<(KernelFitMechanism, Budget)> {
+) -> Result<(KernelFitMechanism, Budget, Option<LatticeMechanism>)> {
     let p = kind.params();
     let epsilon = p.epsilon(values)?;
     let delta = p.required_float(values, "delta")?;
@@ -99,7 +102,8 @@ pub fn mechanism_from_literals(
         }
     };
     let bandwidth = positive("bandwidth", DEFAULT_BANDWIDTH_FRACTION * (hi - lo))?;
-    let penalty = positive("penalty", DEFAULT_PENALTY)?;
+    let auto_penalty = p.is_auto(values, "penalty")?;
+    let penalty = if auto_penalty { DEFAULT_PENALTY } else { positive("penalty", DEFAULT_PENALTY)? };
     let points = p.int(values, "points", (2, MAX_POINTS as i64))?.map_or(DEFAULT_POINTS, |v| v as usize);
     let (loss, y_range) = match kind {
         Kind::Regression => {
@@ -110,23 +114,36 @@ pub fn mechanism_from_literals(
     };
     let calibration = p.calibration(values, epsilon)?;
     let cost = Budget::charge(epsilon, delta).map_err(|e| p.error(e))?;
-    let spec = FitSpec {
+    // 'auto': a share of ε buys a noisy row count, the penalty is the rule's value for it (chosen
+    // at release); validated here at the smallest value the rule can give (a count ≤ 1), which
+    // adds the most noise.
+    let (fit_epsilon, count) = if auto_penalty {
+        let eps_n = AUTO_COUNT_SHARE * cost.calibration_epsilon();
+        let count = LatticeMechanism::integer_laplace_over(eps_n, contribution.count_l1()).map_err(|e| p.error(e))?;
+        (cost.calibration_epsilon() - eps_n, Some(count))
+    } else {
+        (cost.calibration_epsilon(), None)
+    };
+    let mut spec = FitSpec {
         grid: Grid { lo, hi, points },
         bandwidth,
         penalty,
         loss,
         y_range,
-        epsilon: cost.calibration_epsilon(),
+        epsilon: fit_epsilon,
         delta: cost.calibration_delta(),
         calibration,
     };
-    Ok((KernelFitMechanism::new(spec, contribution).map_err(|e| p.error(e))?, cost))
+    if auto_penalty {
+        spec.penalty = kernel_fit::auto_penalty(&spec, 1);
+    }
+    Ok((KernelFitMechanism::new(spec, contribution).map_err(|e| p.error(e))?, cost, count))
 }
 
 /// Validates a logical call at planning time and returns what it costs.
 pub fn plan_call(kind: Kind, args: &[Expr], contribution: Contribution) -> Result<PrivateCall> {
     let values = kind.params().literals_from_logical(args)?;
-    let (mechanism, cost) = mechanism_from_literals(kind, &values, contribution)?;
+    let (mechanism, cost, _) = mechanism_from_literals(kind, &values, contribution)?;
     let (state_bytes, work_bytes) = mechanism.memory_bytes();
     Ok(PrivateCall { function: kind.name(), cost, state_bytes, work_bytes })
 }
@@ -153,15 +170,17 @@ pub fn result_fields(kind: Kind) -> Fields {
     Fields::from(vec![
         Field::new_list("x", Field::new_list_field(DataType::Float64, true), true),
         Field::new_list(kind.values_field(), Field::new_list_field(DataType::Float64, true), true),
+        Field::new("penalty", DataType::Float64, true),
         Field::new("release", DataType::Utf8, true),
     ])
 }
 
 /// The result struct of a release (also what `release(id)` re-reads).
-pub fn result_value(kind: Kind, release: &FitRelease, id: Option<String>) -> Result<ScalarValue> {
+pub fn result_value(kind: Kind, release: &FitRelease, penalty: f64, id: Option<String>) -> Result<ScalarValue> {
     let columns: Vec<ArrayRef> = vec![
         float_list(Some(release.x.clone())),
         float_list(Some(release.fit.clone())),
+        Arc::new(Float64Array::from(vec![penalty])),
         Arc::new(StringArray::from(vec![id])),
     ];
     Ok(ScalarValue::Struct(Arc::new(StructArray::try_new(result_fields(kind), columns, None)?)))
@@ -181,6 +200,8 @@ pub fn state_fields(args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
 pub struct FitAccumulator {
     kind: Kind,
     mechanism: KernelFitMechanism,
+    /// `penalty => 'auto'`: the noisy count's mechanism.
+    auto_count: Option<LatticeMechanism>,
     state: FitAccumulation,
     cx: CallContext,
     released: Option<ScalarValue>,
@@ -190,7 +211,12 @@ impl FitAccumulator {
     /// A fresh accumulator for a validated call.
     pub fn new(kind: Kind, mechanism: KernelFitMechanism, cx: CallContext) -> Self {
         let state = mechanism.accumulation();
-        Self { kind, mechanism, state, cx, released: None }
+        Self { kind, mechanism, auto_count: None, state, cx, released: None }
+    }
+
+    /// With `penalty => 'auto'`: the count's mechanism.
+    pub fn with_auto_count(self, count: Option<LatticeMechanism>) -> Self {
+        Self { auto_count: count, ..self }
     }
 
     fn release(&mut self) -> Result<ScalarValue> {
@@ -199,13 +225,29 @@ impl FitAccumulator {
         self.cx.permits.take(name)?;
         let state = self.state.totals();
         let mut rng = self.cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
-        let coefficients = self.mechanism.noisy_coefficients(state, rng.as_mut());
+        let mechanism = match &self.auto_count {
+            None => std::borrow::Cow::Borrowed(&self.mechanism),
+            Some(count) => {
+                // The count first; the penalty is post-processing of it; then the fit.
+                let n = count.release(&[DD::from_i128(kernel_fit::row_count(state))], rng.as_mut())[0] as i64;
+                let spec = FitSpec {
+                    penalty: kernel_fit::auto_penalty(self.mechanism.spec(), n),
+                    ..self.mechanism.spec().clone()
+                };
+                // Larger counts give larger penalties (less noise), which always build; fall back anyway.
+                std::borrow::Cow::Owned(
+                    KernelFitMechanism::new(spec, self.cx.contribution).unwrap_or_else(|_| self.mechanism.clone()),
+                )
+            }
+        };
+        let coefficients = mechanism.noisy_coefficients(state, rng.as_mut());
         // Everything from here on is post-processing of the released coefficients.
-        let release = self.mechanism.post_process(&coefficients);
+        let release = mechanism.post_process(&coefficients);
+        let penalty = mechanism.spec().penalty;
         let recipe =
-            Recipe::KernelFit { spec: self.mechanism.spec().clone(), contribution: self.cx.contribution, coefficients };
+            Recipe::KernelFit { spec: mechanism.spec().clone(), contribution: self.cx.contribution, coefficients };
         let id = self.cx.permits.keep(name, &recipe)?;
-        result_value(self.kind, &release, id)
+        result_value(self.kind, &release, penalty, id)
     }
 }
 

@@ -4,9 +4,9 @@
 //!
 //! ```sql
 //! private_kernel_classifier(label, x, epsilon, delta
-//!     [, bandwidth => (hi − lo)/20, penalty => 100, lo => …, hi => …, points => 101,
+//!     [, bandwidth => (hi − lo)/20, penalty => 100 | 'auto', lo => …, hi => …, points => 101,
 //!      calibration => 'analytic', select_…])
-//!   -> {x: List<Float64>, score: List<Float64>, release: Utf8}
+//!   -> {x: List<Float64>, score: List<Float64>, penalty: Float64, release: Utf8}
 //! ```
 //!
 //! The label is boolean or numeric (true or > 0: the positive class; false or ≤ 0: the negative one)
@@ -39,7 +39,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "epsilon", kind: ParamKind::Float },
         ParamDef { name: "delta", kind: ParamKind::Float },
         ParamDef { name: "bandwidth", kind: ParamKind::Float },
-        ParamDef { name: "penalty", kind: ParamKind::Float },
+        ParamDef { name: "penalty", kind: ParamKind::FloatOrAuto },
         ParamDef { name: "lo", kind: ParamKind::Float },
         ParamDef { name: "hi", kind: ParamKind::Float },
         ParamDef { name: "points", kind: ParamKind::Int },
@@ -68,7 +68,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("epsilon", "privacy parameter ε > 0 (literal)")
     .with_argument("delta", "privacy parameter δ in [0, 1) (literal); 0: pure ε, Laplace-process noise (ICLP)")
     .with_argument("bandwidth", "Gaussian kernel bandwidth, (hi − lo)/256 ≤ bandwidth (literal; default (hi − lo)/20)")
-    .with_argument("penalty", "Λ of the unnormalised objective Σ loss + (Λ/2)‖f‖², in [1e-6, 1e15] (default 100): the noise scales as 1/Λ")
+    .with_argument("penalty", "Λ of the unnormalised objective Σ loss + (Λ/2)‖f‖², in [1e-6, 1e15] (default 100): the noise scales as 1/Λ; 'auto': chosen from a noisy row count (5 % of ε)")
     .with_argument("lo", "the x box (default: the x column's policy bounds)")
     .with_argument("hi", "lo < hi")
     .with_argument("smoothing", "smoothing s of the hinge in [0.05, 1], default 0.1")
@@ -107,8 +107,8 @@ impl AggregateUDFImpl for PrivateKernelClassifier {
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         PARAMS.check_accumulator_args(&args)?;
         let values = PARAMS.literals_from_physical(args.exprs)?;
-        let (mechanism, _) = mechanism_from_literals(Kind::Classifier, &values, self.cx.contribution)?;
-        Ok(Box::new(FitAccumulator::new(Kind::Classifier, mechanism, self.cx.clone())))
+        let (mechanism, _, count) = mechanism_from_literals(Kind::Classifier, &values, self.cx.contribution)?;
+        Ok(Box::new(FitAccumulator::new(Kind::Classifier, mechanism, self.cx.clone()).with_auto_count(count)))
     }
 
     fn documentation(&self) -> Option<&Documentation> {

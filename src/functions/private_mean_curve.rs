@@ -24,7 +24,7 @@ use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_ea
 use crate::functions::Permits;
 use crate::mechanism::budget::Budget;
 use crate::mechanism::mean_curve::{
-    CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
+    self, CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
 };
 use crate::mechanism::stored::Recipe;
 use crate::mechanism::{Calibration, Contribution, NoiseSource};
@@ -49,7 +49,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "delta", kind: ParamKind::Float },
         ParamDef { name: "kernel", kind: ParamKind::Str },
         ParamDef { name: "range", kind: ParamKind::Float },
-        ParamDef { name: "penalty", kind: ParamKind::Float },
+        ParamDef { name: "penalty", kind: ParamKind::FloatOrAuto },
         ParamDef { name: "eta", kind: ParamKind::Float },
         ParamDef { name: "clip", kind: ParamKind::Float },
         ParamDef { name: "points", kind: ParamKind::Int },
@@ -81,7 +81,7 @@ pub fn mechanism_from_literals(
     values: &[Option<ScalarValue>],
     fixed: Option<usize>,
     contribution: Contribution,
-) -> Result<(MeanCurveMechanism, Budget)> {
+) -> Result<(MeanCurveMechanism, Budget, bool)> {
     let p = &PARAMS;
     let epsilon = p.epsilon(values)?;
     let delta = p.required_float(values, "delta")?;
@@ -110,7 +110,10 @@ pub fn mechanism_from_literals(
         }
     };
     let range = positive("range", Some(DEFAULT_RANGE))?;
-    let penalty = positive("penalty", Some(DEFAULT_PENALTY))?;
+    // 'auto': chosen at release from the released count (`auto_penalty`); validated here at the
+    // value the rule gives for a count of 1.
+    let auto_penalty = p.is_auto(values, "penalty")?;
+    let penalty = if auto_penalty { DEFAULT_PENALTY } else { positive("penalty", Some(DEFAULT_PENALTY))? };
     let clip = positive("clip", None)?;
     let eta = p.float(values, "eta")?.unwrap_or(1.0);
     if !(eta.is_finite() && eta >= 1.0) {
@@ -162,7 +165,13 @@ pub fn mechanism_from_literals(
         count_fraction,
         calibration,
     };
-    Ok((MeanCurveMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?, cost))
+    let spec = if auto_penalty {
+        MeanCurveSpec { penalty: mean_curve::auto_penalty(&spec, contribution, 1), ..spec }
+    } else {
+        spec
+    };
+    let m = MeanCurveMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?;
+    Ok((m, cost, auto_penalty))
 }
 
 /// Validates a logical call at planning time and returns what it costs.
@@ -170,7 +179,7 @@ pub fn plan_call(args: &[Expr], schema: &DFSchema, contribution: Contribution) -
     let values = PARAMS.literals_from_logical(args)?;
     PARAMS.band_alpha(&values)?;
     let fixed = args.first().and_then(|a| a.get_type(schema).ok()).as_ref().and_then(fixed_length);
-    let (mechanism, cost) = mechanism_from_literals(&values, fixed, contribution)?;
+    let (mechanism, cost, _) = mechanism_from_literals(&values, fixed, contribution)?;
     let (state_bytes, work_bytes) = mechanism.memory_bytes();
     Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
 }
@@ -266,10 +275,11 @@ impl AggregateUDFImpl for PrivateMeanCurve {
         let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
         let values = PARAMS.literals_from_physical(args.exprs)?;
         let alpha = PARAMS.band_alpha(&values)?;
-        let (mechanism, _) = mechanism_from_literals(&values, fixed, self.cx.contribution)?;
+        let (mechanism, _, auto_penalty) = mechanism_from_literals(&values, fixed, self.cx.contribution)?;
         let state = MeanAccumulation::new(&mechanism);
         Ok(Box::new(MeanCurveAccumulator {
             mechanism,
+            auto_penalty,
             state,
             noise: self.cx.noise,
             permits: self.cx.permits.clone(),
@@ -288,6 +298,8 @@ impl AggregateUDFImpl for PrivateMeanCurve {
 #[derive(Debug)]
 pub struct MeanCurveAccumulator {
     mechanism: MeanCurveMechanism,
+    /// `penalty => 'auto'`: φ is chosen from the released count at release.
+    auto_penalty: bool,
     state: MeanAccumulation,
     noise: NoiseSource,
     permits: Permits,
@@ -370,12 +382,26 @@ impl Accumulator for MeanCurveAccumulator {
         self.permits.take(NAME)?;
         let state = self.state.state();
         let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
-        let (lifted, n) = self.mechanism.noisy_coordinates(state, rng.as_mut());
+        let (mechanism, lifted, n) = if self.auto_penalty {
+            // The count first; φ is post-processing of it; then the curve at that φ (the same ε
+            // split as any release: the count's share, then the curve's).
+            let n = self.mechanism.noisy_count(state, rng.as_mut());
+            let phi = mean_curve::auto_penalty(self.mechanism.spec(), self.contribution, n);
+            let spec = MeanCurveSpec { penalty: phi, ..self.mechanism.spec().clone() };
+            // Every φ of the rule's grid was checked to build; fall back to the planned one anyway.
+            let m = MeanCurveMechanism::with_contribution(spec, self.contribution)
+                .unwrap_or_else(|_| self.mechanism.clone());
+            let lifted = m.noisy_curve(state, rng.as_mut());
+            (std::borrow::Cow::Owned(m), lifted, n)
+        } else {
+            let (lifted, n) = self.mechanism.noisy_coordinates(state, rng.as_mut());
+            (std::borrow::Cow::Borrowed(&self.mechanism), lifted, n)
+        };
         // Everything from here on is post-processing of the released coordinates and count.
-        let release = self.mechanism.post_process(&lifted, n);
-        let band = self.mechanism.noise_band(n, self.alpha);
+        let release = mechanism.post_process(&lifted, n);
+        let band = mechanism.noise_band(n, self.alpha);
         let recipe = Recipe::MeanCurve {
-            spec: self.mechanism.spec().clone(),
+            spec: mechanism.spec().clone(),
             contribution: self.contribution,
             alpha: self.alpha,
             lifted,

@@ -222,7 +222,10 @@ impl TableFunctionImpl for ReleaseTable {
             }
             StoredCurve::KernelFit { mechanism, release, .. } => {
                 let kind = super::kernel_fit::Kind::of(mechanism.spec().loss);
-                (kind.name(), super::kernel_fit::result_value(kind, release, Some(id.clone()))?)
+                (
+                    kind.name(),
+                    super::kernel_fit::result_value(kind, release, mechanism.spec().penalty, Some(id.clone()))?,
+                )
             }
             StoredCurve::MeanCurve { release, band, .. } => {
                 ("private_mean_curve", super::private_mean_curve::result_value(release, band, Some(id.clone()))?)

@@ -140,6 +140,31 @@ const FREQUENCY_CUTOFF: f64 = 9.0;
 /// Rows buffered before a flush (one row adds at most 2^40 to an entry).
 const FLUSH_ROWS: usize = 1 << 22;
 
+/// `penalty => 'auto'`: the share of the call's ε spent on the noisy count.
+pub const AUTO_COUNT_SHARE: f64 = 0.05;
+
+/// `penalty => 'auto'` (a plug-in rule from public parameters and the released row count ñ only:
+/// post-processing): `Λ = 100·(ñ/1000)^{3/7}·(L/(B·ε))^{4/7}`, clamped to the accepted penalties,
+/// with L the loss's Lipschitz constant, B the signal scale (half the response range; 1 for the
+/// classifier's margin) and ε the fit's share. The noise's squared error falls as `(L/(Λε))²`
+/// while the penalty's squared bias grows about as `(Λ/n)^{3/2}` (measured in the regression
+/// study); balancing them gives the exponents, and the constant is the study's best Λ at n = 10³,
+/// ε = 1 (see README "Accuracy").
+pub fn auto_penalty(spec: &FitSpec, n: i64) -> f64 {
+    let scale = match spec.loss {
+        FitLoss::Huber(_) => (spec.y_range.1 - spec.y_range.0) / 2.0,
+        FitLoss::Hinge(_) => 1.0,
+    };
+    let ratio = spec.loss.lipschitz() / (scale * spec.epsilon);
+    let lambda = 100.0 * (n.max(1) as f64 / 1000.0).powf(3.0 / 7.0) * ratio.powf(4.0 / 7.0);
+    if lambda.is_finite() { lambda.clamp(MIN_PENALTY, MAX_PENALTY) } else { MAX_PENALTY }
+}
+
+/// The exact row count of a statistic (every row adds exactly one unit of mass).
+pub fn row_count(state: &[i128]) -> i128 {
+    state.iter().fold(0i128, |a, &v| a.saturating_add(v)) >> 40
+}
+
 /// The loss of a fit.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FitLoss {

@@ -226,6 +226,36 @@ pub struct MeanCurveSpec {
     pub calibration: Calibration,
 }
 
+/// `penalty => 'auto'`: the public prior's mean energy as a share of τ², `E‖μ‖² = (P·τ)²` (chosen
+/// on the simulated data of `examples/utility_study.rs`, like the other defaults).
+pub const AUTO_PRIOR_SHARE: f64 = 0.15;
+/// `penalty => 'auto'` searches φ over `10^(-6 + 7k/56)`, k = 0..56 (10⁻⁶ to 10).
+const AUTO_GRID: usize = 57;
+
+/// `penalty => 'auto'` (ICLP §4.3's plug-in idea, from public parameters and the released count ñ
+/// only — post-processing of a release): the φ minimising the expected squared L² error of the
+/// released mean under a public prior `μ ~ GP(0, (P·τ)²·C/tr C)` — the smoother's bias
+/// `Σ_j (1 − s_j)²·(P·τ)²·λ_j/Σλ` plus the noise `σ(φ)²·Σ_j λ_j/ñ²` (σ the calibrated noise of
+/// this mechanism at φ). More rows: less noise per row, so a smaller φ and less shrinkage.
+pub fn auto_penalty(spec: &MeanCurveSpec, c: Contribution, n: i64) -> f64 {
+    let nn = n.max(1) as f64;
+    let prior = (AUTO_PRIOR_SHARE * spec.clip).powi(2);
+    let mut best = (f64::INFINITY, spec.penalty);
+    for k in 0..AUTO_GRID {
+        let phi = 10f64.powf(-6.0 + 7.0 * k as f64 / (AUTO_GRID - 1) as f64);
+        let Ok(m) = MeanCurveMechanism::with_contribution(MeanCurveSpec { penalty: phi, ..spec.clone() }, c) else {
+            continue;
+        };
+        let total: f64 = m.basis.lambda.iter().sum();
+        let bias: f64 = m.smoother.iter().zip(&m.basis.lambda).map(|(s, l)| (1.0 - s).powi(2) * l).sum::<f64>() / total;
+        let risk = prior * bias + m.sigma().powi(2) * total / (nn * nn);
+        if risk < best.0 {
+            best = (risk, phi);
+        }
+    }
+    best.1
+}
+
 /// A parameter problem (public values only).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeanCurveError(pub String);
@@ -498,6 +528,17 @@ impl MeanCurveMechanism {
         let w = self.lattice.release(&self.lifted(state), rng.as_deref_mut());
         let n = self.count.release(&[DD::from_i128(state.count as i128)], rng)[0] as i64;
         (w, n)
+    }
+
+    /// The released count alone (an `penalty => 'auto'` release draws it first, then chooses φ
+    /// from it). `rng = None` is the noiseless test hook.
+    pub fn noisy_count<R: Rng + ?Sized>(&self, state: &MeanState, rng: Option<&mut R>) -> i64 {
+        self.count.release(&[DD::from_i128(state.count as i128)], rng)[0] as i64
+    }
+
+    /// The released lifted coordinates alone (exact discrete noise).
+    pub fn noisy_curve<R: Rng + ?Sized>(&self, state: &MeanState, rng: Option<&mut R>) -> Vec<f64> {
+        self.lattice.release(&self.lifted(state), rng)
     }
 
     /// The mean curve from released lifted coordinates and the released count
