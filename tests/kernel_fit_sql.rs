@@ -373,3 +373,28 @@ async fn penalty_auto_is_the_rule_at_the_released_count_and_costs_the_call() {
     let err = s.query(&q("'fast'")).await.unwrap_err().to_string();
     assert!(err.contains("argument 'penalty' must be a number or 'auto'"), "{err}");
 }
+
+/// The pure-ε ICLP releases through SQL: `private_kde(…, mechanism => 'iclp')` and a fit with
+/// `delta => 0` are charged (ε, 0), stored with their mechanism, and re-read bit for bit.
+#[tokio::test]
+async fn iclp_releases_are_charged_pure_epsilon_and_stored() {
+    let f = fixture("fit-iclp").await;
+    let s = session(&f, NoiseSource::Os, 2).await;
+    let before = spent(&f.admin, "t");
+    let b = s.query("SELECT private_kde(x, 0.1, 1, 0, mechanism => 'iclp', points => 33) AS k FROM t").await.unwrap();
+    let k = b[0].column(0).as_struct();
+    let density = k.column_by_name("density").unwrap().as_list::<i32>().value(0);
+    let id = k.column_by_name("release").unwrap().as_string::<i32>().value(0).to_string();
+    let params = s.query(&format!("SELECT parameters FROM dpcurve.releases WHERE release = '{id}'")).await.unwrap();
+    assert!(params[0].column(0).as_string::<i32>().value(0).contains("\"mechanism\":\"iclp\""));
+    let again = s.query(&format!("SELECT private_kde FROM release('{id}')")).await.unwrap();
+    let again = again[0].column(0).as_struct().column_by_name("density").unwrap().as_list::<i32>().value(0);
+    assert_eq!(density.as_primitive::<Float64Type>().values(), again.as_primitive::<Float64Type>().values());
+    let fit = one(&s.query("SELECT private_kernel_regression(y, x, 1, 0, points => 9) FROM t").await.unwrap());
+    assert_eq!(fit.values.len(), 9);
+    let pure = Budget::charge(1.0, 0.0).unwrap();
+    assert_eq!(spent(&f.admin, "t"), before.checked_add(&pure).unwrap().checked_add(&pure).unwrap());
+    // 'iclp' is pure ε only at a numeric bandwidth and in the Gaussian RKHS space.
+    let err = s.query("SELECT private_kde(x, 'auto', 1, 0, mechanism => 'iclp') FROM t").await.unwrap_err();
+    assert!(err.to_string().contains("bandwidth => 'auto' releases through the pure-ε mechanism"), "{err}");
+}
