@@ -540,6 +540,23 @@ async fn sobolev_study(o: &Options) {
     }
 }
 
+/// Writes columns x and y to a Parquet file (through a temporary file, so a crash leaves none).
+fn write_xy(path: &Path, xs: &[f64], ys: &[f64]) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("x", DataType::Float64, false),
+        Field::new("y", DataType::Float64, false),
+    ]));
+    let tmp = path.with_extension("tmp");
+    let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), schema.clone(), None).unwrap();
+    for (cx, cy) in xs.chunks(1 << 20).zip(ys.chunks(1 << 20)) {
+        let cols: Vec<ArrayRef> =
+            vec![Arc::new(Float64Array::from(cx.to_vec())), Arc::new(Float64Array::from(cy.to_vec()))];
+        w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap()).unwrap();
+    }
+    w.close().unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // `--study kde2d`: the private 2-D KDE against the non-private one and the truth.
 
@@ -569,19 +586,7 @@ async fn kde2d_study(o: &Options) {
             let ys = Dist::Claw.sample(n, 9_200_000 + 10 * n.ilog10() as u64 + rep as u64);
             let path = o.data.join(format!("utility-kde2d-{n}-{rep}.parquet"));
             if !path.exists() {
-                let schema = Arc::new(Schema::new(vec![
-                    Field::new("x", DataType::Float64, false),
-                    Field::new("y", DataType::Float64, false),
-                ]));
-                let tmp = path.with_extension("tmp");
-                let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), schema.clone(), None).unwrap();
-                for (cx, cy) in xs.chunks(1 << 20).zip(ys.chunks(1 << 20)) {
-                    let cols: Vec<ArrayRef> =
-                        vec![Arc::new(Float64Array::from(cx.to_vec())), Arc::new(Float64Array::from(cy.to_vec()))];
-                    w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap()).unwrap();
-                }
-                w.close().unwrap();
-                std::fs::rename(&tmp, &path).unwrap();
+                write_xy(&path, &xs, &ys);
             }
             // The non-private product-kernel KDE: A·Bᵀ with A_ir = K(gx_i − x_r), B_jr = K(gy_j − y_r).
             let k = |t: f64, v: f64, h: f64| (-(t - v) * (t - v) / (2.0 * h * h)).exp();
@@ -676,19 +681,7 @@ async fn regression_study(o: &Options) {
                         (regression_truth(x) + 0.5 * z).clamp(-2.5, 2.5)
                     })
                     .collect();
-                let schema = Arc::new(Schema::new(vec![
-                    Field::new("x", DataType::Float64, false),
-                    Field::new("y", DataType::Float64, false),
-                ]));
-                let tmp = path.with_extension("tmp");
-                let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), schema.clone(), None).unwrap();
-                for (cx, cy) in xs.chunks(1 << 20).zip(ys.chunks(1 << 20)) {
-                    let cols: Vec<ArrayRef> =
-                        vec![Arc::new(Float64Array::from(cx.to_vec())), Arc::new(Float64Array::from(cy.to_vec()))];
-                    w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap()).unwrap();
-                }
-                w.close().unwrap();
-                std::fs::rename(&tmp, &path).unwrap();
+                write_xy(&path, &xs, &ys);
             }
             let t = format!("reg_{n}_{rep}");
             for s in [&private, &exact] {

@@ -6,16 +6,17 @@
 use std::mem::size_of_val;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StringArray, StructArray};
-use datafusion::arrow::buffer::NullBuffer;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
+use datafusion::arrow::array::{ArrayRef, Float64Array, StringArray, StructArray};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::function::StateFieldsArgs;
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, Expr};
 
 use super::params::FunctionParams;
-use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
+use super::{
+    PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row, for_each_valid_pair,
+};
 use crate::functions::CallContext;
 use crate::mechanism::budget::Budget;
 use crate::mechanism::kernel_fit::{
@@ -24,6 +25,66 @@ use crate::mechanism::kernel_fit::{
 use crate::mechanism::lattice::{DD, LatticeMechanism};
 use crate::mechanism::stored::Recipe;
 use crate::mechanism::{Contribution, Grid};
+
+/// Declares one of the two kernel-fit UDAFs (they differ only in their [`Kind`]): the struct via
+/// `private_aggregate!` and its `AggregateUDFImpl`. The module must have `NAME`, `PARAMS` and
+/// `DOCUMENTATION`.
+macro_rules! kernel_fit_udaf {
+    ($(#[$doc:meta])* $ty:ident, $kind:expr) => {
+        private_aggregate!(
+            $(#[$doc])*
+            $ty,
+            |args, _, contribution| $crate::functions::kernel_fit::plan_call($kind, args, contribution)
+        );
+
+        impl datafusion::logical_expr::AggregateUDFImpl for $ty {
+            fn name(&self) -> &str {
+                NAME
+            }
+
+            fn signature(&self) -> &datafusion::logical_expr::Signature {
+                &self.signature
+            }
+
+            fn coerce_types(
+                &self,
+                arg_types: &[datafusion::arrow::datatypes::DataType],
+            ) -> datafusion::common::Result<Vec<datafusion::arrow::datatypes::DataType>> {
+                $crate::functions::kernel_fit::coerce_types($kind, arg_types)
+            }
+
+            fn return_type(
+                &self,
+                _arg_types: &[datafusion::arrow::datatypes::DataType],
+            ) -> datafusion::common::Result<datafusion::arrow::datatypes::DataType> {
+                Ok(datafusion::arrow::datatypes::DataType::Struct($crate::functions::kernel_fit::result_fields($kind)))
+            }
+
+            fn state_fields(
+                &self,
+                args: datafusion::logical_expr::function::StateFieldsArgs,
+            ) -> datafusion::common::Result<Vec<datafusion::arrow::datatypes::FieldRef>> {
+                $crate::functions::kernel_fit::state_fields(args)
+            }
+
+            fn accumulator(
+                &self,
+                args: datafusion::logical_expr::function::AccumulatorArgs,
+            ) -> datafusion::common::Result<Box<dyn datafusion::logical_expr::Accumulator>> {
+                use $crate::functions::kernel_fit::{FitAccumulator, mechanism_from_literals};
+                PARAMS.check_accumulator_args(&args)?;
+                let values = PARAMS.literals_from_physical(args.exprs)?;
+                let (mechanism, _, count) = mechanism_from_literals($kind, &values, self.cx.contribution)?;
+                Ok(Box::new(FitAccumulator::new($kind, mechanism, self.cx.clone()).with_auto_count(count)))
+            }
+
+            fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+                Some(&DOCUMENTATION)
+            }
+        }
+    };
+}
+pub(crate) use kernel_fit_udaf;
 
 /// Default number of grid points of the fitted function.
 pub const DEFAULT_POINTS: usize = 101;
@@ -253,16 +314,8 @@ impl FitAccumulator {
 
 impl Accumulator for FitAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let (ys, xs) = (values[0].as_primitive::<Float64Type>(), values[1].as_primitive::<Float64Type>());
-        let (y, x) = (ys.values(), xs.values());
-        match NullBuffer::union(ys.nulls(), xs.nulls()).filter(|n| n.null_count() > 0) {
-            None => self.mechanism.add_all(&mut self.state, y, x),
-            Some(nulls) => {
-                for (start, end) in nulls.valid_slices() {
-                    self.mechanism.add_all(&mut self.state, &y[start..end], &x[start..end]);
-                }
-            }
-        }
+        let (mechanism, state) = (&self.mechanism, &mut self.state);
+        for_each_valid_pair(values, |y, x| mechanism.add_all(state, y, x));
         Ok(())
     }
 
@@ -291,7 +344,7 @@ impl Accumulator for FitAccumulator {
 mod tests {
     use super::*;
     use crate::mechanism::{Calibration, NoiseSource};
-    use datafusion::arrow::array::Float64Array;
+    use datafusion::arrow::array::AsArray;
 
     fn accumulator(kind: Kind) -> FitAccumulator {
         let loss = if kind == Kind::Regression { FitLoss::Huber(1.0) } else { FitLoss::Hinge(0.1) };

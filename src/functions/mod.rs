@@ -265,6 +265,22 @@ pub(crate) fn for_each_fixed_point_row(
     Ok(())
 }
 
+/// Calls `f(first, second)` on the runs of rows where both Float64 columns are non-null (the
+/// two data arguments of a private aggregate; NULL in either drops the row).
+pub(crate) fn for_each_valid_pair(values: &[ArrayRef], mut f: impl FnMut(&[f64], &[f64])) {
+    use datafusion::arrow::datatypes::Float64Type;
+    let (a, b) = (values[0].as_primitive::<Float64Type>(), values[1].as_primitive::<Float64Type>());
+    let (x, y) = (a.values(), b.values());
+    match NullBuffer::union(a.nulls(), b.nulls()).filter(|n| n.null_count() > 0) {
+        None => f(x, y),
+        Some(nulls) => {
+            for (start, end) in nulls.valid_slices() {
+                f(&x[start..end], &y[start..end]);
+            }
+        }
+    }
+}
+
 /// A one-row `List<Float64>` array (a NULL list for `None`).
 pub(crate) fn float_list(values: Option<Vec<f64>>) -> ArrayRef {
     let field = Arc::new(Field::new_list_field(DataType::Float64, true));

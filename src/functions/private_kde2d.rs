@@ -18,18 +18,17 @@
 use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, Float64Builder, ListBuilder, StringArray, StructArray,
-};
-use datafusion::arrow::buffer::NullBuffer;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
+use datafusion::arrow::array::{ArrayRef, Float64Array, Float64Builder, ListBuilder, StringArray, StructArray};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Expr, Signature};
 
 use super::params::{FunctionParams, ParamDef, ParamKind};
-use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
+use super::{
+    PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row, for_each_valid_pair,
+};
 use crate::functions::CallContext;
 use crate::mechanism::budget::Budget;
 use crate::mechanism::kde2d::{Kde2dAccumulation, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
@@ -288,16 +287,8 @@ impl Kde2dAccumulator {
 
 impl Accumulator for Kde2dAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let (xs, ys) = (values[0].as_primitive::<Float64Type>(), values[1].as_primitive::<Float64Type>());
-        let (x, y) = (xs.values(), ys.values());
-        match NullBuffer::union(xs.nulls(), ys.nulls()).filter(|n| n.null_count() > 0) {
-            None => self.mechanism.add_all(&mut self.state, x, y),
-            Some(nulls) => {
-                for (start, end) in nulls.valid_slices() {
-                    self.mechanism.add_all(&mut self.state, &x[start..end], &y[start..end]);
-                }
-            }
-        }
+        let (mechanism, state) = (&self.mechanism, &mut self.state);
+        for_each_valid_pair(values, |x, y| mechanism.add_all(state, x, y));
         Ok(())
     }
 
@@ -326,6 +317,7 @@ impl Accumulator for Kde2dAccumulator {
 mod tests {
     use super::*;
     use crate::mechanism::{Calibration, NoiseSource};
+    use datafusion::arrow::array::{Array, AsArray};
     use datafusion::logical_expr::Volatility;
 
     fn accumulator(noise: NoiseSource) -> Kde2dAccumulator {

@@ -16,14 +16,9 @@
 
 use std::sync::LazyLock;
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
-use datafusion::common::Result;
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Signature};
+use datafusion::logical_expr::Documentation;
 
-use super::kernel_fit::{
-    FitAccumulator, Kind, coerce_types, mechanism_from_literals, plan_call, result_fields, state_fields,
-};
+use super::kernel_fit::Kind;
 use super::params::{FunctionParams, ParamDef, ParamKind};
 
 /// SQL name of the function.
@@ -81,41 +76,8 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-private_aggregate!(
+super::kernel_fit::kernel_fit_udaf!(
     /// The `private_kernel_regression` aggregate UDF.
     PrivateKernelRegression,
-    |args, _, contribution| plan_call(Kind::Regression, args, contribution)
+    Kind::Regression
 );
-
-impl AggregateUDFImpl for PrivateKernelRegression {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_types(Kind::Regression, arg_types)
-    }
-
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Struct(result_fields(Kind::Regression)))
-    }
-
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        state_fields(args)
-    }
-
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        PARAMS.check_accumulator_args(&args)?;
-        let values = PARAMS.literals_from_physical(args.exprs)?;
-        let (mechanism, _, count) = mechanism_from_literals(Kind::Regression, &values, self.cx.contribution)?;
-        Ok(Box::new(FitAccumulator::new(Kind::Regression, mechanism, self.cx.clone()).with_auto_count(count)))
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOCUMENTATION)
-    }
-}
