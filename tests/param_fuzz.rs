@@ -188,6 +188,74 @@ fn kde2d_and_sobolev_privacy_maps_and_releases_never_panic() {
 }
 
 #[test]
+fn kernel_fit_and_iclp_privacy_maps_and_releases_never_panic() {
+    use dpcurve::mechanism::Contribution;
+    use dpcurve::mechanism::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
+    let mut rng = ChaCha20Rng::seed_from_u64(0xF027);
+    let (mut fits, mut iclp) = (0, 0);
+    for i in 0..300 {
+        let (lo, hi) = (mostly(&mut rng, &[-1.0, 0.0, 0.3]), mostly(&mut rng, &[1.0, 2.0, 1e3]));
+        let grid = Grid { lo, hi, points: pick(&mut rng, &[0usize, 1, 2, 41, 4096, 65_537]) };
+        let loss = if i % 2 == 0 {
+            FitLoss::Huber(mostly(&mut rng, &[0.1, 1.0, 1e3]))
+        } else {
+            FitLoss::Hinge(mostly(&mut rng, &[0.05, 0.1, 1.0]))
+        };
+        let spec = FitSpec {
+            grid,
+            bandwidth: mostly(&mut rng, &[0.01, 0.1, 0.7, 30.0]),
+            penalty: mostly(&mut rng, &[1e-6, 1.0, 100.0, 1e15]),
+            loss,
+            y_range: (mostly(&mut rng, &[-1.0, -1e6]), mostly(&mut rng, &[1.0, 1e6])),
+            epsilon: mostly(&mut rng, &[1e-12, 0.1, 1.0, 10.0]),
+            delta: if i % 3 == 0 { 0.0 } else { delta(&mut rng) },
+            calibration: Calibration::Analytic,
+        };
+        let what = format!("{spec:?}");
+        let m = std::panic::catch_unwind(|| KernelFitMechanism::new(spec.clone(), Contribution::ROW));
+        if let Some(m) = ends_in_a_value_or_an_error(m, &what) {
+            assert!(m.sigma().is_finite() && m.sigma() > 0.0, "{what}: σ = {}", m.sigma());
+            if m.features().dim() <= 300 {
+                let xs: Vec<f64> = (0..20).map(|_| float(&mut rng)).chain([lo, hi]).collect();
+                let ys: Vec<f64> = (0..22).map(|_| float(&mut rng)).collect();
+                let r = std::panic::catch_unwind(|| {
+                    let mut acc = m.accumulation();
+                    m.add_all(&mut acc, &ys, &xs);
+                    m.release(acc.totals(), Some(&mut ChaCha20Rng::seed_from_u64(1)))
+                });
+                r.unwrap_or_else(|_| panic!("kernel fit release panicked for {what}"));
+                fits += 1;
+            }
+        }
+        // The ICLP KDE at the same box and bandwidth.
+        let kspec = KdeSpec {
+            grid: Grid { points: grid.points.min(65_537), ..grid },
+            bandwidth: spec.bandwidth,
+            epsilon: spec.epsilon,
+            delta: 0.0,
+            calibration: Calibration::Analytic,
+            normalise: dpcurve::mechanism::Normalise::Project,
+        };
+        let what = format!("iclp {kspec:?}");
+        let m = std::panic::catch_unwind(|| KdeMechanism::iclp(kspec.clone(), Contribution::ROW));
+        if let Some(m) = ends_in_a_value_or_an_error(m, &what) {
+            assert!(m.sigma().is_finite() && m.sigma() > 0.0, "{what}: σ = {}", m.sigma());
+            if m.layout().state_len() <= 1 << 20 {
+                let values: Vec<f64> = (0..20).map(|_| float(&mut rng)).collect();
+                let r = std::panic::catch_unwind(|| {
+                    let mut state = m.layout().empty_state();
+                    m.layout().add_all(&mut state, &values);
+                    m.release(&state, Some(&mut ChaCha20Rng::seed_from_u64(1)))
+                });
+                r.unwrap_or_else(|_| panic!("ICLP release panicked for {what}"));
+                iclp += 1;
+            }
+        }
+    }
+    assert!(fits >= 20 && iclp >= 20, "too few releases: {fits} fits, {iclp} ICLP");
+}
+
+#[test]
 fn mean_curve_privacy_map_and_release_never_panic() {
     let mut rng = ChaCha20Rng::seed_from_u64(0xF023);
     let kernels = [CovKernel::Gaussian, CovKernel::Matern52, CovKernel::Matern32, CovKernel::Exponential];
@@ -261,7 +329,18 @@ async fn sql_with_random_literal_parameters_never_panics() {
             pick(&mut rng, &["-1", "0", "2", "64", "64", "256", "65537", "9223372036854775807", "1.5", "NULL"]);
         // Execute only small grids over a moderate range; plan (EXPLAIN) everything else.
         let cheap = i % 2 == 0;
-        let sql = if cheap {
+        let sql = if i % 6 == 1 {
+            // The kernel fits (executed): random penalty (or 'auto'), bandwidth, ε, δ.
+            let penalty = pick(&mut rng, &["'auto'", "100", "1e-7", "1e16", "0"]);
+            format!(
+                "SELECT {}(x, x, {}, {}, penalty => {penalty}, bandwidth => {}, lo => -1, hi => 2{}) FROM t",
+                pick(&mut rng, &["private_kernel_regression", "private_kernel_classifier"]),
+                p(&mut rng),
+                literal(delta(&mut rng)),
+                pick(&mut rng, &["0.05", "0.5", "1e-9", "1e6", "0"]),
+                pick(&mut rng, &[", lo_y => -1, hi_y => 2", ", points => 7", ""]),
+            )
+        } else if cheap {
             let h = pick(&mut rng, &["0.05", "0.05", "0.5", "0.5", "1e-9", "1e6", "0", "-1", "'NaN'::double"]);
             format!(
                 "SELECT private_kde(x, {h}, {}, {}, lo => -1, hi => 2, points => {points}) FROM t",

@@ -233,7 +233,7 @@ pub fn laplace_audit(
         x.iter().zip(r0.iter().zip(r1)).map(|(v, (a, b))| (v - *a as f64).abs() - (v - *b as f64).abs()).sum()
     };
     let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(seed);
-    let mut draw = |r: &[i128], rng: &mut rand::rngs::ChaCha20Rng| -> f64 {
+    let draw = |r: &[i128], rng: &mut rand::rngs::ChaCha20Rng| -> f64 {
         let z = lat.noise(rng);
         let x: Vec<f64> = r.iter().zip(&z).map(|(a, z)| *a as f64 + noise_scale * *z as f64).collect();
         loss(&x)
