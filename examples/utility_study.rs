@@ -12,7 +12,9 @@ use dpcurve::cli::plot::{Panel, Series, svg_panels};
 use dpcurve::datagen::{karhunen_loeve_curves, true_mean};
 use dpcurve::mechanism::Calibration;
 use dpcurve::mechanism::Contribution;
-use dpcurve::mechanism::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec, auto_penalty, inner};
+use dpcurve::mechanism::mean_curve::{
+    CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec, auto_penalty, auto_tuning, inner,
+};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
 
@@ -203,8 +205,11 @@ fn main() {
         "\npenalty => 'auto' vs the default φ = {bp} ({}, ρ = {br}, Gaussian mechanism, δ = 1e-5; 10 repetitions)\n",
         bk.name()
     );
-    let _ = writeln!(out, "| N | error, φ = {bp} | error, 'auto' | peak, φ = {bp} | peak, 'auto' | φ chosen (mean) |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let _ = writeln!(
+        out,
+        "| N | error, φ = {bp} | error, 'auto' | peak, φ = {bp} | peak, 'auto' | φ chosen (mean) | error, range and penalty 'auto' | ρ chosen (mean) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     let mid = (M - 1) / 2;
     for n in [25, 100, 250, 500, 1000, 2500, 10_000] {
         let spec = MeanCurveSpec {
@@ -222,6 +227,7 @@ fn main() {
         let fixed = MeanCurveMechanism::new(spec.clone()).unwrap();
         let mut rng = ChaCha20Rng::seed_from_u64(77 + n as u64);
         let (mut e_fixed, mut e_auto, mut p_fixed, mut p_auto, mut phis) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        let (mut e_both, mut rhos) = (0.0, 0.0);
         for rep in &big {
             let mut state = fixed.empty_state();
             for c in &rep[..n] {
@@ -237,8 +243,16 @@ fn main() {
             e_auto += l2(&r.mean, &truth) / 10.0;
             p_auto += r.mean[mid] / truth[mid] / 10.0;
             phis += phi / 10.0;
+            let (rho, phi) = auto_tuning(&spec, Contribution::ROW, count, true, true);
+            let m = MeanCurveMechanism::new(MeanCurveSpec { range: rho, penalty: phi, ..spec.clone() }).unwrap();
+            let r = m.post_process(&m.noisy_curve(&state, Some(&mut rng)), count);
+            e_both += l2(&r.mean, &truth) / 10.0;
+            rhos += rho / 10.0;
         }
-        let _ = writeln!(out, "| {n} | {e_fixed:.4} | {e_auto:.4} | {p_fixed:.2} | {p_auto:.2} | {phis:.2e} |");
+        let _ = writeln!(
+            out,
+            "| {n} | {e_fixed:.4} | {e_auto:.4} | {p_fixed:.2} | {p_auto:.2} | {phis:.2e} | {e_both:.4} | {rhos:.2} |"
+        );
     }
     print!("{out}");
     let doc = svg_panels(&[Panel {

@@ -48,7 +48,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "epsilon", kind: ParamKind::Float },
         ParamDef { name: "delta", kind: ParamKind::Float },
         ParamDef { name: "kernel", kind: ParamKind::Str },
-        ParamDef { name: "range", kind: ParamKind::Float },
+        ParamDef { name: "range", kind: ParamKind::FloatOrAuto },
         ParamDef { name: "penalty", kind: ParamKind::FloatOrAuto },
         ParamDef { name: "eta", kind: ParamKind::Float },
         ParamDef { name: "clip", kind: ParamKind::Float },
@@ -81,7 +81,7 @@ pub fn mechanism_from_literals(
     values: &[Option<ScalarValue>],
     fixed: Option<usize>,
     contribution: Contribution,
-) -> Result<(MeanCurveMechanism, Budget, bool)> {
+) -> Result<(MeanCurveMechanism, Budget, Auto)> {
     let p = &PARAMS;
     let epsilon = p.epsilon(values)?;
     let delta = p.required_float(values, "delta")?;
@@ -109,7 +109,8 @@ pub fn mechanism_from_literals(
             Err(p.error(format!("argument '{name}' must be a finite number > 0, got {v}")))
         }
     };
-    let range = positive("range", Some(DEFAULT_RANGE))?;
+    let auto_range = p.is_auto(values, "range")?;
+    let range = if auto_range { mean_curve::AUTO_PRIOR_RANGE } else { positive("range", Some(DEFAULT_RANGE))? };
     // 'auto': chosen at release from the released count (`auto_penalty`); validated here at the
     // value the rule gives for a count of 1.
     let auto_penalty = p.is_auto(values, "penalty")?;
@@ -165,13 +166,46 @@ pub fn mechanism_from_literals(
         count_fraction,
         calibration,
     };
-    let spec = if auto_penalty {
-        MeanCurveSpec { penalty: mean_curve::auto_penalty(&spec, contribution, 1), ..spec }
+    if auto_range {
+        if spec.points > mean_curve::MAX_AUTO_RANGE_POINTS {
+            return Err(p.error(format!(
+                "range => 'auto' compares every candidate range's eigenbasis with the prior's and supports curves of \
+                 at most {} points, got {}: give a range",
+                mean_curve::MAX_AUTO_RANGE_POINTS,
+                spec.points
+            )));
+        }
+        // Every candidate range must build (at planning, never at release).
+        for rho in mean_curve::AUTO_RANGES {
+            MeanCurveMechanism::with_contribution(MeanCurveSpec { range: rho, ..spec.clone() }, contribution)
+                .map_err(|e| p.error(e))?;
+        }
+    }
+    let auto = Auto { range: auto_range, penalty: auto_penalty };
+    let spec = if auto.any() {
+        let (range, penalty) = mean_curve::auto_tuning(&spec, contribution, 1, auto.range, auto.penalty);
+        MeanCurveSpec { range, penalty, ..spec }
     } else {
         spec
     };
     let m = MeanCurveMechanism::with_contribution(spec, contribution).map_err(|e| p.error(e))?;
-    Ok((m, cost, auto_penalty))
+    Ok((m, cost, auto))
+}
+
+/// Which of range and penalty are 'auto' (chosen from the released count at release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Auto {
+    /// `range => 'auto'`.
+    pub range: bool,
+    /// `penalty => 'auto'`.
+    pub penalty: bool,
+}
+
+impl Auto {
+    /// Whether anything is chosen at release.
+    pub fn any(self) -> bool {
+        self.range || self.penalty
+    }
 }
 
 /// Validates a logical call at planning time and returns what it costs.
@@ -221,6 +255,8 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("epsilon", "ε > 0")
     .with_argument("delta", "δ in [0, 1); 0 selects the pure-ε ICLP mechanism")
     .with_argument("clip", "public norm bound τ (or from the policy bounds)")
+    .with_argument("range", "kernel range ρ > 0, default 0.2, or 'auto' (chosen with the penalty from the released count; curves of at most 512 points)")
+    .with_argument("penalty", "smoother penalty φ > 0, default 0.1, or 'auto' (chosen from the released count: no extra charge)")
     .with_argument("band_alpha", "level of the simultaneous noise band, in (0, 1), default 0.05")
     .build()
 });
@@ -275,11 +311,11 @@ impl AggregateUDFImpl for PrivateMeanCurve {
         let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
         let values = PARAMS.literals_from_physical(args.exprs)?;
         let alpha = PARAMS.band_alpha(&values)?;
-        let (mechanism, _, auto_penalty) = mechanism_from_literals(&values, fixed, self.cx.contribution)?;
+        let (mechanism, _, auto) = mechanism_from_literals(&values, fixed, self.cx.contribution)?;
         let state = MeanAccumulation::new(&mechanism);
         Ok(Box::new(MeanCurveAccumulator {
             mechanism,
-            auto_penalty,
+            auto,
             state,
             noise: self.cx.noise,
             permits: self.cx.permits.clone(),
@@ -298,8 +334,8 @@ impl AggregateUDFImpl for PrivateMeanCurve {
 #[derive(Debug)]
 pub struct MeanCurveAccumulator {
     mechanism: MeanCurveMechanism,
-    /// `penalty => 'auto'`: φ is chosen from the released count at release.
-    auto_penalty: bool,
+    /// `range`/`penalty => 'auto'`: chosen from the released count at release.
+    auto: Auto,
     state: MeanAccumulation,
     noise: NoiseSource,
     permits: Permits,
@@ -382,13 +418,19 @@ impl Accumulator for MeanCurveAccumulator {
         self.permits.take(NAME)?;
         let state = self.state.state();
         let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
-        let (mechanism, lifted, n) = if self.auto_penalty {
-            // The count first; φ is post-processing of it; then the curve at that φ (the same ε
-            // split as any release: the count's share, then the curve's).
+        let (mechanism, lifted, n) = if self.auto.any() {
+            // The count first; (ρ, φ) are post-processing of it; then the curve with them (the
+            // same ε split as any release: the count's share, then the curve's).
             let n = self.mechanism.noisy_count(state, rng.as_mut());
-            let phi = mean_curve::auto_penalty(self.mechanism.spec(), self.contribution, n);
-            let spec = MeanCurveSpec { penalty: phi, ..self.mechanism.spec().clone() };
-            // Every φ of the rule's grid was checked to build; fall back to the planned one anyway.
+            let (range, penalty) = mean_curve::auto_tuning(
+                self.mechanism.spec(),
+                self.contribution,
+                n,
+                self.auto.range,
+                self.auto.penalty,
+            );
+            let spec = MeanCurveSpec { range, penalty, ..self.mechanism.spec().clone() };
+            // Every candidate was checked to build at planning; fall back to the planned one anyway.
             let m = MeanCurveMechanism::with_contribution(spec, self.contribution)
                 .unwrap_or_else(|_| self.mechanism.clone());
             let lifted = m.noisy_curve(state, rng.as_mut());

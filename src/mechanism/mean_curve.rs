@@ -232,25 +232,63 @@ pub const AUTO_PRIOR_SHARE: f64 = 0.15;
 /// `penalty => 'auto'` searches φ over `10^(-6 + 7k/56)`, k = 0..56 (10⁻⁶ to 10).
 const AUTO_GRID: usize = 57;
 
+/// `range => 'auto'` chooses among these ranges.
+pub const AUTO_RANGES: [f64; 5] = [0.05, 0.1, 0.2, 0.4, 0.8];
+/// `range => 'auto'`: the prior's range (the default range, whose kernel is the one the defaults
+/// were chosen for).
+pub const AUTO_PRIOR_RANGE: f64 = 0.2;
+/// `range => 'auto'` needs the candidates' bases against the prior's (O(m³) each): m ≤ this.
+pub const MAX_AUTO_RANGE_POINTS: usize = 512;
+
 /// `penalty => 'auto'` (ICLP §4.3's plug-in idea, from public parameters and the released count ñ
 /// only — post-processing of a release): the φ minimising the expected squared L² error of the
 /// released mean under a public prior `μ ~ GP(0, (P·τ)²·C/tr C)` — the smoother's bias
 /// `Σ_j (1 − s_j)²·(P·τ)²·λ_j/Σλ` plus the noise `σ(φ)²·Σ_j λ_j/ñ²` (σ the calibrated noise of
 /// this mechanism at φ). More rows: less noise per row, so a smaller φ and less shrinkage.
 pub fn auto_penalty(spec: &MeanCurveSpec, c: Contribution, n: i64) -> f64 {
+    auto_tuning(spec, c, n, false, true).1
+}
+
+/// `range => 'auto'` and/or `penalty => 'auto'`: the (ρ, φ) among [`AUTO_RANGES`] (or the given
+/// ρ) × the φ grid (or the given φ) minimising the same expected error, now under a prior whose
+/// covariance `C₀` is the kernel at [`AUTO_PRIOR_RANGE`] whatever the candidate: with the
+/// candidate's smoother `S = Σ_j s_j v_j v_jᵀ`, `E‖(I − S)μ‖² ∝ tr C₀ − Σ_j (1 − (1 − s_j)²)·⟨v_j, C₀ v_j⟩`
+/// (`tr(S C₀ S) = Σ_j s_j²⟨v_j, C₀ v_j⟩` since the v_j are orthonormal). With ρ given the prior is
+/// the candidate's own kernel and this is [`auto_penalty`]'s bias. Returns (ρ, φ).
+pub fn auto_tuning(spec: &MeanCurveSpec, c: Contribution, n: i64, range: bool, penalty: bool) -> (f64, f64) {
     let nn = n.max(1) as f64;
     let prior = (AUTO_PRIOR_SHARE * spec.clip).powi(2);
-    let mut best = (f64::INFINITY, spec.penalty);
-    for k in 0..AUTO_GRID {
-        let phi = 10f64.powf(-6.0 + 7.0 * k as f64 / (AUTO_GRID - 1) as f64);
-        let Ok(m) = MeanCurveMechanism::with_contribution(MeanCurveSpec { penalty: phi, ..spec.clone() }, c) else {
-            continue;
+    let ranges: Vec<f64> = if range { AUTO_RANGES.to_vec() } else { vec![spec.range] };
+    let phis: Vec<f64> = if penalty {
+        (0..AUTO_GRID).map(|k| 10f64.powf(-6.0 + 7.0 * k as f64 / (AUTO_GRID - 1) as f64)).collect()
+    } else {
+        vec![spec.penalty]
+    };
+    let prior_basis = range.then(|| Eigenbasis::cached(spec.kernel, AUTO_PRIOR_RANGE, spec.points));
+    let mut best = (f64::INFINITY, (spec.range, spec.penalty));
+    for &rho in &ranges {
+        let basis = Eigenbasis::cached(spec.kernel, rho, spec.points);
+        // ⟨v_j, C₀ v_j⟩ and tr C₀ (kept spectrum).
+        let (diag, trace): (Vec<f64>, f64) = match &prior_basis {
+            None => (basis.lambda.clone(), basis.lambda.iter().sum()),
+            Some(p) => (
+                basis
+                    .vectors
+                    .iter()
+                    .map(|v| p.lambda.iter().zip(&p.vectors).map(|(l, u)| l * inner(v, u).powi(2)).sum())
+                    .collect(),
+                p.lambda.iter().sum(),
+            ),
         };
-        let total: f64 = m.basis.lambda.iter().sum();
-        let bias: f64 = m.smoother.iter().zip(&m.basis.lambda).map(|(s, l)| (1.0 - s).powi(2) * l).sum::<f64>() / total;
-        let risk = prior * bias + m.sigma().powi(2) * total / (nn * nn);
-        if risk < best.0 {
-            best = (risk, phi);
+        for &phi in &phis {
+            let cand = MeanCurveSpec { range: rho, penalty: phi, ..spec.clone() };
+            let Ok(m) = MeanCurveMechanism::with_contribution(cand, c) else { continue };
+            let kept: f64 = m.smoother.iter().zip(&diag).map(|(s, d)| (1.0 - (1.0 - s).powi(2)) * d).sum();
+            let bias = (trace - kept).max(0.0) / trace;
+            let risk = prior * bias + m.sigma().powi(2) * m.basis.lambda.iter().sum::<f64>() / (nn * nn);
+            if risk < best.0 {
+                best = (risk, (rho, phi));
+            }
         }
     }
     best.1
