@@ -74,7 +74,7 @@
 //! (a sub-convex combination): the claim holds unchanged. What the cap buys is a Newton system
 //! whose condition number is ≤ 1 + 10¹⁰ and a total mass ≤ 10¹¹ for *every* table, so the
 //! certificate below is reachable in double-double. It binds only when a cell holds more than C
-//! rows: at the default Λ = 100 and bandwidth that is ≈ 10⁸ rows per cell (Huber), i.e. never in
+//! rows: at the default Λ = 100 and bandwidth that is ≈ 2·10⁷ rows per cell (the 10¹¹-row total binds), i.e. never in
 //! practice; a very small Λ lowers it (Λ = 10⁻⁶ with the classifier: ≈ 1 row per cell — such a
 //! penalty asks for a fit the noise of `1/Λ` would drown anyway).
 //!
