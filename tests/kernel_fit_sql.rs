@@ -355,6 +355,14 @@ async fn penalty_auto_is_the_rule_at_the_released_count_and_costs_the_call() {
     assert!((chosen - want).abs() <= 1e-12 * want, "chose {chosen}, the rule at n = {N} gives {want}");
     assert!(chosen > 150.0 && chosen < 400.0, "Λ = {chosen} for n = {N}");
     let auto = one(&b);
+    // The stored release says the penalty was chosen, and what the count cost.
+    let id = auto.release.clone().expect("stored");
+    let p = off.query(&format!("SELECT parameters FROM dpcurve.releases WHERE release = '{id}'")).await.unwrap();
+    let p = p[0].column(0).as_string::<i32>().value(0).to_string();
+    let json: serde_json::Value = serde_json::from_str(&p).unwrap();
+    assert_eq!(json["penalty_rule"], "auto", "{p}");
+    assert!((json["count_epsilon"].as_f64().unwrap() - 0.05).abs() < 1e-9, "{p}");
+    assert!((json["epsilon"].as_f64().unwrap() - 0.95).abs() < 1e-9, "{p}");
     let explicit = one(&off.query(&q(&format!("{chosen:?}"))).await.unwrap());
     assert_eq!(auto.values, explicit.values, "the fit at the chosen penalty");
     // A tenth of the rows: a smaller penalty (more smoothing per row is not affordable).

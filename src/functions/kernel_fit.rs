@@ -305,8 +305,15 @@ impl FitAccumulator {
         // Everything from here on is post-processing of the released coefficients.
         let release = mechanism.post_process(&coefficients);
         let penalty = mechanism.spec().penalty;
-        let recipe =
-            Recipe::KernelFit { spec: mechanism.spec().clone(), contribution: self.cx.contribution, coefficients };
+        let recipe = Recipe::KernelFit {
+            spec: mechanism.spec().clone(),
+            contribution: self.cx.contribution,
+            coefficients,
+            count_epsilon: self
+                .auto_count
+                .as_ref()
+                .map(|_| self.mechanism.spec().epsilon / (1.0 - AUTO_COUNT_SHARE) * AUTO_COUNT_SHARE),
+        };
         let id = self.cx.permits.keep(name, &recipe)?;
         result_value(self.kind, &release, penalty, id)
     }

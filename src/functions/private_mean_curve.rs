@@ -448,6 +448,7 @@ impl Accumulator for MeanCurveAccumulator {
             alpha: self.alpha,
             lifted,
             n,
+            auto: (self.auto.range, self.auto.penalty),
         };
         let id = self.permits.keep(NAME, &recipe)?;
         let value = result_value(&release, &band, id)?;

@@ -71,6 +71,9 @@ pub enum Recipe {
         contribution: Contribution,
         /// The released (noisy) coefficients of the fitted function in the feature basis.
         coefficients: Vec<f64>,
+        /// `penalty => 'auto'`: the ε of the noisy count that chose the penalty (`spec.epsilon` is
+        /// then the fit's share of the call's ε).
+        count_epsilon: Option<f64>,
     },
     /// A `private_mean_curve` release.
     MeanCurve {
@@ -84,6 +87,8 @@ pub enum Recipe {
         lifted: Vec<f64>,
         /// The released (noisy) count.
         n: i64,
+        /// Which of (range, penalty) were chosen from the released count (`'auto'`).
+        auto: (bool, bool),
     },
 }
 
@@ -147,7 +152,7 @@ impl Recipe {
                 "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
                 "unit_rows": contribution.rows, "unit_groups": contribution.groups,
             }),
-            Recipe::KernelFit { spec, contribution, .. } => {
+            Recipe::KernelFit { spec, contribution, count_epsilon, .. } => {
                 let mut v = json!({
                     "lo": spec.grid.lo, "hi": spec.grid.hi, "points": spec.grid.points,
                     "bandwidth": spec.bandwidth, "penalty": spec.penalty,
@@ -162,15 +167,29 @@ impl Recipe {
                     }
                     FitLoss::Hinge(s) => v["smoothing"] = json!(s),
                 }
+                if let Some(e) = count_epsilon {
+                    v["penalty_rule"] = json!("auto");
+                    v["count_epsilon"] = json!(e);
+                }
                 v
             }
-            Recipe::MeanCurve { spec, contribution, alpha, .. } => json!({
-                "points": spec.points, "kernel": spec.kernel.name(), "range": spec.range,
-                "penalty": spec.penalty, "eta": spec.eta, "clip": spec.clip, "epsilon": spec.epsilon,
-                "delta": spec.delta, "count_fraction": spec.count_fraction,
-                "calibration": spec.calibration.name(),
-                "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
-            }),
+            Recipe::MeanCurve { spec, contribution, alpha, auto, .. } => {
+                let mut v = json!({
+                    "points": spec.points, "kernel": spec.kernel.name(), "range": spec.range,
+                    "penalty": spec.penalty, "eta": spec.eta, "clip": spec.clip, "epsilon": spec.epsilon,
+                    "delta": spec.delta, "count_fraction": spec.count_fraction,
+                    "calibration": spec.calibration.name(),
+                    "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
+                });
+                // The chosen values are `range`/`penalty` above; these say they were chosen.
+                if auto.0 {
+                    v["range_rule"] = json!("auto");
+                }
+                if auto.1 {
+                    v["penalty_rule"] = json!("auto");
+                }
+                v
+            }
         };
         v.to_string()
     }
@@ -274,6 +293,7 @@ impl Recipe {
                     },
                     contribution,
                     coefficients: floats(data)?,
+                    count_epsilon: p.get("count_epsilon").and_then(Value::as_f64),
                 })
             }
             "private_mean_curve" => {
@@ -297,6 +317,10 @@ impl Recipe {
                     alpha: alpha()?,
                     n: i64::from_le_bytes(data[..8].try_into().expect("8 bytes")),
                     lifted: floats(&data[8..])?,
+                    auto: (
+                        p.get("range_rule").and_then(Value::as_str) == Some("auto"),
+                        p.get("penalty_rule").and_then(Value::as_str) == Some("auto"),
+                    ),
                 })
             }
             other => Err(format!("stored release of unknown function '{other}'")),
@@ -378,7 +402,7 @@ impl StoredCurve {
                 }
                 Ok(StoredCurve::Kde2d { release: mechanism.post_process(surface) })
             }
-            Recipe::KernelFit { spec, contribution, coefficients } => {
+            Recipe::KernelFit { spec, contribution, coefficients, .. } => {
                 let mechanism = KernelFitMechanism::new(spec.clone(), *contribution).map_err(|e| e.to_string())?;
                 if coefficients.len() != mechanism.features().dim() {
                     return Err("stored release: coefficients of the wrong dimension".into());
@@ -390,7 +414,7 @@ impl StoredCurve {
                     release,
                 })
             }
-            Recipe::MeanCurve { spec, contribution, alpha, lifted, n } => {
+            Recipe::MeanCurve { spec, contribution, alpha, lifted, n, .. } => {
                 let mechanism =
                     MeanCurveMechanism::with_contribution(spec.clone(), *contribution).map_err(|e| e.to_string())?;
                 let basis = mechanism.basis();
@@ -604,7 +628,14 @@ mod tests {
         }
         let lifted = m.lattice().release(&m.lifted(&st), Some(&mut ChaCha20Rng::seed_from_u64(5)));
         let release = m.post_process(&lifted, 31);
-        let recipe = Recipe::MeanCurve { spec, contribution: Contribution::ROW, alpha: 0.05, lifted, n: 31 };
+        let recipe = Recipe::MeanCurve {
+            spec,
+            contribution: Contribution::ROW,
+            alpha: 0.05,
+            lifted,
+            n: 31,
+            auto: (true, false),
+        };
         let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
         assert_eq!(back, recipe);
         let curve = StoredCurve::build(&back).unwrap();
