@@ -243,7 +243,7 @@ async fn the_guard_refuses_what_would_leak_with_precise_messages_and_charges_not
         ),
         (
             "SELECT private_kernel_classifier(label, x, 1, 1e-6, smoothing => 2) FROM t".into(),
-            "smoothing must be a number in [0.05, 1]",
+            "smoothing must be a number in [0.1, 1]",
         ),
         (format!("SELECT {r}((SELECT max(y) FROM u), x, 1, 1e-6, lo_y => 0, hi_y => 1) FROM t"), "subquer"),
         (format!("SELECT {r}(y, x, 1, 1e-6) OVER () FROM t"), "window"),

@@ -66,7 +66,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("penalty", "Λ of the unnormalised objective Σ loss + (Λ/2)‖f‖², in [1e-6, 1e15] (default 100): the noise scales as 1/Λ; 'auto': chosen from a noisy row count (5 % of ε)")
     .with_argument("lo", "the x box (default: the x column's policy bounds)")
     .with_argument("hi", "lo < hi")
-    .with_argument("smoothing", "smoothing s of the hinge in [0.05, 1], default 0.1")
+    .with_argument("smoothing", "smoothing s of the hinge in [0.1, 1], default 0.1")
     .with_argument("points", "grid points of the returned function in [2, 4096], default 101")
     .with_argument("calibration", "'analytic' (default) or 'classic' (ε ≤ 1 only)")
     .build()
