@@ -14,6 +14,8 @@ pub mod functions;
 pub mod guard;
 pub mod mechanism;
 pub mod policy;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod session;
 
 pub use mechanism::NoiseSource;

@@ -11,7 +11,9 @@ async fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("sql") && args.iter().any(|a| a == "--catalog") {
+    let analysts = (args.first().map(String::as_str) == Some("sql") && args.iter().any(|a| a == "--catalog"))
+        || args.first().map(String::as_str) == Some("serve");
+    if analysts {
         // Analyst sessions: a panic message could quote a private value, and the gate turns
         // the panic itself into a withheld error; print nothing about it.
         std::panic::set_hook(Box::new(|_| {}));

@@ -70,7 +70,7 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(opts: &SessionOptions, ledger: Option<Arc<Catalog>>) -> Result<Self> {
+    fn new(opts: &SessionOptions, ledger: Option<Arc<Catalog>>, analyst: Option<&str>) -> Result<Self> {
         let mut config = SessionConfig::new().with_information_schema(true);
         if let Some(n) = opts.target_partitions {
             config = config.with_target_partitions(n.max(1));
@@ -91,7 +91,7 @@ impl Engine {
                 let limit = l.memory_limit().map_err(|e| DataFusionError::Plan(e.to_string()))?;
                 let bytes = usize::try_from(limit).unwrap_or(usize::MAX);
                 runtime = Some(RuntimeEnvBuilder::new().with_memory_limit(bytes, 1.0).build_arc()?);
-                PrivacyPlanner::with_ledger(l, limit)
+                PrivacyPlanner::with_ledger(l, limit).for_analyst(analyst)
             }
             None => PrivacyPlanner::default(),
         };
@@ -212,7 +212,7 @@ impl DpSession {
     /// A new session.
     pub fn new(opts: SessionOptions) -> Self {
         // Only catalog sessions read settings or build a runtime, so this cannot fail.
-        Self { engine: Engine::new(&opts, None).expect("a session without a catalog cannot fail to start") }
+        Self { engine: Engine::new(&opts, None, None).expect("a session without a catalog cannot fail to start") }
     }
 
     /// Registers a Parquet file or directory (all its files form one table).
@@ -238,6 +238,7 @@ impl DpSession {
 pub struct AnalystSession {
     engine: Engine,
     catalog: Arc<Catalog>,
+    analyst: Option<String>,
 }
 
 impl AnalystSession {
@@ -248,13 +249,22 @@ impl AnalystSession {
         Self::with_catalog(catalog, opts).await
     }
 
-    /// An analyst session on an already opened catalog.
+    /// An analyst session on an already opened catalog, as the table owner (no principal:
+    /// releases are charged on the tables' totals only and logged without an analyst).
     pub async fn with_catalog(catalog: Arc<Catalog>, opts: SessionOptions) -> Result<Self> {
+        Self::with_principal(catalog, opts, None).await
+    }
+
+    /// An analyst session for the authenticated analyst `analyst` (issue 14; None: the table
+    /// owner): releases are charged on the tables' totals and on the analyst's shares, the log
+    /// records the analyst, and `dpcurve.budgets`, `dpcurve.releases` and `release(id)` show
+    /// the analyst's own shares and releases.
+    pub async fn with_principal(catalog: Arc<Catalog>, opts: SessionOptions, analyst: Option<&str>) -> Result<Self> {
         let opts = SessionOptions { allow_statements: false, ..opts };
         // Locations are re-checked as the session opens: files and links can appear in a
         // directory after registration (SPEC §5.2).
         catalog.check_locations().map_err(|e| DataFusionError::Plan(e.to_string()))?;
-        let engine = Engine::new(&opts, Some(Arc::clone(&catalog)))?;
+        let engine = Engine::new(&opts, Some(Arc::clone(&catalog)), analyst)?;
         let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         for t in tables {
             let inner = parquet_provider(&engine.ctx, &t.location).await.map_err(|e| {
@@ -265,10 +275,12 @@ impl AnalystSession {
             engine.ctx.register_table(t.name.as_str(), provider)?;
         }
         let schema = Arc::new(MemorySchemaProvider::new());
-        schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog))))?;
-        schema.register_table("releases".into(), Arc::new(ReleasesTable::new(Arc::clone(&catalog))))?;
+        let who = analyst.map(str::to_string);
+        schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog), who.clone())))?;
+        schema.register_table("releases".into(), Arc::new(ReleasesTable::new(Arc::clone(&catalog), who.clone())))?;
         // Stored releases: evaluated and re-read without data or budget (issue 12).
-        let (eval, table) = crate::functions::releases::release_functions(Arc::clone(&catalog) as _);
+        let reader = crate::guard::ScopedReleases { catalog: Arc::clone(&catalog), analyst: who.clone() };
+        let (eval, table) = crate::functions::releases::release_functions(Arc::new(reader));
         engine.ctx.register_udf(eval);
         engine.ctx.register_udtf("release", table);
         engine
@@ -276,7 +288,7 @@ impl AnalystSession {
             .catalog("datafusion")
             .ok_or_else(|| DataFusionError::Internal("default catalog missing".into()))?
             .register_schema("dpcurve", schema)?;
-        Ok(Self { engine, catalog })
+        Ok(Self { engine, catalog, analyst: who })
     }
 
     /// Runs every statement in `sql` in order (only queries are allowed).
@@ -287,6 +299,62 @@ impl AnalystSession {
     /// Runs exactly one query and returns its rows.
     pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>> {
         exactly_one(self.sql(sql).await?)
+    }
+
+    /// Plans exactly one query — parsing, the guard and pricing included — without running
+    /// it: a refusal comes here, and nothing is charged. The result is opaque: it can only be
+    /// run by [`AnalystSession::execute`], through its budget gate (servers plan at
+    /// GetFlightInfo and run at DoGet).
+    pub async fn plan(&self, sql: &str) -> Result<PlannedQuery> {
+        let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        if statements.len() != 1 {
+            return datafusion::common::plan_err!("expected exactly one SQL statement, got {}", statements.len());
+        }
+        let mut stmt = statements.pop_front().expect("one statement");
+        named_args::normalize_statement(&mut stmt, &all_params())?;
+        let (plan, state) = self.engine.plan(stmt).await?;
+        let df = DataFrame::new(state, plan);
+        let task = Arc::new(df.task_ctx());
+        let physical = df.create_physical_plan().await?;
+        Ok(PlannedQuery { schema: physical.schema(), physical, task })
+    }
+
+    /// Runs a planned query: its gate debits the ledger (and the analyst's share) before any
+    /// row is read, exactly as [`AnalystSession::query`] does.
+    pub async fn execute(&self, planned: PlannedQuery) -> Result<Vec<RecordBatch>> {
+        datafusion::physical_plan::collect(planned.physical, planned.task).await
+    }
+
+    /// The tables an analyst may name, with their schemas: (schema, table, type, columns) —
+    /// the catalog's tables in `public`, the `dpcurve` views. Column names and types are
+    /// public metadata (`information_schema` shows them too).
+    pub async fn table_schemas(&self) -> Result<Vec<(String, String, String, SchemaRef)>> {
+        let mut out = Vec::new();
+        let catalog = self
+            .engine
+            .ctx
+            .catalog("datafusion")
+            .ok_or_else(|| DataFusionError::Internal("default catalog missing".into()))?;
+        for schema_name in ["public", "dpcurve"] {
+            let Some(schema) = catalog.schema(schema_name) else { continue };
+            let mut names = schema.table_names();
+            names.sort();
+            for name in names {
+                if let Some(t) = schema.table(&name).await? {
+                    let kind = match t.table_type() {
+                        datafusion::logical_expr::TableType::View => "VIEW",
+                        _ => "TABLE",
+                    };
+                    out.push((schema_name.to_string(), name, kind.to_string(), t.schema()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The analyst of this session (None: the table owner's session).
+    pub fn analyst(&self) -> Option<&str> {
+        self.analyst.as_deref()
     }
 
     /// Remaining budgets of the private tables: (table, total, spent, remaining).
@@ -307,6 +375,27 @@ impl AnalystSession {
     #[cfg(feature = "test-hooks")]
     pub fn task_ctx_for_tests(&self) -> Arc<datafusion::execution::TaskContext> {
         self.engine.ctx.task_ctx()
+    }
+}
+
+/// One planned query of an [`AnalystSession`] (see [`AnalystSession::plan`]): its output
+/// schema is known, and it runs only through the session's budget gate.
+pub struct PlannedQuery {
+    schema: SchemaRef,
+    physical: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    task: Arc<datafusion::execution::TaskContext>,
+}
+
+impl PlannedQuery {
+    /// The schema of the rows the query returns (exactly the schema of its batches).
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+}
+
+impl std::fmt::Debug for PlannedQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlannedQuery").field("schema", &self.schema).finish_non_exhaustive()
     }
 }
 
@@ -525,6 +614,32 @@ impl Admin {
     /// Sets the public curve length of a private table's list columns.
     pub fn set_curve_length(&self, name: &str, length: i64) -> std::result::Result<(), PolicyError> {
         self.catalog.set_curve_length(name, length)
+    }
+
+    /// Adds an analyst; returns their bearer token (shown once; the catalog keeps a salted hash).
+    pub fn add_analyst(&self, name: &str) -> std::result::Result<String, PolicyError> {
+        self.catalog.add_analyst(name)
+    }
+
+    /// Removes an analyst (their token stops working; their log entries stay).
+    pub fn remove_analyst(&self, name: &str) -> std::result::Result<(), PolicyError> {
+        self.catalog.remove_analyst(name)
+    }
+
+    /// Gives an analyst a new token and invalidates the old one.
+    pub fn rotate_token(&self, name: &str) -> std::result::Result<String, PolicyError> {
+        self.catalog.rotate_token(name)
+    }
+
+    /// Sets an analyst's share (ε, δ) of a private table's budget.
+    pub fn grant(&self, name: &str, table: &str, epsilon: f64, delta: f64) -> std::result::Result<(), PolicyError> {
+        let total = Budget::total(epsilon, delta).map_err(|e| PolicyError::Invalid(e.to_string()))?;
+        self.catalog.grant(name, table, total)
+    }
+
+    /// The analysts and their shares.
+    pub fn analysts(&self) -> std::result::Result<Vec<crate::policy::AnalystInfo>, PolicyError> {
+        self.catalog.analysts()
     }
 
     /// All tables and their policies.

@@ -36,6 +36,16 @@ pub enum Command {
     Log { name: Option<String> },
     /// List the stored releases.
     Releases { name: Option<String> },
+    /// Add an analyst (prints the token once).
+    AddAnalyst { name: String },
+    /// Remove an analyst.
+    RemoveAnalyst { name: String },
+    /// New token for an analyst.
+    RotateToken { name: String },
+    /// An analyst's share of a private table.
+    Grant { name: String, table: String, epsilon: f64, delta: f64 },
+    /// List analysts and their shares.
+    Analysts,
 }
 
 fn number(s: &str, what: &str) -> std::result::Result<f64, String> {
@@ -121,6 +131,14 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
             column: column.to_string(),
             values: values.iter().map(|v| v.to_string()).collect(),
         },
+        ["add-analyst", name] => Command::AddAnalyst { name: name.to_string() },
+        ["remove-analyst", name] => Command::RemoveAnalyst { name: name.to_string() },
+        ["rotate-token", name] => Command::RotateToken { name: name.to_string() },
+        ["grant", name, table] => {
+            let (epsilon, delta) = budget(true)?;
+            Command::Grant { name: name.to_string(), table: table.to_string(), epsilon, delta }
+        }
+        ["analysts"] => Command::Analysts,
         ["list"] => Command::List,
         ["log"] => Command::Log { name: None },
         ["log", name] => Command::Log { name: Some(name.to_string()) },
@@ -273,7 +291,53 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
         }
         Command::Log { name } => {
             for r in admin.release_log(name.as_deref()).map_err(err)? {
-                println!("{:>5}  {}  {:<16} {:<20} {}  {}", r.id, r.at, r.table, r.function, r.cost, r.query);
+                let who = r.analyst.as_deref().unwrap_or("(owner)");
+                println!(
+                    "{:>5}  {}  {:<12} {:<16} {:<20} {}  {}",
+                    r.id, r.at, who, r.table, r.function, r.cost, r.query
+                );
+            }
+        }
+        Command::AddAnalyst { name } => {
+            let token = admin.add_analyst(&name).map_err(err)?;
+            eprintln!(
+                "added analyst '{name}'; their bearer token is below. It is shown only now (the catalog keeps a \
+                 salted hash): hand it to the analyst over a private channel. Grant shares with `grant {name} TABLE \
+                 --epsilon E --delta D`."
+            );
+            println!("{token}");
+        }
+        Command::RemoveAnalyst { name } => {
+            admin.remove_analyst(&name).map_err(err)?;
+            println!("removed analyst '{name}': their token no longer works; their releases stay in the log");
+        }
+        Command::RotateToken { name } => {
+            let token = admin.rotate_token(&name).map_err(err)?;
+            eprintln!("new token for '{name}' (the old one no longer works); it is shown only now:");
+            println!("{token}");
+        }
+        Command::Grant { name, table, epsilon, delta } => {
+            admin.grant(&name, &table, epsilon, delta).map_err(err)?;
+            println!(
+                "'{name}' has a share of {} of table '{table}' (charged together with the table's total)",
+                Budget::total(epsilon, delta).map_err(err)?
+            );
+        }
+        Command::Analysts => {
+            println!(
+                "{:<16} {:<8} {:<16} {:>10} {:>10} {:>10} {:>10}",
+                "analyst", "status", "table", "ε share", "ε left", "δ share", "δ left"
+            );
+            for a in admin.analysts().map_err(err)? {
+                let status = if a.removed_at.is_some() { "removed" } else { "active" };
+                if a.grants.is_empty() {
+                    println!("{:<16} {:<8} (no shares)", a.name, status);
+                }
+                for g in &a.grants {
+                    let (et, dt) = budget_cols(&g.total);
+                    let (er, dr) = budget_cols(&g.remaining());
+                    println!("{:<16} {:<8} {:<16} {et:>10} {er:>10} {dt:>10} {dr:>10}", a.name, status, g.table);
+                }
             }
         }
         Command::Releases { name } => {
@@ -310,5 +374,11 @@ mod tests {
         assert!(p("list").unwrap_err().contains("--catalog"));
         assert!(p("--catalog c.db set-bounds t x a 1").unwrap_err().contains("LOWER must be a number"));
         assert!(p("--catalog c.db frobnicate").is_err());
+        assert_eq!(
+            p("--catalog c.db grant alice t --epsilon 0.5 --delta 1e-7").unwrap().1,
+            Command::Grant { name: "alice".into(), table: "t".into(), epsilon: 0.5, delta: 1e-7 }
+        );
+        assert!(p("--catalog c.db grant alice t --epsilon 0.5").unwrap_err().contains("--delta is required"));
+        assert_eq!(p("--catalog c.db add-analyst bob").unwrap().1, Command::AddAnalyst { name: "bob".into() });
     }
 }

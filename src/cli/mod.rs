@@ -43,6 +43,13 @@ USAGE:
       --svg FILE   also write the curves (or else the 2-D densities) of the
                    last result to an SVG image
 
+  dpcurve serve --catalog PATH [--listen HOST:PORT] [--tls-cert F --tls-key F]
+                [--max-queries-per-analyst N] [--partitions N]
+      Arrow Flight SQL server for analysts (default 127.0.0.1:50051). Every
+      request needs an analyst's token (admin add-analyst); releases are
+      charged on the table's budget and on the analyst's share when results
+      are fetched (DoGet). Stops gracefully on Ctrl-C / SIGTERM.
+
   dpcurve admin --catalog PATH COMMAND
       Data owner's commands (the catalog file is created if missing):
         register NAME PATH                         a Parquet file or directory, public
@@ -60,7 +67,15 @@ USAGE:
                                                    catalogs) absolute, resolved against
                                                    BASE_DIR (default: the catalog's dir)
         list                                       tables, budgets, bounds
-        log [NAME]                                 the release log
+        log [NAME]                                 the release log (with who spent)
+        releases [NAME]                            the stored releases
+        add-analyst NAME                           a new analyst; prints their bearer
+                                                   token once (only a salted hash is kept)
+        rotate-token NAME                          a new token (the old one stops working)
+        remove-analyst NAME                        the token stops working for good
+        grant NAME TABLE --epsilon E --delta D     the analyst's share of a private
+                                                   table's budget (charged with the total)
+        analysts                                   analysts and their shares
 
   dpcurve help     this text
 ";
@@ -129,6 +144,11 @@ pub async fn main(args: Vec<String>) -> i32 {
             Ok(a) => run_sql(a).await,
             Err(e) => return usage_error(&e),
         },
+        #[cfg(feature = "server")]
+        Some("serve") => match parse_serve_args(&args[1..]) {
+            Ok(o) => run_serve(o).await,
+            Err(e) => return usage_error(&e),
+        },
         Some("admin") => match admin::parse(&args[1..]) {
             Ok((catalog, cmd)) => admin::run(&catalog, cmd).await,
             Err(e) => return usage_error(&e),
@@ -150,6 +170,74 @@ pub async fn main(args: Vec<String>) -> i32 {
             1
         }
     }
+}
+
+#[cfg(feature = "server")]
+fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::ServeOptions, String> {
+    let mut catalog = None;
+    let mut listen: std::net::SocketAddr = "127.0.0.1:50051".parse().expect("default address");
+    let (mut cert, mut key) = (None, None);
+    let mut max = crate::server::DEFAULT_MAX_QUERIES_PER_ANALYST;
+    let mut partitions = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--catalog" => catalog = Some(PathBuf::from(v)),
+            "--listen" => {
+                listen = v.parse().map_err(|_| format!("--listen expects HOST:PORT with an IP address, got '{v}'"))?
+            }
+            "--tls-cert" => cert = Some(PathBuf::from(v)),
+            "--tls-key" => key = Some(PathBuf::from(v)),
+            "--max-queries-per-analyst" => {
+                max = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("--max-queries-per-analyst expects a positive integer, got '{v}'"))?
+            }
+            "--partitions" => {
+                partitions = Some(v.parse().map_err(|_| format!("--partitions expects a number, got '{v}'"))?)
+            }
+            other => return Err(format!("unknown option '{other}'")),
+        }
+    }
+    let tls = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err("TLS needs both --tls-cert and --tls-key".into()),
+    };
+    let mut o = crate::server::ServeOptions::new(catalog.ok_or("serve needs --catalog PATH")?, listen);
+    o.tls = tls;
+    o.max_queries_per_analyst = max;
+    o.target_partitions = partitions;
+    Ok(o)
+}
+
+#[cfg(feature = "server")]
+async fn run_serve(opts: crate::server::ServeOptions) -> Result<()> {
+    let scheme = if opts.tls.is_some() { "grpc+tls" } else { "grpc" };
+    let catalog = opts.catalog.display().to_string();
+    let shutdown = async {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = ctrl_c.await;
+        }
+        eprintln!("dpcurve: shutting down (finishing the queries in flight)");
+    };
+    crate::server::serve(opts, shutdown, |addr| {
+        println!("dpcurve: serving Flight SQL on {scheme}://{addr} (catalog {catalog})");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })
+    .await
+    .map_err(datafusion::common::DataFusionError::Plan)
 }
 
 fn usage_error(msg: &str) -> i32 {

@@ -29,6 +29,25 @@ impl crate::functions::releases::ReleaseReader for Catalog {
     }
 }
 
+/// The stored releases one session may read: an analyst's own (issue 14), or all of them in
+/// the table owner's sessions.
+#[derive(Debug)]
+pub struct ScopedReleases {
+    /// The catalog.
+    pub catalog: Arc<Catalog>,
+    /// The session's analyst (None: the table owner's session).
+    pub analyst: Option<String>,
+}
+
+impl crate::functions::releases::ReleaseReader for ScopedReleases {
+    fn load(&self, id: &str) -> std::result::Result<Option<Recipe>, String> {
+        match self.catalog.stored_release_of(id, self.analyst.as_deref()).map_err(|e| e.to_string())? {
+            None => Ok(None),
+            Some((function, parameters, data)) => Recipe::decode(&function, &parameters, &data).map(Some),
+        }
+    }
+}
+
 impl ReleaseStore for Catalog {
     fn store(&self, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String> {
         self.store_release(charge, table, recipe.function(), &recipe.parameters(), &recipe.data())
@@ -47,6 +66,8 @@ pub struct BudgetGateExec {
     query: Arc<str>,
     /// Partition selections to run after the debit, before the input (SPEC §7).
     stages: Arc<Vec<SelectionStage>>,
+    /// Whose share is charged besides the tables' totals (None: the table owner's session).
+    analyst: Option<Arc<str>>,
 }
 
 impl BudgetGateExec {
@@ -70,7 +91,13 @@ impl BudgetGateExec {
             slots: Arc::new(slots),
             query: Arc::from(query),
             stages: Arc::new(Vec::new()),
+            analyst: None,
         }
+    }
+
+    /// The same gate, charging `analyst`'s shares too (issue 14).
+    pub fn with_analyst(self, analyst: Option<Arc<str>>) -> Self {
+        Self { analyst, ..self }
     }
 
     /// The same gate, running `stages` (partition selections) after the debit.
@@ -143,6 +170,7 @@ impl ExecutionPlan for BudgetGateExec {
             slots: Arc::clone(&self.slots),
             query: Arc::clone(&self.query),
             stages: Arc::clone(&self.stages),
+            analyst: self.analyst.clone(),
         }))
     }
 
@@ -156,8 +184,9 @@ impl ExecutionPlan for BudgetGateExec {
         let tables = self.tables();
         let store = Arc::clone(&self.ledger);
         let charges_for_slots = Arc::clone(&self.charges);
+        let analyst = self.analyst.clone();
         let debit_then_read = async move {
-            let debit = tokio::task::spawn_blocking(move || ledger.charge(&charges, &query))
+            let debit = tokio::task::spawn_blocking(move || ledger.charge_as(&charges, &query, analyst.as_deref()))
                 .await
                 .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
             let entries = debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;

@@ -30,7 +30,7 @@ pub mod shape;
 pub mod units;
 
 use bounds::{PolicyDefaults, apply_default_bounds};
-pub use gate::BudgetGateExec;
+pub use gate::{BudgetGateExec, ScopedReleases};
 
 /// Finds and validates every private aggregate call in `plan` (including subqueries).
 pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
@@ -217,13 +217,20 @@ pub struct QueryText(pub String);
 pub struct PrivacyPlanner {
     ledger: Option<Arc<Catalog>>,
     memory_limit: Option<u64>,
+    /// The analyst whose releases these are (None: the table owner's session).
+    analyst: Option<Arc<str>>,
 }
 
 impl PrivacyPlanner {
     /// A planner whose private tables are charged on `ledger`, refusing queries whose
     /// private calls need more than `memory_limit` bytes.
     pub fn with_ledger(ledger: Arc<Catalog>, memory_limit: u64) -> Self {
-        Self { ledger: Some(ledger), memory_limit: Some(memory_limit) }
+        Self { ledger: Some(ledger), memory_limit: Some(memory_limit), analyst: None }
+    }
+
+    /// The same planner, charging `analyst`'s shares as well as the tables' totals.
+    pub fn for_analyst(self, analyst: Option<&str>) -> Self {
+        Self { analyst: analyst.map(Arc::from), ..self }
     }
 
     /// Refuses a plan whose private calls need more memory than the session may use
@@ -335,6 +342,10 @@ impl QueryPlanner for PrivacyPlanner {
             return datafusion::common::internal_err!("a private table was planned without a ledger");
         };
         let query = session.config().get_extension::<QueryText>().map(|q| q.0.clone()).unwrap_or_default();
-        Ok(Arc::new(BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, &query).with_stages(stages)))
+        Ok(Arc::new(
+            BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, &query)
+                .with_stages(stages)
+                .with_analyst(self.analyst.clone()),
+        ))
     }
 }

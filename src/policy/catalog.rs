@@ -19,7 +19,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use crate::mechanism::budget::Budget;
 
 /// The catalog format this version reads and writes.
-pub const FORMAT_VERSION: i64 = 3;
+pub const FORMAT_VERSION: i64 = 4;
 
 /// Most public keys one column may declare.
 pub const MAX_KEYS: usize = 100_000;
@@ -46,6 +46,8 @@ pub enum PolicyError {
     BudgetExhausted {
         /// The table whose budget is too small.
         table: String,
+        /// Set when it is this analyst's share of the table that is too small.
+        analyst: Option<String>,
         /// What the query would cost on that table.
         cost: Budget,
         /// What is left on that table.
@@ -53,18 +55,27 @@ pub enum PolicyError {
     },
     /// SQLite failed (I/O, locking).
     Storage(String),
+    /// A bearer token or analyst that does not authenticate (the message never says which part
+    /// was wrong).
+    Unauthenticated(String),
 }
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PolicyError::Catalog(m) | PolicyError::Invalid(m) => f.write_str(m),
-            PolicyError::BudgetExhausted { table, cost, remaining } => write!(
+            PolicyError::BudgetExhausted { table, analyst: None, cost, remaining } => write!(
                 f,
                 "privacy budget exhausted on table '{table}': this query costs {cost} but only {remaining} \
                  remains; nothing was read (a data owner can raise the budget)"
             ),
+            PolicyError::BudgetExhausted { table, analyst: Some(a), cost, remaining } => write!(
+                f,
+                "analyst '{a}' has exhausted their share of table '{table}': this query costs {cost} but only \
+                 {remaining} remains of the share; nothing was read (the data owner can grant more)"
+            ),
             PolicyError::Storage(m) => write!(f, "catalog storage error: {m}"),
+            PolicyError::Unauthenticated(m) => f.write_str(m),
         }
     }
 }
@@ -137,6 +148,8 @@ pub struct ReleaseRecord {
     pub cost: Budget,
     /// The SQL text of the query.
     pub query: String,
+    /// The analyst whose session made it (None: the table owner's session).
+    pub analyst: Option<String>,
 }
 
 /// Prefix of stored release ids (`r1`, `r2`, …).
@@ -161,6 +174,8 @@ pub struct StoredReleaseRecord {
     pub charge: i64,
     /// The SQL text of the query.
     pub query: String,
+    /// The analyst whose session made it (None: the table owner's session).
+    pub analyst: Option<String>,
 }
 
 /// One release to debit.
@@ -197,6 +212,31 @@ CREATE TABLE stored_releases (
     function TEXT NOT NULL,
     parameters TEXT NOT NULL,
     data BLOB NOT NULL
+);
+"
+    };
+}
+
+/// Analysts and their shares of private tables' budgets (format 4, issue 14), in the schema
+/// and in the upgrade from format 3.
+macro_rules! analysts_tables {
+    () => {
+        "
+CREATE TABLE analysts (
+    name TEXT PRIMARY KEY,
+    salt BLOB NOT NULL,
+    token_hash BLOB,
+    added_at TEXT NOT NULL,
+    removed_at TEXT
+);
+CREATE TABLE grants (
+    analyst TEXT NOT NULL REFERENCES analysts(name),
+    table_name TEXT NOT NULL REFERENCES tables(name),
+    epsilon_total INTEGER NOT NULL CHECK (epsilon_total >= 0),
+    delta_total INTEGER NOT NULL CHECK (delta_total >= 0),
+    epsilon_spent INTEGER NOT NULL DEFAULT 0 CHECK (epsilon_spent >= 0),
+    delta_spent INTEGER NOT NULL DEFAULT 0 CHECK (delta_spent >= 0),
+    PRIMARY KEY (analyst, table_name)
 );
 "
     };
@@ -242,10 +282,20 @@ CREATE TABLE releases (
     function TEXT NOT NULL,
     epsilon INTEGER NOT NULL,
     delta INTEGER NOT NULL,
-    query TEXT NOT NULL
+    query TEXT NOT NULL,
+    analyst TEXT
 );
 ",
-    stored_releases_table!()
+    stored_releases_table!(),
+    analysts_tables!()
+);
+
+/// Upgrades a format-3 catalog (before analysts) to format 4: releases made so far were the
+/// table owner's sessions' (analyst NULL).
+const UPGRADE_3_TO_4: &str = concat!(
+    "ALTER TABLE releases ADD COLUMN analyst TEXT;\n",
+    analysts_tables!(),
+    "UPDATE meta SET value = '4' WHERE key = 'version';\n"
 );
 
 /// Upgrades a format-2 catalog (before stored releases) to format 3.
@@ -443,7 +493,10 @@ impl Catalog {
             if old == 1 {
                 tx.execute_batch(UPGRADE_1_TO_2).map_err(storage)?;
             }
-            tx.execute_batch(UPGRADE_2_TO_3).map_err(storage)?;
+            if old <= 2 {
+                tx.execute_batch(UPGRADE_2_TO_3).map_err(storage)?;
+            }
+            tx.execute_batch(UPGRADE_3_TO_4).map_err(storage)?;
             tx.commit().map_err(storage)?;
             return Self::validate(&conn, false);
         }
@@ -463,7 +516,7 @@ impl Catalog {
         &self.path
     }
 
-    fn with_tx<T>(
+    pub(super) fn with_tx<T>(
         &self,
         f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, PolicyError>,
     ) -> Result<T, PolicyError> {
@@ -829,7 +882,7 @@ impl Catalog {
         let conn = self.conn.lock().expect("catalog lock");
         let mut stmt = conn
             .prepare(
-                "SELECT id, at, table_name, function, epsilon, delta, query FROM releases
+                "SELECT id, at, table_name, function, epsilon, delta, query, analyst FROM releases
                  WHERE ?1 IS NULL OR table_name = ?1 ORDER BY id",
             )
             .map_err(storage)?;
@@ -841,6 +894,7 @@ impl Catalog {
                 function: r.get(3)?,
                 cost: Budget { epsilon_units: r.get(4)?, delta_units: r.get(5)? },
                 query: r.get(6)?,
+                analyst: r.get(7)?,
             })
         })
         .map_err(storage)?
@@ -859,17 +913,27 @@ impl Catalog {
             .map_err(storage)
     }
 
-    /// Checks and debits all charges of one query execution atomically and durably: either
-    /// every table has room for its total and everything is debited and logged, or
-    /// nothing changes and the first table without room is reported. Returns the release
-    /// log's id of each charge, in order.
+    /// Checks and debits all charges of one query execution of the table owner's session
+    /// (no analyst): see [`Catalog::charge_as`].
     pub fn charge(&self, charges: &[Charge], query: &str) -> Result<Vec<i64>, PolicyError> {
+        self.charge_as(charges, query, None)
+    }
+
+    /// Checks and debits all charges of one query execution atomically and durably: either
+    /// every table has room for its total — and, for an analyst, the analyst's share of every
+    /// table has room too — and everything is debited and logged (under the analyst's name),
+    /// or nothing changes and the first table without room is reported. Returns the release
+    /// log's id of each charge, in order.
+    pub fn charge_as(&self, charges: &[Charge], query: &str, analyst: Option<&str>) -> Result<Vec<i64>, PolicyError> {
         let mut per_table: BTreeMap<&str, Budget> = BTreeMap::new();
         for c in charges {
             let e = per_table.entry(&c.table).or_default();
             *e = e.checked_add(&c.cost).ok_or_else(|| PolicyError::Invalid("query cost overflows".into()))?;
         }
         self.with_tx(|tx| {
+            if let Some(a) = analyst {
+                super::analysts::require_active(tx, a)?;
+            }
             for (&table, &cost) in &per_table {
                 let row: Option<(i64, i64, i64, i64)> = tx
                     .query_row(
@@ -886,7 +950,15 @@ impl Catalog {
                 let spent = Budget { epsilon_units: es, delta_units: ds };
                 let remaining = total.checked_sub(&spent).unwrap_or(Budget::ZERO);
                 if !cost.fits_within(&remaining) {
-                    return Err(PolicyError::BudgetExhausted { table: table.to_string(), cost, remaining });
+                    return Err(PolicyError::BudgetExhausted {
+                        table: table.to_string(),
+                        analyst: None,
+                        cost,
+                        remaining,
+                    });
+                }
+                if let Some(a) = analyst {
+                    super::analysts::debit_share(tx, a, table, cost)?;
                 }
                 let new = spent.checked_add(&cost).expect("fits within the total");
                 tx.execute(
@@ -899,9 +971,10 @@ impl Catalog {
             for c in charges {
                 tx.execute(
                     &format!(
-                        "INSERT INTO releases (at, table_name, function, epsilon, delta, query) VALUES ({NOW}, ?1, ?2, ?3, ?4, ?5)"
+                        "INSERT INTO releases (at, table_name, function, epsilon, delta, query, analyst) \
+                         VALUES ({NOW}, ?1, ?2, ?3, ?4, ?5, ?6)"
                     ),
-                    params![c.table, c.function, c.cost.epsilon_units, c.cost.delta_units, query],
+                    params![c.table, c.function, c.cost.epsilon_units, c.cost.delta_units, query, analyst],
                 )
                 .map_err(storage)?;
                 ids.push(tx.last_insert_rowid());
@@ -946,28 +1019,52 @@ impl Catalog {
     /// A stored release's function, parameters and released numbers; None if there is none
     /// with that id.
     pub fn stored_release(&self, id: &str) -> Result<Option<(String, String, Vec<u8>)>, PolicyError> {
+        self.stored_release_of(id, None)
+    }
+
+    /// [`Catalog::stored_release`] as seen by a session: an analyst's session sees only the
+    /// releases that analyst paid for (None: the table owner's session, which sees all).
+    pub fn stored_release_of(
+        &self,
+        id: &str,
+        analyst: Option<&str>,
+    ) -> Result<Option<(String, String, Vec<u8>)>, PolicyError> {
         let Some(n) = id.strip_prefix(RELEASE_ID_PREFIX).and_then(|n| n.parse::<i64>().ok()) else {
             return Ok(None);
         };
         let conn = self.conn.lock().expect("catalog lock");
-        conn.query_row("SELECT function, parameters, data FROM stored_releases WHERE id = ?1", [n], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
+        conn.query_row(
+            "SELECT s.function, s.parameters, s.data FROM stored_releases s JOIN releases r ON r.id = s.charge_id
+             WHERE s.id = ?1 AND (?2 IS NULL OR r.analyst = ?2)",
+            params![n, analyst],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .optional()
         .map_err(storage)
     }
 
     /// The stored releases, oldest first, optionally of one table (without their numbers).
     pub fn stored_releases(&self, table: Option<&str>) -> Result<Vec<StoredReleaseRecord>, PolicyError> {
+        self.stored_releases_of(table, None)
+    }
+
+    /// [`Catalog::stored_releases`] as seen by a session: an analyst's session lists only that
+    /// analyst's releases (None: all).
+    pub fn stored_releases_of(
+        &self,
+        table: Option<&str>,
+        analyst: Option<&str>,
+    ) -> Result<Vec<StoredReleaseRecord>, PolicyError> {
         let conn = self.conn.lock().expect("catalog lock");
         let mut stmt = conn
             .prepare(
-                "SELECT s.id, s.at, s.table_name, s.function, s.parameters, r.epsilon, r.delta, s.charge_id, r.query
+                "SELECT s.id, s.at, s.table_name, s.function, s.parameters, r.epsilon, r.delta, s.charge_id, r.query,
+                        r.analyst
                  FROM stored_releases s JOIN releases r ON r.id = s.charge_id
-                 WHERE ?1 IS NULL OR s.table_name = ?1 ORDER BY s.id",
+                 WHERE (?1 IS NULL OR s.table_name = ?1) AND (?2 IS NULL OR r.analyst = ?2) ORDER BY s.id",
             )
             .map_err(storage)?;
-        stmt.query_map([table], |r| {
+        stmt.query_map(params![table, analyst], |r| {
             Ok(StoredReleaseRecord {
                 release: format!("{RELEASE_ID_PREFIX}{}", r.get::<_, i64>(0)?),
                 at: r.get(1)?,
@@ -977,6 +1074,7 @@ impl Catalog {
                 cost: Budget { epsilon_units: r.get(5)?, delta_units: r.get(6)? },
                 charge: r.get(7)?,
                 query: r.get(8)?,
+                analyst: r.get(9)?,
             })
         })
         .map_err(storage)?

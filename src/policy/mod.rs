@@ -1,8 +1,10 @@
 //! Data owners' side: the catalog of tables and privacy policies, the durable budget
 //! ledger (one SQLite file), and the table providers of catalog sessions.
 
+pub mod analysts;
 pub mod catalog;
 pub mod table;
 
+pub use analysts::{AnalystInfo, Grant};
 pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, TableInfo};
 pub use table::{BudgetsTable, PrivateTable, ReleasesTable};

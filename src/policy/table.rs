@@ -71,6 +71,7 @@ impl TableProvider for PrivateTable {
 #[derive(Debug)]
 pub struct BudgetsTable {
     catalog: Arc<Catalog>,
+    analyst: Option<String>,
 }
 
 impl BudgetsTable {
@@ -85,6 +86,9 @@ impl BudgetsTable {
             f("epsilon_remaining"),
             f("delta_remaining"),
             Field::new("releases", DataType::Int64, false),
+            // The session's analyst's share (NULL in the table owner's sessions; 0 without a grant).
+            Field::new("share_epsilon_remaining", DataType::Float64, true),
+            Field::new("share_delta_remaining", DataType::Float64, true),
         ]))
     }
 
@@ -92,6 +96,29 @@ impl BudgetsTable {
         let tables = self.catalog.tables().map_err(|e| DataFusionError::External(Box::new(e)))?;
         let counts = self.catalog.release_counts().map_err(|e| DataFusionError::External(Box::new(e)))?;
         let private: Vec<_> = tables.into_iter().filter_map(|t| t.policy.map(|p| (t.name, p))).collect();
+        let grants = match &self.analyst {
+            None => None,
+            Some(a) => Some(
+                self.catalog
+                    .analysts()
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?
+                    .into_iter()
+                    .find(|x| &x.name == a)
+                    .map(|x| x.grants)
+                    .unwrap_or_default(),
+            ),
+        };
+        let shares: Vec<Option<crate::mechanism::budget::Budget>> = private
+            .iter()
+            .map(|(n, _)| {
+                grants.as_ref().map(|g| {
+                    g.iter()
+                        .find(|g| &g.table == n)
+                        .map(|g| g.remaining())
+                        .unwrap_or(crate::mechanism::budget::Budget::ZERO)
+                })
+            })
+            .collect();
         let col = |f: &dyn Fn(&super::catalog::Policy) -> f64| -> Arc<Float64Array> {
             Arc::new(private.iter().map(|(_, p)| f(p)).collect::<Float64Array>())
         };
@@ -106,6 +133,8 @@ impl BudgetsTable {
                 col(&|p| p.remaining().epsilon()),
                 col(&|p| p.remaining().delta()),
                 Arc::new(private.iter().map(|(n, _)| counts.get(n).copied().unwrap_or(0)).collect::<Int64Array>()),
+                Arc::new(shares.iter().map(|s| s.map(|b| b.epsilon())).collect::<Float64Array>()),
+                Arc::new(shares.iter().map(|s| s.map(|b| b.delta())).collect::<Float64Array>()),
             ],
         )?)
     }
@@ -115,9 +144,9 @@ impl BudgetsTable {
 macro_rules! catalog_view {
     ($view:ty) => {
         impl $view {
-            /// The view over `catalog`.
-            pub fn new(catalog: Arc<Catalog>) -> Self {
-                Self { catalog }
+            /// The view over `catalog` as `analyst`'s session sees it (None: the table owner's).
+            pub fn new(catalog: Arc<Catalog>, analyst: Option<String>) -> Self {
+                Self { catalog, analyst }
             }
         }
 
@@ -147,12 +176,14 @@ macro_rules! catalog_view {
 
 catalog_view!(BudgetsTable);
 
-/// `dpcurve.releases`: the stored releases of the catalog (issue 12) — id, table, function,
+/// `dpcurve.releases`: the stored releases of the catalog (issue 12; an analyst's session
+/// lists only that analyst's, issue 14) — id, table, function,
 /// public parameters, what the call cost, its ledger entry, time and query. Re-reading costs
 /// nothing: use `release(id)` or `release_eval(id, x)`.
 #[derive(Debug)]
 pub struct ReleasesTable {
     catalog: Arc<Catalog>,
+    analyst: Option<String>,
 }
 
 impl ReleasesTable {
@@ -168,11 +199,15 @@ impl ReleasesTable {
             Field::new("charge", DataType::Int64, false),
             text("at"),
             text("query"),
+            Field::new("analyst", DataType::Utf8, true),
         ]))
     }
 
     fn batch(&self) -> Result<RecordBatch> {
-        let rows = self.catalog.stored_releases(None).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let rows = self
+            .catalog
+            .stored_releases_of(None, self.analyst.as_deref())
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let text = |f: &dyn Fn(&super::catalog::StoredReleaseRecord) -> &str| -> ArrayRef {
             Arc::new(rows.iter().map(|r| Some(f(r))).collect::<StringArray>())
         };
@@ -188,6 +223,7 @@ impl ReleasesTable {
                 Arc::new(rows.iter().map(|r| r.charge).collect::<Int64Array>()),
                 text(&|r| &r.at),
                 text(&|r| &r.query),
+                Arc::new(rows.iter().map(|r| r.analyst.as_deref()).collect::<StringArray>()),
             ],
         )?)
     }

@@ -1,0 +1,72 @@
+//! The Python ADBC Flight SQL driver against `dpcurve serve` (issue 14): the test starts the
+//! server on a fresh catalog and runs `tests/python/flight_client.py` with the virtual
+//! environment that `.ci/python-env` makes (`.ci/run` does; so can a developer, once).
+#![cfg(feature = "server")]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{TempDir, mixture, write_x};
+use dpcurve::Admin;
+use dpcurve::mechanism::budget::Budget;
+use dpcurve::policy::Catalog;
+
+fn python() -> std::path::PathBuf {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "the Python client tests need {}: run ./.ci/python-env once (it installs tests/python/requirements.txt)",
+        venv.display()
+    );
+    venv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
+    let py = python();
+    let dir = TempDir::new("flight-python");
+    write_x(&dir.path("mixture.parquet"), &mixture(5000, 11).into_iter().map(Some).collect::<Vec<_>>());
+    let catalog = dir.path("catalog.db");
+    let admin = Admin::open(&catalog).unwrap();
+    admin.register("mixture", &dir.str("mixture.parquet")).await.unwrap();
+    admin.make_private("mixture", 10.0, 1e-3).unwrap();
+    admin.set_bounds("mixture", "x", -0.2, 1.2).await.unwrap();
+    let alice = admin.add_analyst("alice").unwrap();
+    let bob = admin.add_analyst("bob").unwrap();
+    admin.grant("alice", "mixture", 1.0, 1e-4).unwrap();
+    admin.grant("bob", "mixture", 0.1, 1e-4).unwrap();
+
+    let mut server = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+        .args(["serve", "--catalog", &catalog.to_string_lossy(), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let uri = line.split_whitespace().find(|w| w.starts_with("grpc://")).expect("address line").to_string();
+
+    let out = Command::new(py)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/flight_client.py"))
+        .env("DPCURVE_URI", &uri)
+        .env("DPCURVE_ALICE", &alice)
+        .env("DPCURVE_BOB", &bob)
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "python client failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+
+    // What the script did, as the ledger saw it: alice spent exactly her share (4 × 0.25),
+    // bob nothing, and every release is logged under alice.
+    let c = Catalog::open(&catalog).unwrap();
+    assert_eq!(c.share("alice", "mixture").unwrap().unwrap().spent, Budget::total(1.0, 0.0).unwrap());
+    assert_eq!(c.share("bob", "mixture").unwrap().unwrap().spent, Budget::ZERO);
+    let log = c.release_log(Some("mixture")).unwrap();
+    assert_eq!(log.len(), 4);
+    assert!(log.iter().all(|r| r.analyst.as_deref() == Some("alice")));
+}

@@ -1,0 +1,128 @@
+"""dpcurve's Flight SQL server through the Python ADBC driver (run by tests/flight_python.rs).
+
+The Rust test starts `dpcurve serve` on a fresh catalog and passes, in the environment:
+DPCURVE_URI, DPCURVE_ALICE (a token with a share of table `mixture`), DPCURVE_BOB (a token
+whose share of `mixture` is exhausted), DPCURVE_CAROL (a token with no share at all).
+Every check raises on failure; the process exits non-zero then.
+"""
+
+import os
+import sys
+
+import adbc_driver_flightsql.dbapi as flightsql
+import adbc_driver_manager
+import pandas as pd
+import pyarrow as pa
+
+URI = os.environ["DPCURVE_URI"]
+KDE = (
+    "SELECT private_kde(x, bandwidth => 0.05, epsilon => 0.25, delta => 1e-6, "
+    "lo => -0.2, hi => 1.2, points => 64) AS kde FROM mixture"
+)
+ROWS = "SELECT unnest(kde.x) AS x, unnest(kde.density) AS density FROM (" + KDE + ")"
+
+
+def connect(token):
+    kwargs = {} if token is None else {"adbc.flight.sql.authorization_header": "Bearer " + token}
+    return flightsql.connect(URI, db_kwargs=kwargs)
+
+
+def expect_error(fn, *needles):
+    try:
+        fn()
+    except (adbc_driver_manager.Error, adbc_driver_manager.ProgrammingError) as e:
+        text = str(e)
+        for n in needles:
+            assert n in text, f"expected {n!r} in the error, got: {text}"
+        return text
+    raise AssertionError(f"expected an error containing {needles}")
+
+
+def budgets(cur):
+    cur.execute("SELECT epsilon_spent, share_epsilon_remaining FROM dpcurve.budgets WHERE table_name = 'mixture'")
+    t = cur.fetch_arrow_table()
+    return t.column(0)[0].as_py(), t.column(1)[0].as_py()
+
+
+def main():
+    # 1. Alice: a private curve into pyarrow and pandas, charged once.
+    with connect(os.environ["DPCURVE_ALICE"]) as conn, conn.cursor() as cur:
+        spent0, share0 = budgets(cur)
+        cur.execute(ROWS)
+        df = cur.fetch_df()
+        assert isinstance(df, pd.DataFrame) and list(df.columns) == ["x", "density"], df.columns
+        assert len(df) == 64, len(df)
+        assert abs(df["x"].iloc[0] + 0.2) < 1e-12 and abs(df["x"].iloc[-1] - 1.2) < 1e-12
+        # The mixture's density peaks near 0.3 and 0.7: far above its value at the edges.
+        mid = df[(df["x"] > 0.2) & (df["x"] < 0.8)]["density"].mean()
+        edge = df[(df["x"] < -0.1) | (df["x"] > 1.1)]["density"].abs().mean()
+        assert mid > 0.5 and mid > 5 * edge, (mid, edge)
+        spent1, share1 = budgets(cur)
+        assert abs((spent1 - spent0) - 0.25) < 1e-12, (spent0, spent1)
+        assert abs((share0 - share1) - 0.25) < 1e-12, (share0, share1)
+
+        # The whole struct as one Arrow value.
+        cur.execute(KDE)
+        table = cur.fetch_arrow_table()
+        assert table.schema.field("kde").type.num_fields >= 4, table.schema
+        release = table.column("kde")[0].as_py()["release"]
+        assert release.startswith("r"), release
+        # Post-processing of a stored release is free: no charge.
+        before = budgets(cur)
+        cur.execute(f"SELECT release_eval('{release}', 0.3) AS d")
+        assert cur.fetch_arrow_table().column(0)[0].as_py() > 0
+        assert budgets(cur) == before
+
+        # A guard refusal: the message says why; nothing charged.
+        text = expect_error(lambda: cur.execute("SELECT avg(x) FROM mixture"), "private")
+        assert "mixture" in text or "private" in text
+        assert budgets(cur) == before
+
+        # Metadata: the private table is listed with its columns (public metadata).
+        objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
+        names = [t["table_name"] for c in objects for s in c["catalog_db_schemas"] for t in (s["db_schema_tables"] or [])]
+        assert "mixture" in names and "budgets" in names, names
+        info = conn.adbc_get_info()
+        assert info.get("vendor_name") == "dpcurve", info
+
+        # Until the share is exhausted: 0.25 each, the share was 1.0 → 2 more fit, the 3rd is refused.
+        cur.execute(KDE)
+        cur.fetch_arrow_table()
+        cur.execute(KDE)
+        cur.fetch_arrow_table()
+        spent2, share2 = budgets(cur)
+        assert share2 < 0.25, share2
+
+        def over_budget():
+            cur.execute(KDE)
+            cur.fetch_arrow_table()
+
+        expect_error(over_budget, "analyst 'alice' has exhausted their share of table 'mixture'", "nothing was read")
+        assert budgets(cur) == (spent2, share2), "a refused query was charged"
+
+    # 2. Bob's share is exhausted: refused with his own message.
+    with connect(os.environ["DPCURVE_BOB"]) as conn, conn.cursor() as cur:
+        def bob():
+            cur.execute(KDE)
+            cur.fetch_arrow_table()
+
+        expect_error(bob, "analyst 'bob' has exhausted their share of table 'mixture'")
+
+    # 3. Without a token, and with a made-up one: refused before anything runs.
+    for token in (None, "dpc1.alice." + "0" * 64):
+        def anon():
+            with connect(token) as conn, conn.cursor() as cur:
+                cur.execute(KDE)
+                cur.fetch_arrow_table()
+
+        expect_error(anon, "token")
+
+    print("python client: all checks passed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print(f"python client: FAILED: {e}", file=sys.stderr)
+        raise
