@@ -1233,7 +1233,8 @@ mod tests {
                     "CREATE TABLE group_keys (\n    table_name TEXT NOT NULL REFERENCES tables(name),\n    column_name TEXT NOT NULL,\n    value TEXT NOT NULL,\n    PRIMARY KEY (table_name, column_name, value)\n);\n",
                     "",
                 );
-            let v1_schema = v1_schema[..v1_schema.find("CREATE TABLE stored_releases").unwrap()].to_string();
+            let v1_schema = v1_schema[..v1_schema.find("CREATE TABLE stored_releases").unwrap()]
+                .replace(",\n    analyst TEXT\n", "\n");
             assert!(!v1_schema.contains("unit_column") && !v1_schema.contains("group_keys"));
             conn.execute_batch(&v1_schema).unwrap();
             conn.execute("INSERT INTO meta VALUES ('format', ?1), ('version', '1')", [FORMAT_NAME]).unwrap();
@@ -1256,10 +1257,13 @@ mod tests {
         drop(Catalog::create_or_open(&v2).unwrap());
         Connection::open(&v2)
             .unwrap()
-            .execute_batch("DROP TABLE stored_releases; UPDATE meta SET value = '2' WHERE key = 'version';")
+            .execute_batch(
+                "DROP TABLE stored_releases; DROP TABLE grants; DROP TABLE analysts; \
+                 ALTER TABLE releases DROP COLUMN analyst; UPDATE meta SET value = '2' WHERE key = 'version';",
+            )
             .unwrap();
         let e = Catalog::open(&v2).unwrap_err().to_string();
-        assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 3"), "{e}");
+        assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 4"), "{e}");
         let c = Catalog::create_or_open(&v2).unwrap();
         c.register_table("p", "/data/p.parquet").unwrap();
         c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -1272,6 +1276,31 @@ mod tests {
         assert_eq!(c.stored_releases(Some("p")).unwrap()[0].cost, cost);
         assert_eq!(c.stored_release("r999").unwrap(), None);
         assert_eq!(c.stored_release("x1").unwrap(), None);
+        drop(c);
+
+        // Format 3 (before analysts): its releases stay the owner's; the upgrade adds analysts.
+        let v3 = temp("v3");
+        {
+            let c = Catalog::create_or_open(&v3).unwrap();
+            c.register_table("p", "/data/p.parquet").unwrap();
+            c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+            c.charge(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "q").unwrap();
+        }
+        Connection::open(&v3)
+            .unwrap()
+            .execute_batch(
+                "DROP TABLE grants; DROP TABLE analysts; ALTER TABLE releases DROP COLUMN analyst; \
+                 UPDATE meta SET value = '3' WHERE key = 'version';",
+            )
+            .unwrap();
+        let e = Catalog::open(&v3).unwrap_err().to_string();
+        assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 4"), "{e}");
+        let c = Catalog::create_or_open(&v3).unwrap();
+        c.add_analyst("alice").unwrap();
+        c.grant("alice", "p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        c.charge_as(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "q", Some("alice")).unwrap();
+        let who: Vec<Option<String>> = c.release_log(None).unwrap().into_iter().map(|r| r.analyst).collect();
+        assert_eq!(who, vec![None, Some("alice".to_string())]);
 
         // A valid catalog whose pages were damaged.
         let damaged = temp("damaged");

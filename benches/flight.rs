@@ -1,0 +1,187 @@
+//! Flight SQL serving cost (issue 14): queries/s and p50/p99 latency of one small private
+//! query through `dpcurve serve`'s service (a real loopback socket, arrow-flight's client,
+//! token check, planning at GetFlightInfo, the charge at DoGet) against the same query in
+//! process (`AnalystSession::query`, same catalog, same analyst share), in the same run.
+//!
+//! ```text
+//! cargo bench --bench flight                       # 400 queries, 1 and 8 clients
+//! cargo bench --bench flight -- --queries 2000 --clients 1,4,8 --rows 1e5
+//! ```
+//!
+//! Both paths pay the durable ledger debit (fsync) of every release; the ratio is what the
+//! network service adds on top.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use datafusion::arrow::array::{Float64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::policy::Catalog;
+use dpcurve::server::{ServeOptions, serve};
+use dpcurve::{Admin, AnalystSession, SessionOptions};
+use futures::TryStreamExt;
+use tonic::transport::Channel;
+
+const QUERY: &str = "SELECT private_kde(x, 0.05, 0.001, 0, 0, 1, 64) AS k FROM p";
+
+struct Options {
+    queries: usize,
+    clients: Vec<usize>,
+    rows: usize,
+}
+
+fn options() -> Options {
+    let mut o = Options { queries: 400, clients: vec![1, 8], rows: 10_000 };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut v = || it.next().cloned().unwrap_or_default();
+        match a.as_str() {
+            "--queries" => o.queries = v().parse::<f64>().expect("--queries N") as usize,
+            "--clients" => o.clients = v().split(',').map(|c| c.parse().expect("--clients LIST")).collect(),
+            "--rows" => o.rows = v().parse::<f64>().expect("--rows N") as usize,
+            "--bench" => {}
+            other => eprintln!("ignoring {other}"),
+        }
+    }
+    o
+}
+
+/// Latencies of `queries` queries split over `clients` concurrent workers running `one`.
+async fn measure<F, Fut>(queries: usize, clients: usize, one: F) -> (f64, Vec<Duration>)
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static + Clone,
+    Fut: std::future::Future<Output = Duration> + Send + 'static,
+{
+    let started = Instant::now();
+    let per = queries / clients;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let one = one.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut v = Vec::with_capacity(per);
+            for _ in 0..per {
+                v.push(one(c).await);
+            }
+            v
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let qps = all.len() as f64 / started.elapsed().as_secs_f64();
+    all.sort();
+    (qps, all)
+}
+
+fn pct(v: &[Duration], p: f64) -> f64 {
+    v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
+}
+
+async fn flight_client(addr: &str, token: &str) -> FlightSqlServiceClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    let mut c = FlightSqlServiceClient::new(channel);
+    c.set_token(token.to_string());
+    c
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let o = options();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-data/flight");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("p.parquet");
+    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, false)]));
+    let xs = dpcurve::datagen::mixture(o.rows, 1);
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Float64Array::from(xs))]).unwrap();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&data).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let catalog_path = dir.join("catalog.db");
+    let admin = Admin::open(&catalog_path).unwrap();
+    admin.register("p", data.to_str().unwrap()).await.unwrap();
+    admin.make_private("p", 1000.0, 0.0).unwrap();
+    let token = admin.add_analyst("bench").unwrap();
+    admin.grant("bench", "p", 1000.0, 0.0).unwrap();
+
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let opts = ServeOptions::new(catalog_path.clone(), "127.0.0.1:0".parse().unwrap());
+    let server = tokio::spawn(serve(
+        opts,
+        async move {
+            let _ = stop_rx.await;
+        },
+        move |a| {
+            let _ = tx.send(a);
+        },
+    ));
+    let addr = rx.await.unwrap().to_string();
+
+    let catalog = Arc::new(Catalog::open(&catalog_path).unwrap());
+    let session =
+        Arc::new(AnalystSession::with_principal(catalog, SessionOptions::default(), Some("bench")).await.unwrap());
+
+    println!("flight bench: {} queries of `{QUERY}` over {} rows", o.queries, o.rows);
+    println!("{:<12} {:>8} {:>10} {:>9} {:>9}", "path", "clients", "queries/s", "p50 ms", "p99 ms");
+    // Warm-up: both paths open their session and caches.
+    session.query(QUERY).await.unwrap();
+    let mut warm = flight_client(&addr, &token).await;
+    let info = warm.execute(QUERY.into(), None).await.unwrap();
+    let _: Vec<RecordBatch> =
+        warm.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
+
+    for &clients in &o.clients {
+        let s = Arc::clone(&session);
+        let (qps_in, lat_in) = measure(o.queries, clients, move |_| {
+            let s = Arc::clone(&s);
+            async move {
+                let t = Instant::now();
+                s.query(QUERY).await.unwrap();
+                t.elapsed()
+            }
+        })
+        .await;
+        let mut pool = Vec::new();
+        for _ in 0..clients {
+            pool.push(Arc::new(tokio::sync::Mutex::new(flight_client(&addr, &token).await)));
+        }
+        let pool = Arc::new(pool);
+        let (qps_fl, lat_fl) = measure(o.queries, clients, move |c| {
+            let pool = Arc::clone(&pool);
+            async move {
+                let mut client = pool[c].lock().await;
+                let t = Instant::now();
+                let info = client.execute(QUERY.into(), None).await.unwrap();
+                let _: Vec<RecordBatch> =
+                    client.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
+                t.elapsed()
+            }
+        })
+        .await;
+        println!(
+            "{:<12} {clients:>8} {qps_in:>10.1} {:>9.2} {:>9.2}",
+            "in-process",
+            pct(&lat_in, 0.5),
+            pct(&lat_in, 0.99)
+        );
+        println!(
+            "{:<12} {clients:>8} {qps_fl:>10.1} {:>9.2} {:>9.2}",
+            "flight-sql",
+            pct(&lat_fl, 0.5),
+            pct(&lat_fl, 0.99)
+        );
+        println!(
+            "  ratio flight/in-process at {clients} client(s): throughput {:.2}×, p50 latency {:.2}×",
+            qps_fl / qps_in,
+            pct(&lat_fl, 0.5) / pct(&lat_in, 0.5)
+        );
+    }
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+}
