@@ -102,7 +102,7 @@ type HandleBytes = [u8; 16];
 struct TicketEntry {
     analyst: String,
     issued: Instant,
-    state: tokio::sync::Mutex<TicketState>,
+    state: Arc<tokio::sync::Mutex<TicketState>>,
 }
 
 enum TicketState {
@@ -350,7 +350,7 @@ impl DpFlightSql {
         let entry = TicketEntry {
             analyst,
             issued: Instant::now(),
-            state: tokio::sync::Mutex::new(TicketState::Planned(session, planned)),
+            state: Arc::new(tokio::sync::Mutex::new(TicketState::Planned(session, planned))),
         };
         self.tickets.lock().expect("tickets").insert(handle, Arc::new(entry));
         let ticket = TicketStatementQuery { statement_handle: handle.to_vec().into() };
@@ -446,21 +446,27 @@ impl FlightSqlService for DpFlightSql {
             .filter(|e| e.analyst == analyst && e.issued.elapsed() < TICKET_LIFETIME)
             .ok_or_else(unknown_ticket)?;
         let permit = self.slot(&analyst)?;
-        let mut state = entry.state.lock().await;
+        let mut state = Arc::clone(&entry.state).lock_owned().await;
         if let TicketState::Planned(..) = &*state {
-            let TicketState::Planned(session, planned) =
-                std::mem::replace(&mut *state, TicketState::Failed(tonic::Code::Internal, "running".into()))
-            else {
-                unreachable!("checked above")
-            };
-            let schema = planned.schema();
-            *state = match session.execute(planned).await {
-                Ok(batches) => TicketState::Done(schema, Arc::new(batches)),
-                Err(e) => {
-                    let s = status_of(&e);
-                    TicketState::Failed(s.code(), s.message().to_string())
+            // The query runs in its own task, which holds the ticket until its result is kept:
+            // a client that goes away after the charge does not lose the release — fetching
+            // the ticket again returns it.
+            let run = tokio::spawn(async move {
+                let placeholder =
+                    TicketState::Failed(tonic::Code::Internal, "the ticket's query did not finish".into());
+                if let TicketState::Planned(session, planned) = std::mem::replace(&mut *state, placeholder) {
+                    let schema = planned.schema();
+                    *state = match session.execute(planned).await {
+                        Ok(batches) => TicketState::Done(schema, Arc::new(batches)),
+                        Err(e) => {
+                            let s = status_of(&e);
+                            TicketState::Failed(s.code(), s.message().to_string())
+                        }
+                    };
                 }
-            };
+                state
+            });
+            state = run.await.map_err(|_| Status::internal("the ticket's query did not finish"))?;
         }
         match &*state {
             TicketState::Done(schema, batches) => {

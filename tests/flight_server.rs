@@ -414,9 +414,9 @@ async fn eight_clients_near_exhaustion_spend_exactly_the_budget() {
 /// A server killed (SIGKILL) while a private query runs: the debit, made durable before any
 /// row was read, is still in the ledger when the catalog is opened again; no release was
 /// made, nothing is refunded, and a new server serves the rest of the budget.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_server_mid_query_loses_no_charge() {
-    let dir = TempDir::new("flight-kill");
+/// A private table `fit` (x, y; 200 000 rows, ε = 3) and a token of alice, who has all of it.
+async fn slow_fixture(tag: &str) -> (TempDir, PathBuf, String) {
+    let dir = TempDir::new(tag);
     let n = 200_000;
     let xs: Vec<f64> = mixture(n, 5);
     let ys: Vec<f64> = xs.iter().map(|x| (6.0 * x).sin()).collect();
@@ -432,19 +432,56 @@ async fn killing_the_server_mid_query_loses_no_charge() {
     admin.set_bounds("fit", "y", -1.0, 1.0).await.unwrap();
     let token = admin.add_analyst("alice").unwrap();
     admin.grant("alice", "fit", 3.0, 1e-3).unwrap();
-    // The regression's constant-work solver runs long after the debit (hundreds of objective
-    // evaluations on the narrowest bandwidth): the kill lands between the debit and the release.
-    let q = "SELECT private_kernel_regression(y, x, 1.0, 1e-6, bandwidth => 0.004, penalty => 10) AS f FROM fit";
-    let mut server = Server::start(&catalog, &[]);
-    let mut c = client(&server.addr, Some(&token)).await;
-    let info = c.execute(q.into(), None).await.unwrap();
-    let fetching = tokio::spawn(async move { fetch(&mut c, &info).await });
+    (dir, catalog, token)
+}
+
+/// Waits until the ledger shows a charge on `fit`.
+fn wait_for_the_debit(catalog: &Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
-    let ledger = Catalog::open(&catalog).unwrap();
+    let ledger = Catalog::open(catalog).unwrap();
     while ledger.release_log(Some("fit")).unwrap().is_empty() {
         assert!(Instant::now() < deadline, "the query was never charged");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// The regression's constant-work solver runs long after the debit (hundreds of objective
+/// evaluations at the narrowest bandwidth): a kill or a disconnect lands between the debit and
+/// the release.
+const SLOW: &str = "SELECT private_kernel_regression(y, x, 1.0, 1e-6, bandwidth => 0.004, penalty => 10) AS f FROM fit";
+
+/// A client that goes away after its query was charged loses nothing: the query finishes on
+/// the server, and fetching the ticket again returns the release, without a second charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_after_the_charge_fetches_the_release_again() {
+    let (_dir, catalog, token) = slow_fixture("flight-gone").await;
+    let server = Server::start(&catalog, &[]);
+    let mut c = client(&server.addr, Some(&token)).await;
+    let info = c.execute(SLOW.into(), None).await.unwrap();
+    let info2 = info.clone();
+    let fetching = tokio::spawn(async move { fetch(&mut c, &info2).await });
+    wait_for_the_debit(&catalog);
+    fetching.abort();
+    let _ = fetching.await;
+    let ledger = Catalog::open(&catalog).unwrap();
+    assert!(ledger.stored_releases(Some("fit")).unwrap().is_empty(), "the client left before the release");
+    let mut again = client(&server.addr, Some(&token)).await;
+    let (_, batches) = fetch(&mut again, &info).await.unwrap();
+    assert_eq!(release_id(&batches), ledger.stored_releases(Some("fit")).unwrap()[0].release);
+    assert_eq!(ledger.release_log(Some("fit")).unwrap().len(), 1, "one charge");
+}
+
+/// A server killed (SIGKILL) while a private query runs: the debit, made durable before any
+/// row was read, is still in the ledger when the catalog is opened again; no release was
+/// made, nothing is refunded, and a new server serves the rest of the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_server_mid_query_loses_no_charge() {
+    let (_dir, catalog, token) = slow_fixture("flight-kill").await;
+    let mut server = Server::start(&catalog, &[]);
+    let mut c = client(&server.addr, Some(&token)).await;
+    let info = c.execute(SLOW.into(), None).await.unwrap();
+    let fetching = tokio::spawn(async move { fetch(&mut c, &info).await });
+    wait_for_the_debit(&catalog);
     server.kill();
     let e = fetching.await.unwrap().unwrap_err();
     assert!(!e.is_empty());
