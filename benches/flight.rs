@@ -111,7 +111,9 @@ async fn main() {
 
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let opts = ServeOptions::new(catalog_path.clone(), "127.0.0.1:0".parse().unwrap());
+    let mut opts = ServeOptions::new(catalog_path.clone(), "127.0.0.1:0".parse().unwrap());
+    // One analyst runs all clients here: lift the per-analyst limit above the client count.
+    opts.max_queries_per_analyst = o.clients.iter().copied().max().unwrap_or(1);
     let server = tokio::spawn(serve(
         opts,
         async move {
