@@ -405,3 +405,38 @@ fn kernel_fits_are_plotted_as_curves() {
     let doc = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(doc.matches("<polyline").count(), 2, "{doc}");
 }
+
+#[test]
+fn admin_analyst_commands_print_the_token_once_and_list_shares() {
+    let dir = TempDir::new("cli-analysts");
+    write_x(&dir.path("d.parquet"), &mixture(500, 3).into_iter().map(Some).collect::<Vec<_>>());
+    let cat = dir.str("cat.db");
+    assert_eq!(admin_cmd(&cat, &["register", "t", &dir.str("d.parquet")]).0, 0);
+    assert_eq!(admin_cmd(&cat, &["make-private", "t", "--epsilon", "2", "--delta", "1e-5"]).0, 0);
+    let (code, token, err) = admin_cmd(&cat, &["add-analyst", "alice"]);
+    assert_eq!(code, 0, "{err}");
+    let token = token.trim();
+    assert!(token.starts_with("dpc1.alice.") && !token.contains(' '), "stdout is the token alone: {token}");
+    assert!(err.contains("shown only now"), "{err}");
+    let catalog = dpcurve::policy::Catalog::open(std::path::Path::new(&cat)).unwrap();
+    assert_eq!(catalog.authenticate(token).unwrap(), "alice");
+    let (code, _, err) = admin_cmd(&cat, &["grant", "alice", "t", "--epsilon", "0.5", "--delta", "1e-6"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = admin_cmd(&cat, &["grant", "bob", "t", "--epsilon", "0.5", "--delta", "0"]);
+    assert!(code != 0 && err.contains("no active analyst named 'bob'"), "{err}");
+    let (_, list, _) = admin_cmd(&cat, &["analysts"]);
+    assert!(list.contains("alice") && list.contains("active") && list.contains("0.5"), "{list}");
+    let (code, new_token, _) = admin_cmd(&cat, &["rotate-token", "alice"]);
+    assert_eq!(code, 0);
+    assert!(catalog.authenticate(token).is_err() && catalog.authenticate(new_token.trim()).is_ok());
+    assert_eq!(admin_cmd(&cat, &["remove-analyst", "alice"]).0, 0);
+    assert!(catalog.authenticate(new_token.trim()).is_err());
+    let (_, list, _) = admin_cmd(&cat, &["analysts"]);
+    assert!(list.contains("removed"), "{list}");
+    // The table owner's CLI session still works, and its releases are logged as the owner's.
+    let (code, _, err) =
+        dpcurve(&["sql", "--catalog", &cat, "-c", "SELECT private_kde(x, 0.05, 0.5, 0, 0, 1, 16) AS k FROM t"], None);
+    assert_eq!(code, 0, "{err}");
+    let (_, log, _) = admin_cmd(&cat, &["log"]);
+    assert!(log.contains("(owner)"), "{log}");
+}

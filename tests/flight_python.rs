@@ -8,7 +8,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use common::{TempDir, mixture, write_x};
+use common::{TempDir, mixture, self_signed, write_x};
 use dpcurve::Admin;
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::policy::Catalog;
@@ -38,25 +38,39 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
     admin.grant("alice", "mixture", 1.0, 1e-4).unwrap();
     admin.grant("bob", "mixture", 0.1, 1e-4).unwrap();
 
-    let mut server = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
-        .args(["serve", "--catalog", &catalog.to_string_lossy(), "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let uri = line.split_whitespace().find(|w| w.starts_with("grpc://")).expect("address line").to_string();
+    let start = |extra: &[&str]| {
+        let mut server = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+            .args(["serve", "--catalog", &catalog.to_string_lossy(), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let uri = line.split_whitespace().find(|w| w.starts_with("grpc")).expect("address line").to_string();
+        (server, uri)
+    };
+    let (mut server, uri) = start(&[]);
+    // The same catalog over TLS, with a self-signed certificate for localhost.
+    let (cert, key) = self_signed(&dir);
+    let (mut tls_server, tls_uri) =
+        start(&["--tls-cert", &cert.to_string_lossy(), "--tls-key", &key.to_string_lossy()]);
+    let tls_uri = tls_uri.replace("127.0.0.1", "localhost");
 
     let out = Command::new(py)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/flight_client.py"))
         .env("DPCURVE_URI", &uri)
         .env("DPCURVE_ALICE", &alice)
         .env("DPCURVE_BOB", &bob)
+        .env("DPCURVE_TLS_URI", &tls_uri)
+        .env("DPCURVE_TLS_CA", &cert)
         .output()
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
+    for s in [&mut server, &mut tls_server] {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "python client failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"), "{stdout}");

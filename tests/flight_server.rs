@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables, ProstMessageExt, TicketStatementQuery};
 use arrow_flight::{FlightInfo, Ticket};
-use common::{TempDir, mixture, write_columns, write_x};
+use common::{TempDir, mixture, self_signed, write_columns, write_x};
 use datafusion::arrow::array::{AsArray, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
 use dpcurve::Admin;
@@ -542,6 +542,51 @@ async fn concurrent_queries_per_analyst_are_limited() {
         }
     }
     assert_eq!(spent(&f.catalog), Budget::ZERO);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_clients_that_trust_the_certificate_only() {
+    let f = fixture("flight-tls").await;
+    let (cert, key) = self_signed(&f.dir);
+    let server =
+        Server::start(&f.catalog, &["--tls-cert", &cert.to_string_lossy(), "--tls-key", &key.to_string_lossy()]);
+    let port = server.addr.rsplit(':').next().unwrap().to_string();
+    let pem = std::fs::read(&cert).unwrap();
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&pem))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = FlightSqlServiceClient::new(channel);
+    c.set_token(f.alice.clone());
+    let kde = run(&mut c, KDE).await.unwrap();
+    assert_eq!(kde[0].num_rows(), 1);
+    assert_eq!(spent(&f.catalog), eps(0.25));
+    // A plaintext client gets nothing from a TLS server; nor does one that trusts no such CA.
+    let plain = Channel::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await;
+    if let Ok(channel) = plain {
+        let mut c = FlightSqlServiceClient::new(channel);
+        c.set_token(f.alice.clone());
+        assert!(c.execute(KDE.into(), None).await.is_err());
+    }
+    let untrusting = tonic::transport::ClientTlsConfig::new().domain_name("localhost");
+    let refused = Channel::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .tls_config(untrusting)
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = refused {
+        let mut c = FlightSqlServiceClient::new(channel);
+        c.set_token(f.alice.clone());
+        assert!(c.execute(KDE.into(), None).await.is_err(), "an unknown certificate must not be accepted");
+    }
+    assert_eq!(spent(&f.catalog), eps(0.25));
 }
 
 #[test]

@@ -258,3 +258,21 @@ pub fn laplace_audit(
         })
         .fold(f64::NEG_INFINITY, f64::max)
 }
+
+/// A self-signed certificate for localhost / 127.0.0.1 and its key (openssl CLI), as PEM files.
+pub fn self_signed(dir: &TempDir) -> (PathBuf, PathBuf) {
+    use std::process::Command;
+    let (cert, key) = (dir.path("server.pem"), dir.path("server.key"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the TLS test needs the openssl command");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (cert, key)
+}

@@ -117,6 +117,19 @@ def main():
 
         expect_error(anon, "token")
 
+    # 4. Over TLS, trusting the server's self-signed certificate.
+    tls_uri, ca = os.environ.get("DPCURVE_TLS_URI"), os.environ.get("DPCURVE_TLS_CA")
+    if tls_uri:
+        with open(ca) as f:
+            pem = f.read()
+        kwargs = {
+            "adbc.flight.sql.authorization_header": "Bearer " + os.environ["DPCURVE_BOB"],
+            "adbc.flight.sql.client_option.tls_root_certs": pem,
+        }
+        with flightsql.connect(tls_uri, db_kwargs=kwargs) as conn, conn.cursor() as cur:
+            cur.execute("SELECT table_name FROM dpcurve.budgets")
+            assert cur.fetch_arrow_table().column(0).to_pylist() == ["mixture"]
+
     print("python client: all checks passed")
 
 
