@@ -385,6 +385,17 @@ impl DpFlightSql {
         Ok(Response::new(info))
     }
 
+    /// GetFlightInfo of a metadata command: authenticated, free, its ticket the command itself.
+    async fn metadata_flight_info<M: ProstMessageExt>(
+        &self,
+        cmd: &M,
+        schema: &datafusion::arrow::datatypes::Schema,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.analyst(&request).await?;
+        Self::metadata_info(schema, cmd.as_any().encode_to_vec(), request.into_inner())
+    }
+
     fn one_batch<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<Response<DoGetStream>, Status> {
         let batch = batch.map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(flight_stream(batch.schema(), vec![batch], None)))
@@ -560,9 +571,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.analyst(&request).await?;
-        let ticket = query.as_any().encode_to_vec();
-        Self::metadata_info(query.into_builder(sql_info()).schema().as_ref(), ticket, request.into_inner())
+        self.metadata_flight_info(&query, query.clone().into_builder(sql_info()).schema().as_ref(), request).await
     }
 
     async fn do_get_sql_info(
@@ -579,9 +588,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.analyst(&request).await?;
-        let ticket = query.as_any().encode_to_vec();
-        Self::metadata_info(&query.into_builder().schema(), ticket, request.into_inner())
+        self.metadata_flight_info(&query, &query.clone().into_builder().schema(), request).await
     }
 
     async fn do_get_catalogs(
@@ -600,9 +607,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.analyst(&request).await?;
-        let ticket = query.as_any().encode_to_vec();
-        Self::metadata_info(&query.into_builder().schema(), ticket, request.into_inner())
+        self.metadata_flight_info(&query, &query.clone().into_builder().schema(), request).await
     }
 
     async fn do_get_schemas(
@@ -622,9 +627,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.analyst(&request).await?;
-        let ticket = query.as_any().encode_to_vec();
-        Self::metadata_info(&query.into_builder().schema(), ticket, request.into_inner())
+        self.metadata_flight_info(&query, &query.clone().into_builder().schema(), request).await
     }
 
     async fn do_get_tables(
@@ -647,9 +650,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.analyst(&request).await?;
-        let ticket = query.as_any().encode_to_vec();
-        Self::metadata_info(&query.into_builder().schema(), ticket, request.into_inner())
+        self.metadata_flight_info(&query, &query.clone().into_builder().schema(), request).await
     }
 
     async fn do_get_table_types(

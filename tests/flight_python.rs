@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::{TempDir, mixture, self_signed, write_x};
+use common::{Server, TempDir, mixture, self_signed, write_x};
 use dpcurve::Admin;
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::policy::Catalog;
@@ -38,25 +37,13 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
     admin.grant("alice", "mixture", 1.0, 1e-4).unwrap();
     admin.grant("bob", "mixture", 0.1, 1e-4).unwrap();
 
-    let start = |extra: &[&str]| {
-        let mut server = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
-            .args(["serve", "--catalog", &catalog.to_string_lossy(), "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let uri = line.split_whitespace().find(|w| w.starts_with("grpc")).expect("address line").to_string();
-        (server, uri)
-    };
-    let (mut server, uri) = start(&[]);
+    let server = Server::start(&catalog, &[]);
+    let uri = format!("grpc://{}", server.addr);
     // The same catalog over TLS, with a self-signed certificate for localhost.
     let (cert, key) = self_signed(&dir);
-    let (mut tls_server, tls_uri) =
-        start(&["--tls-cert", &cert.to_string_lossy(), "--tls-key", &key.to_string_lossy()]);
-    let tls_uri = tls_uri.replace("127.0.0.1", "localhost");
+    let tls_server =
+        Server::start(&catalog, &["--tls-cert", &cert.to_string_lossy(), "--tls-key", &key.to_string_lossy()]);
+    let tls_uri = format!("grpc+tls://{}", tls_server.addr.replace("127.0.0.1", "localhost"));
 
     let out = Command::new(py)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/flight_client.py"))
@@ -67,10 +54,7 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
         .env("DPCURVE_TLS_CA", &cert)
         .output()
         .unwrap();
-    for s in [&mut server, &mut tls_server] {
-        let _ = s.kill();
-        let _ = s.wait();
-    }
+    drop((server, tls_server));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "python client failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"), "{stdout}");

@@ -5,16 +5,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables, ProstMessageExt, TicketStatementQuery};
 use arrow_flight::{FlightInfo, Ticket};
-use common::{TempDir, mixture, self_signed, write_columns, write_x};
+use common::{Server, TempDir, mixture, self_signed, write_columns, write_x};
 use datafusion::arrow::array::{AsArray, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
 use dpcurve::Admin;
@@ -23,44 +21,6 @@ use dpcurve::policy::Catalog;
 use futures::TryStreamExt;
 use prost::Message;
 use tonic::transport::Channel;
-
-/// A `dpcurve serve` process on a free port of 127.0.0.1, killed when dropped.
-pub struct Server {
-    child: Child,
-    pub addr: String,
-}
-
-impl Server {
-    pub fn start(catalog: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
-            .args(["serve", "--catalog", &catalog.to_string_lossy(), "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line
-            .split("://")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("the server did not report its address: {line:?}"))
-            .to_string();
-        Server { child, addr }
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 pub async fn client(addr: &str, token: Option<&str>) -> FlightSqlServiceClient<Channel> {
     let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();

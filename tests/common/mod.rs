@@ -276,3 +276,43 @@ pub fn self_signed(dir: &TempDir) -> (PathBuf, PathBuf) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     (cert, key)
 }
+
+/// A `dpcurve serve` process on a free port of 127.0.0.1, killed when dropped.
+pub struct Server {
+    pub child: std::process::Child,
+    pub addr: String,
+}
+
+impl Server {
+    pub fn start(catalog: &Path, extra: &[&str]) -> Server {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+            .args(["serve", "--catalog", &catalog.to_string_lossy(), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("the server did not report its address: {line:?}"))
+            .to_string();
+        Server { child, addr }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
