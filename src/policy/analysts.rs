@@ -272,7 +272,7 @@ impl Catalog {
 
     /// Every analyst (removed ones included) with their shares, by name.
     pub fn analysts(&self) -> Result<Vec<AnalystInfo>, PolicyError> {
-        self.with_tx(|tx| {
+        self.with_read(|tx| {
             let mut stmt =
                 tx.prepare("SELECT name, added_at, removed_at FROM analysts ORDER BY name").map_err(storage)?;
             let mut out: Vec<AnalystInfo> = stmt
@@ -317,7 +317,7 @@ impl Catalog {
     pub fn authenticate(&self, token: &str) -> Result<String, PolicyError> {
         let bad = || PolicyError::Unauthenticated(BAD_TOKEN.into());
         let (name, secret) = parse_token(token).ok_or_else(bad)?;
-        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = self.with_tx(|tx| {
+        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = self.with_read(|tx| {
             tx.query_row("SELECT salt, token_hash FROM analysts WHERE name = ?1", [name], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })

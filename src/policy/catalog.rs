@@ -527,6 +527,17 @@ impl Catalog {
         Ok(out)
     }
 
+    /// Runs `f` in a read-only (deferred) transaction: a consistent snapshot that takes no write
+    /// lock, so reads never wait for, or hold up, another process's debit.
+    pub(super) fn with_read<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, PolicyError>,
+    ) -> Result<T, PolicyError> {
+        let mut conn = self.conn.lock().expect("catalog lock");
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).map_err(storage)?;
+        f(&tx)
+    }
+
     /// (name, location, private) of every registered table.
     fn locations(tx: &rusqlite::Transaction<'_>) -> Result<Vec<(String, String, bool)>, PolicyError> {
         let mut stmt = tx.prepare("SELECT name, location, private FROM tables").map_err(storage)?;
