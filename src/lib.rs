@@ -9,6 +9,8 @@
 #![deny(clippy::clone_on_ref_ptr)]
 
 pub mod cli;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod datagen;
 pub mod functions;
 pub mod guard;

@@ -81,6 +81,8 @@ pub struct ServeOptions {
     pub max_queries_per_analyst: usize,
     /// Partitions of each query (None: number of cores).
     pub target_partitions: Option<usize>,
+    /// Cluster mode: `df://HOST:PORT` of a Ballista scheduler (issue 15).
+    pub cluster: Option<String>,
 }
 
 impl ServeOptions {
@@ -92,6 +94,7 @@ impl ServeOptions {
             tls: None,
             max_queries_per_analyst: DEFAULT_MAX_QUERIES_PER_ANALYST,
             target_partitions: None,
+            cluster: None,
         }
     }
 }
@@ -682,6 +685,7 @@ pub async fn serve(
         target_partitions: opts.target_partitions,
         noise: crate::NoiseSource::Os,
         allow_statements: false,
+        cluster: opts.cluster.clone(),
     };
     let service = DpFlightSql::new(catalog, session_options, opts.max_queries_per_analyst)?;
     let mut builder = Server::builder();

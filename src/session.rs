@@ -44,11 +44,15 @@ pub struct SessionOptions {
     /// Allow DDL (CREATE EXTERNAL TABLE, CREATE VIEW …), DML and SET statements. Always
     /// off in analyst sessions.
     pub allow_statements: bool,
+    /// Cluster mode (issue 15): `df://HOST:PORT` of a Ballista scheduler running dpcurve's
+    /// executors (`dpcurve scheduler`, `dpcurve executor`). Partial aggregation runs there; the
+    /// guard, the ledger and every release stay in this process. Needs the `cluster` feature.
+    pub cluster: Option<String>,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        Self { target_partitions: None, noise: NoiseSource::Os, allow_statements: true }
+        Self { target_partitions: None, noise: NoiseSource::Os, allow_statements: true, cluster: None }
     }
 }
 
@@ -95,6 +99,7 @@ impl Engine {
             }
             None => PrivacyPlanner::default(),
         };
+        let planner = with_cluster(planner, opts.cluster.as_deref())?;
         let mut state = SessionStateBuilder::new();
         if let Some(rt) = runtime {
             state = state.with_runtime_env(rt);
@@ -186,6 +191,22 @@ impl Engine {
     }
 }
 
+/// The planner, sending partial aggregation to `cluster` (if given).
+#[cfg(feature = "cluster")]
+fn with_cluster(planner: PrivacyPlanner, cluster: Option<&str>) -> Result<PrivacyPlanner> {
+    let cluster = cluster.map(crate::cluster::Cluster::parse).transpose().map_err(DataFusionError::Plan)?;
+    Ok(planner.on_cluster(cluster))
+}
+
+/// Without the `cluster` feature a cluster cannot be used.
+#[cfg(not(feature = "cluster"))]
+fn with_cluster(planner: PrivacyPlanner, cluster: Option<&str>) -> Result<PrivacyPlanner> {
+    match cluster {
+        None => Ok(planner),
+        Some(_) => datafusion::common::plan_err!("this dpcurve was built without cluster support (feature 'cluster')"),
+    }
+}
+
 async fn parquet_provider(ctx: &SessionContext, location: &str) -> Result<Arc<dyn TableProvider>> {
     let state = ctx.state();
     let url = ListingTableUrl::parse(location)?;
@@ -209,10 +230,17 @@ pub struct DpSession {
 }
 
 impl DpSession {
-    /// A new session.
+    /// A new session. Panics on options [`DpSession::try_new`] refuses (a cluster address).
     pub fn new(opts: SessionOptions) -> Self {
-        // Only catalog sessions read settings or build a runtime, so this cannot fail.
+        // Only catalog sessions read settings or build a runtime; a malformed cluster address
+        // is the only other failure.
         Self { engine: Engine::new(&opts, None, None).expect("a session without a catalog cannot fail to start") }
+    }
+
+    /// A new session, or an error if its options cannot be used (a malformed cluster address,
+    /// or a cluster without the `cluster` feature).
+    pub fn try_new(opts: SessionOptions) -> Result<Self> {
+        Ok(Self { engine: Engine::new(&opts, None, None)? })
     }
 
     /// Registers a Parquet file or directory (all its files form one table).

@@ -9,7 +9,7 @@ use dpcurve::mechanism::budget::Budget;
 use dpcurve::{Admin, AnalystSession, DpSession, NoiseSource, SessionOptions};
 
 fn session(noise: NoiseSource, partitions: usize) -> DpSession {
-    DpSession::new(SessionOptions { target_partitions: Some(partitions), noise, allow_statements: true })
+    DpSession::new(SessionOptions { target_partitions: Some(partitions), noise, allow_statements: true, cluster: None })
 }
 
 async fn table(

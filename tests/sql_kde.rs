@@ -7,7 +7,7 @@ use datafusion::common::DataFusionError;
 use dpcurve::{DpSession, NoiseSource, SessionOptions};
 
 fn session(noise: NoiseSource, partitions: usize) -> DpSession {
-    DpSession::new(SessionOptions { target_partitions: Some(partitions), noise, allow_statements: true })
+    DpSession::new(SessionOptions { target_partitions: Some(partitions), noise, allow_statements: true, cluster: None })
 }
 
 async fn table(dir: &TempDir, name: &str, values: &[Option<f64>], noise: NoiseSource) -> DpSession {

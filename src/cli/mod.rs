@@ -26,7 +26,7 @@ USAGE:
       DIR/kde.svg (DIR defaults to ./dpcurve-demo).
 
   dpcurve sql --catalog PATH [--format table|csv|json] [--partitions N]
-              [--plot] [--svg FILE] [-c SQL | -f FILE]
+              [--plot] [--svg FILE] [--cluster df://HOST:PORT] [-c SQL | -f FILE]
       Analyst session on a catalog: tables come from the catalog, private
       tables are read only through private aggregates and every release is
       charged to the table's budget. Only queries are allowed.
@@ -45,10 +45,27 @@ USAGE:
 
   dpcurve serve --catalog PATH [--listen HOST:PORT] [--tls-cert F --tls-key F]
                 [--max-queries-per-analyst N] [--partitions N]
+                [--cluster df://HOST:PORT]
       Arrow Flight SQL server for analysts (default 127.0.0.1:50051). Every
       request needs an analyst's token (admin add-analyst); releases are
       charged on the table's budget and on the analyst's share when results
       are fetched (DoGet). Stops gracefully on Ctrl-C / SIGTERM.
+
+  dpcurve scheduler [--listen HOST:PORT] [--executor-timeout SECS]
+      A Ballista scheduler for cluster mode (default 127.0.0.1:50050), with
+      dpcurve's functions. Executors lost for SECS (default 180) are replaced.
+      It must not be reachable by analysts (Ballista has no authentication).
+
+  dpcurve executor --scheduler HOST:PORT [--bind-host H] [--port P]
+                   [--grpc-port P] [--concurrent-tasks N] [--work-dir DIR]
+                   [--heartbeat SECS]
+      A Ballista executor (default ports 50052 and 50053): reads the tables'
+      files — at the paths the catalog gives — and computes exact partial
+      statistics; it never draws noise and never opens the catalog.
+
+      sql/serve --cluster df://HOST:PORT   cluster mode: the partial phase of
+      every aggregate runs on the cluster; the guard, the ledger and every
+      release (the noise) stay in the sql/serve process.
 
   dpcurve admin --catalog PATH COMMAND
       Data owner's commands (the catalog file is created if missing):
@@ -91,6 +108,7 @@ struct SqlArgs {
     file: Option<PathBuf>,
     plot: bool,
     svg: Option<PathBuf>,
+    cluster: Option<String>,
 }
 
 fn parse_sql_args(args: &[String]) -> std::result::Result<SqlArgs, String> {
@@ -113,6 +131,7 @@ fn parse_sql_args(args: &[String]) -> std::result::Result<SqlArgs, String> {
                 out.partitions = Some(v.parse().map_err(|_| format!("--partitions expects a number, got '{v}'"))?);
             }
             "--catalog" => out.catalog = Some(PathBuf::from(value(a)?)),
+            "--cluster" => out.cluster = Some(value(a)?),
             "-c" | "--command" => out.command = Some(value(a)?),
             "-f" | "--file" => out.file = Some(PathBuf::from(value(a)?)),
             "--plot" => out.plot = true,
@@ -149,6 +168,16 @@ pub async fn main(args: Vec<String>) -> i32 {
             Ok(o) => run_serve(o).await,
             Err(e) => return usage_error(&e),
         },
+        #[cfg(feature = "cluster")]
+        Some("scheduler") => match parse_scheduler_args(&args[1..]) {
+            Ok(o) => crate::cluster::run_scheduler(o).await,
+            Err(e) => return usage_error(&e),
+        },
+        #[cfg(feature = "cluster")]
+        Some("executor") => match parse_executor_args(&args[1..]) {
+            Ok(o) => crate::cluster::run_executor(o).await,
+            Err(e) => return usage_error(&e),
+        },
         Some("admin") => match admin::parse(&args[1..]) {
             Ok((catalog, cmd)) => admin::run(&catalog, cmd).await,
             Err(e) => return usage_error(&e),
@@ -172,6 +201,75 @@ pub async fn main(args: Vec<String>) -> i32 {
     }
 }
 
+/// `HOST:PORT` as (host, port).
+#[cfg(feature = "cluster")]
+fn host_port(flag: &str, v: &str) -> std::result::Result<(String, u16), String> {
+    match v.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() => {
+            Ok((h.to_string(), p.parse().map_err(|_| format!("{flag} expects HOST:PORT, got '{v}'"))?))
+        }
+        _ => Err(format!("{flag} expects HOST:PORT, got '{v}'")),
+    }
+}
+
+/// A positive number of seconds, tasks…
+#[cfg(feature = "cluster")]
+fn positive(flag: &str, v: &str) -> std::result::Result<u64, String> {
+    v.parse().ok().filter(|n| *n >= 1).ok_or_else(|| format!("{flag} expects a positive integer, got '{v}'"))
+}
+
+#[cfg(feature = "cluster")]
+fn parse_scheduler_args(args: &[String]) -> std::result::Result<crate::cluster::SchedulerOptions, String> {
+    let mut o = crate::cluster::SchedulerOptions {
+        listen: "127.0.0.1:50050".parse().expect("default address"),
+        executor_timeout_seconds: 180,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--listen" => {
+                o.listen = v.parse().map_err(|_| format!("--listen expects HOST:PORT with an IP address, got '{v}'"))?
+            }
+            "--executor-timeout" => o.executor_timeout_seconds = positive(a, v)?,
+            other => return Err(format!("unknown option '{other}'")),
+        }
+    }
+    Ok(o)
+}
+
+#[cfg(feature = "cluster")]
+fn parse_executor_args(args: &[String]) -> std::result::Result<crate::cluster::ExecutorOptions, String> {
+    let mut scheduler = None;
+    let mut o = crate::cluster::ExecutorOptions {
+        scheduler: (String::new(), 0),
+        bind_host: "127.0.0.1".into(),
+        port: 50052,
+        grpc_port: 50053,
+        concurrent_tasks: None,
+        work_dir: None,
+        heartbeat_seconds: 60,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--scheduler" => scheduler = Some(host_port(a, v.strip_prefix("df://").unwrap_or(v))?),
+            "--bind-host" => o.bind_host = v.clone(),
+            "--port" => o.port = v.parse().map_err(|_| format!("--port expects a port number, got '{v}'"))?,
+            "--grpc-port" => {
+                o.grpc_port = v.parse().map_err(|_| format!("--grpc-port expects a port number, got '{v}'"))?
+            }
+            "--concurrent-tasks" => o.concurrent_tasks = Some(positive(a, v)? as usize),
+            "--work-dir" => o.work_dir = Some(v.clone()),
+            "--heartbeat" => o.heartbeat_seconds = positive(a, v)?,
+            other => return Err(format!("unknown option '{other}'")),
+        }
+    }
+    o.scheduler = scheduler.ok_or("executor needs --scheduler HOST:PORT")?;
+    Ok(o)
+}
+
 #[cfg(feature = "server")]
 fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::ServeOptions, String> {
     let mut catalog = None;
@@ -179,6 +277,7 @@ fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::Serve
     let (mut cert, mut key) = (None, None);
     let mut max = crate::server::DEFAULT_MAX_QUERIES_PER_ANALYST;
     let mut partitions = None;
+    let mut cluster = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
@@ -199,6 +298,7 @@ fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::Serve
             "--partitions" => {
                 partitions = Some(v.parse().map_err(|_| format!("--partitions expects a number, got '{v}'"))?)
             }
+            "--cluster" => cluster = Some(v.clone()),
             other => return Err(format!("unknown option '{other}'")),
         }
     }
@@ -211,6 +311,7 @@ fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::Serve
     o.tls = tls;
     o.max_queries_per_analyst = max;
     o.target_partitions = partitions;
+    o.cluster = cluster;
     Ok(o)
 }
 
@@ -300,7 +401,7 @@ impl AnySession {
 }
 
 async fn run_sql(args: SqlArgs) -> Result<()> {
-    let opts = SessionOptions { target_partitions: args.partitions, ..Default::default() };
+    let opts = SessionOptions { target_partitions: args.partitions, cluster: args.cluster, ..Default::default() };
     let session = match &args.catalog {
         Some(path) => AnySession::Analyst(AnalystSession::open(path, opts).await?),
         None => {

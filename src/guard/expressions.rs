@@ -224,6 +224,11 @@ impl TotalIntDiv {
     pub fn new(modulo: bool) -> Self {
         Self { modulo, signature: Signature::any(2, Volatility::Immutable) }
     }
+
+    /// Whether this is the remainder.
+    pub(crate) fn is_modulo(&self) -> bool {
+        self.modulo
+    }
 }
 
 fn divide<T: ArrowPrimitiveType>(a: &ArrayRef, b: &ArrayRef, modulo: bool) -> ArrayRef {

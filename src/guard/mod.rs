@@ -22,6 +22,8 @@ use crate::functions::{PermitSlot, Permits, PrivateCall, is_private, plan_privat
 use crate::policy::{Catalog, Charge};
 
 pub mod bounds;
+#[cfg(feature = "cluster")]
+pub(crate) mod cluster_udfs;
 pub mod expressions;
 pub mod gate;
 pub mod groups;
@@ -219,13 +221,24 @@ pub struct PrivacyPlanner {
     memory_limit: Option<u64>,
     /// The analyst whose releases these are (None: the table owner's session).
     analyst: Option<Arc<str>>,
+    /// Where partial aggregation runs (cluster mode, issue 15); None: in this process.
+    #[cfg(feature = "cluster")]
+    cluster: Option<crate::cluster::Cluster>,
 }
 
 impl PrivacyPlanner {
     /// A planner whose private tables are charged on `ledger`, refusing queries whose
     /// private calls need more than `memory_limit` bytes.
     pub fn with_ledger(ledger: Arc<Catalog>, memory_limit: u64) -> Self {
-        Self { ledger: Some(ledger), memory_limit: Some(memory_limit), analyst: None }
+        Self { ledger: Some(ledger), memory_limit: Some(memory_limit), ..Self::default() }
+    }
+
+    /// The same planner, running the partial phase of every aggregate that reads files on
+    /// `cluster`'s executors; the final phase — merge, permit, noise — stays here, under the
+    /// gate (see [`crate::cluster`]).
+    #[cfg(feature = "cluster")]
+    pub fn on_cluster(self, cluster: Option<crate::cluster::Cluster>) -> Self {
+        Self { cluster, ..self }
     }
 
     /// The same planner, charging `analyst`'s shares as well as the tables' totals.
@@ -333,6 +346,19 @@ impl QueryPlanner for PrivacyPlanner {
         for stage in &mut stages {
             stage.physical = Some(planner.create_physical_plan(&stage.plan, session).await?);
         }
+        // Cluster mode: partial aggregation on the executors, merge and release here.
+        #[cfg(feature = "cluster")]
+        let physical = match &self.cluster {
+            Some(cluster) => {
+                for stage in &mut stages {
+                    if let Some(p) = stage.physical.take() {
+                        stage.physical = Some(crate::cluster::distribute(p, cluster)?);
+                    }
+                }
+                crate::cluster::distribute(physical, cluster)?
+            }
+            None => physical,
+        };
         // Grouped private aggregates output every declared group, reached by rows or not.
         let physical = groups::complete_declared_groups(physical)?;
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {

@@ -248,6 +248,23 @@ impl SelectedFilter {
     fn new(keys: Arc<SelectedKeys>) -> Self {
         Self { signature: Signature::variadic_any(Volatility::Volatile), keys }
     }
+
+    /// The keys selected so far (None: the selection has not run), to ship the filter to a
+    /// cluster's executors after the client's gate selected them.
+    pub(crate) fn selected(&self) -> Result<Option<Vec<Vec<u8>>>> {
+        let guard = self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))?;
+        Ok(guard.as_ref().map(|set| {
+            let mut keys: Vec<Vec<u8>> = set.iter().cloned().collect();
+            keys.sort();
+            keys
+        }))
+    }
+
+    /// A filter holding `selected` (the copy decoded on an executor).
+    pub(crate) fn holding(selected: Option<Vec<Vec<u8>>>) -> Self {
+        let keys = SelectedKeys { keys: Mutex::new(selected.map(|k| k.into_iter().collect())) };
+        Self::new(Arc::new(keys))
+    }
 }
 
 impl fmt::Debug for SelectedFilter {

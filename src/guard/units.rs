@@ -245,7 +245,12 @@ impl SampleOrder {
         Ok(Self::with_key(key))
     }
 
-    /// An order with a given key (tests).
+    /// The key (to ship the order to a cluster's executors, which read the unit's rows).
+    pub(crate) fn key(&self) -> (u64, u64) {
+        self.key
+    }
+
+    /// An order with a given key (tests, and the copy decoded on an executor).
     pub fn with_key(key: (u64, u64)) -> Self {
         Self { signature: Signature::variadic_any(Volatility::Immutable), key }
     }

@@ -1,0 +1,148 @@
+//! dpcurve's scalar functions on a cluster's executors (issue 15): what each instance carries,
+//! as bytes for the plan codec ([`crate::cluster::DpCodec`]).
+//!
+//! * the privacy-unit sampling order: its per-query key (executors read the unit's rows; the
+//!   key only makes the kept rows a uniform sample, it protects nothing from them);
+//! * a partition selection's membership filter: the keys the client's gate selected (the
+//!   subtree is shipped after the gate ran the selection);
+//! * the total integer division and remainder.
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion::logical_expr::ScalarUDF;
+
+use super::expressions::TotalIntDiv;
+use super::selection::SelectedFilter;
+use super::units::SampleOrder;
+
+const TAG_ORDER: u8 = 1;
+const TAG_SELECTED: u8 = 2;
+const TAG_NOT_SELECTED_YET: u8 = 3;
+const TAG_DIV: u8 = 4;
+const TAG_MOD: u8 = 5;
+
+/// The bytes of one of dpcurve's scalar functions (None: any other function, which executors
+/// find by name).
+pub(crate) fn encode(udf: &ScalarUDF) -> Option<Vec<u8>> {
+    let inner = udf.inner();
+    if let Some(order) = inner.downcast_ref::<SampleOrder>() {
+        let (a, b) = order.key();
+        let mut out = vec![TAG_ORDER];
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+        return Some(out);
+    }
+    if let Some(filter) = inner.downcast_ref::<SelectedFilter>() {
+        // A poisoned lock ships "nothing selected": the filter then keeps no row.
+        return Some(match filter.selected().ok().flatten() {
+            None => vec![TAG_NOT_SELECTED_YET],
+            Some(keys) => {
+                let mut out = vec![TAG_SELECTED];
+                out.extend_from_slice(&(keys.len() as u64).to_le_bytes());
+                for k in keys {
+                    out.extend_from_slice(&(k.len() as u64).to_le_bytes());
+                    out.extend_from_slice(&k);
+                }
+                out
+            }
+        });
+    }
+    if let Some(div) = inner.downcast_ref::<TotalIntDiv>() {
+        return Some(vec![if div.is_modulo() { TAG_MOD } else { TAG_DIV }]);
+    }
+    None
+}
+
+/// Rebuilds one of dpcurve's scalar functions from its bytes.
+pub(crate) fn decode(name: &str, buf: &[u8]) -> Result<ScalarUDF> {
+    let bad = || DataFusionError::Internal(format!("cannot decode the function '{name}'"));
+    let mut rest = Reader(buf.get(1..).ok_or_else(bad)?);
+    let udf = match buf.first() {
+        Some(&TAG_ORDER) => {
+            let key = (rest.word().ok_or_else(bad)?, rest.word().ok_or_else(bad)?);
+            ScalarUDF::from(SampleOrder::with_key(key))
+        }
+        Some(&TAG_NOT_SELECTED_YET) => ScalarUDF::from(SelectedFilter::holding(None)),
+        Some(&TAG_SELECTED) => {
+            let n = rest.word().ok_or_else(bad)?;
+            let mut keys = Vec::new();
+            for _ in 0..n {
+                let len = rest.word().and_then(|l| usize::try_from(l).ok()).ok_or_else(bad)?;
+                keys.push(rest.bytes(len).ok_or_else(bad)?.to_vec());
+            }
+            ScalarUDF::from(SelectedFilter::holding(Some(keys)))
+        }
+        Some(&TAG_DIV) => ScalarUDF::from(TotalIntDiv::new(false)),
+        Some(&TAG_MOD) => ScalarUDF::from(TotalIntDiv::new(true)),
+        _ => return Err(bad()),
+    };
+    if !rest.0.is_empty() || udf.name() != name {
+        return Err(bad());
+    }
+    Ok(udf)
+}
+
+/// Reads little-endian words and byte strings off the front of a buffer.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn word(&mut self) -> Option<u64> {
+        let (w, rest) = self.0.split_first_chunk::<8>()?;
+        self.0 = rest;
+        Some(u64::from_le_bytes(*w))
+    }
+
+    fn bytes(&mut self, len: usize) -> Option<&'a [u8]> {
+        if self.0.len() < len {
+            return None;
+        }
+        let (b, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Some(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(udf: ScalarUDF) -> ScalarUDF {
+        let bytes = encode(&udf).expect("a dpcurve function");
+        decode(udf.name(), &bytes).unwrap()
+    }
+
+    #[test]
+    fn functions_round_trip_with_what_they_carry() {
+        let order = round_trip(ScalarUDF::from(SampleOrder::with_key((11, 12))));
+        assert_eq!(order.inner().downcast_ref::<SampleOrder>().unwrap().key(), (11, 12));
+        let filter = round_trip(ScalarUDF::from(SelectedFilter::holding(Some(vec![b"b".to_vec(), b"a".to_vec()]))));
+        let got = filter.inner().downcast_ref::<SelectedFilter>().unwrap().selected().unwrap();
+        assert_eq!(got, Some(vec![b"a".to_vec(), b"b".to_vec()]));
+        let none = round_trip(ScalarUDF::from(SelectedFilter::holding(None)));
+        assert_eq!(none.inner().downcast_ref::<SelectedFilter>().unwrap().selected().unwrap(), None);
+        assert!(
+            round_trip(ScalarUDF::from(TotalIntDiv::new(true)))
+                .inner()
+                .downcast_ref::<TotalIntDiv>()
+                .unwrap()
+                .is_modulo()
+        );
+        assert!(
+            !round_trip(ScalarUDF::from(TotalIntDiv::new(false)))
+                .inner()
+                .downcast_ref::<TotalIntDiv>()
+                .unwrap()
+                .is_modulo()
+        );
+    }
+
+    #[test]
+    fn malformed_bytes_are_refused() {
+        let bytes = encode(&ScalarUDF::from(SampleOrder::with_key((1, 2)))).unwrap();
+        let name = ScalarUDF::from(SampleOrder::with_key((1, 2))).name().to_string();
+        assert!(decode(&name, &bytes[..bytes.len() - 1]).is_err(), "truncated");
+        assert!(decode("total_int_div", &bytes).is_err(), "another name");
+        assert!(decode(&name, &[]).is_err());
+        assert!(decode(&name, &[99]).is_err());
+        assert!(encode(&datafusion::functions::math::abs()).is_none(), "built-ins go by name");
+    }
+}

@@ -1,0 +1,245 @@
+//! Cluster mode (issue 15) on a loopback Ballista cluster: a `dpcurve scheduler` and two
+//! `dpcurve executor` processes started by the test. With the noise off (test hook) every
+//! release equals, bit for bit, the single-process release — ungrouped, grouped by declared
+//! keys, with privacy units, with partition selection; charges are exact and made on the
+//! client; private tables stay unreadable; a lost cluster fails the query after the debit,
+//! without a refund and without a release.
+#![cfg(feature = "cluster")]
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use datafusion::arrow::array::{
+    ArrayRef, Float64Array, Float64Builder, Int64Array, ListBuilder, StringArray, StructArray,
+};
+use datafusion::arrow::datatypes::{Field, Fields, Schema};
+use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::arrow::record_batch::RecordBatch;
+use dpcurve::mechanism::budget::Budget;
+use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
+
+/// A free TCP port on 127.0.0.1 (released before use: a tiny race, fine on a test machine).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_for_port(port: u16, what: &str) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "{what} did not start listening on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A loopback cluster: one scheduler and `executors` executors, killed when dropped.
+struct Cluster {
+    scheduler: Child,
+    executors: Vec<Child>,
+    port: u16,
+    _work: TempDir,
+}
+
+impl Cluster {
+    fn start(executors: usize) -> Cluster {
+        let work = TempDir::new("cluster-work");
+        let port = free_port();
+        let bin = env!("CARGO_BIN_EXE_dpcurve");
+        let scheduler = Command::new(bin)
+            .args(["scheduler", "--listen", &format!("127.0.0.1:{port}"), "--executor-timeout", "5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_port(port, "the scheduler");
+        let mut cluster = Cluster { scheduler, executors: Vec::new(), port, _work: work };
+        for i in 0..executors {
+            let (flight, grpc) = (free_port(), free_port());
+            let dir = cluster._work.path(&format!("executor-{i}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let child = Command::new(bin)
+                .args(["executor", "--scheduler", &format!("127.0.0.1:{port}")])
+                .args(["--port", &flight.to_string(), "--grpc-port", &grpc.to_string()])
+                .args(["--concurrent-tasks", "2", "--heartbeat", "1", "--work-dir", &dir.to_string_lossy()])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            wait_for_port(flight, "an executor");
+            cluster.executors.push(child);
+        }
+        // Registration follows the first heartbeat (1 s).
+        std::thread::sleep(Duration::from_millis(1500));
+        cluster
+    }
+
+    fn url(&self) -> String {
+        format!("df://127.0.0.1:{}", self.port)
+    }
+
+    fn kill_executors(&mut self) {
+        for e in &mut self.executors {
+            let _ = e.kill();
+            let _ = e.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_executors();
+        let _ = self.scheduler.kill();
+        let _ = self.scheduler.wait();
+    }
+}
+
+/// Four files of 1 500 rows: region a/b/c/z (z undeclared), city (3 big, many tiny), person
+/// (the unit of table `u`: 1–6 rows each), x in [0, 1], a curve of 8 points.
+fn write_table(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let regions = ["a", "b", "c", "z"];
+    for file in 0..4usize {
+        let n = 1500;
+        let base = file * n;
+        let idx: Vec<usize> = (base..base + n).collect();
+        let region: Vec<&str> = idx.iter().map(|i| regions[(i * 7 + i / 13) % 4]).collect();
+        let city: Vec<String> =
+            idx.iter().map(|i| if i % 10 < 8 { format!("big{}", i % 3) } else { format!("tiny{}", i % 997) }).collect();
+        let person: Vec<i64> = idx.iter().map(|i| (i / (1 + i % 6)) as i64).collect();
+        let xs =
+            dpcurve::datagen::mixture(n, 40 + file as u64).into_iter().map(|v| v.clamp(0.0, 1.0)).collect::<Vec<_>>();
+        let mut curves = ListBuilder::new(Float64Builder::new());
+        for i in &idx {
+            for t in 0..8 {
+                curves.values().append_value(((i % 11) as f64 / 10.0) * (t as f64 / 7.0));
+            }
+            curves.append(true);
+        }
+        common::write_columns(
+            &dir.join(format!("part-{file}.parquet")),
+            vec![
+                ("region", Arc::new(StringArray::from(region)) as ArrayRef),
+                ("city", Arc::new(StringArray::from(city))),
+                ("person", Arc::new(Int64Array::from(person))),
+                ("x", Arc::new(Float64Array::from(xs))),
+                ("load", Arc::new(curves.finish())),
+            ],
+        );
+    }
+}
+
+struct Fixture {
+    dir: TempDir,
+    admin: Admin,
+}
+
+/// `p` (the row is the unit) and `u` (the same files, `person` the unit: 3 rows, 2 groups).
+async fn fixture(tag: &str) -> Fixture {
+    let dir = TempDir::new(tag);
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    for t in ["p", "u"] {
+        write_table(&dir.path(t));
+        admin.register(t, &dir.str(t)).await.unwrap();
+        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+        admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
+    }
+    admin.set_privacy_unit("u", "person", 3, 2).await.unwrap();
+    Fixture { dir, admin }
+}
+
+impl Fixture {
+    async fn session(&self, noise: NoiseSource, partitions: usize, cluster: Option<String>) -> AnalystSession {
+        let opts = SessionOptions { noise, target_partitions: Some(partitions), cluster, ..Default::default() };
+        AnalystSession::open(&self.dir.path("catalog.db"), opts).await.unwrap()
+    }
+
+    fn spent(&self, table: &str) -> Budget {
+        self.admin.tables().unwrap().into_iter().find(|t| t.name == table).unwrap().policy.unwrap().spent
+    }
+}
+
+const KDE: &str = "private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian')";
+
+/// Every query shape the cluster must reproduce.
+fn queries() -> Vec<String> {
+    vec![
+        format!("SELECT {KDE} AS kde FROM p"),
+        "SELECT private_mean_curve(load, 0.5, 1e-6, clip => 1.0, points => 8) AS m FROM p".into(),
+        format!("SELECT region, {KDE} AS kde FROM p GROUP BY region ORDER BY region"),
+        format!("SELECT {KDE} AS kde FROM p WHERE person / 3 <> 7 AND x > 0.1"),
+        format!("SELECT {KDE} AS kde FROM u"),
+        format!("SELECT region, {KDE} AS kde FROM u GROUP BY region ORDER BY region"),
+        "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian', \
+         select_epsilon => 1, select_delta => 1e-6) AS kde FROM p GROUP BY city ORDER BY city"
+            .into(),
+    ]
+}
+
+/// The exact bytes of a result (Arrow IPC): equal bytes are equal bits in every double. The
+/// stored release's id (`release`, which numbers releases in the catalog) is left out.
+fn ipc_bytes(batches: &[RecordBatch]) -> Vec<u8> {
+    let batches: Vec<RecordBatch> = batches.iter().map(without_release_ids).collect();
+    let mut out = Vec::new();
+    let mut w = StreamWriter::try_new(&mut out, &batches[0].schema()).unwrap();
+    for b in &batches {
+        w.write(b).unwrap();
+    }
+    w.finish().unwrap();
+    drop(w);
+    out
+}
+
+fn without_release_ids(batch: &RecordBatch) -> RecordBatch {
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        let column = match column.as_any().downcast_ref::<StructArray>() {
+            Some(s) => {
+                let (f, c, nulls) = s.clone().into_parts();
+                let keep: Vec<usize> = (0..f.len()).filter(|&i| f[i].name() != "release").collect();
+                let f: Fields = keep.iter().map(|&i| Arc::clone(&f[i])).collect();
+                let c: Vec<ArrayRef> = keep.iter().map(|&i| Arc::clone(&c[i])).collect();
+                Arc::new(StructArray::new(f, c, nulls)) as ArrayRef
+            }
+            None => Arc::clone(column),
+        };
+        fields.push(Field::new(field.name(), column.data_type().clone(), field.is_nullable()));
+        columns.push(column);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+}
+
+/// Equal results, without printing kilobytes of bytes when they are not.
+fn assert_same(got: &[RecordBatch], want: &[RecordBatch], what: &str) {
+    let (g, w) = (ipc_bytes(got), ipc_bytes(want));
+    if g != w {
+        let first = g.iter().zip(&w).position(|(a, b)| a != b).unwrap_or(g.len().min(w.len()));
+        panic!("{what}: results differ (lengths {} and {}, first difference at byte {first})", g.len(), w.len());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noiseless_releases_on_the_cluster_equal_a_single_process_bit_for_bit() {
+    let f = fixture("cluster-equal").await;
+    let cluster = Cluster::start(2);
+    let local = f.session(NoiseSource::Off, 3, None).await;
+    let remote = f.session(NoiseSource::Off, 4, Some(cluster.url())).await;
+    for sql in queries() {
+        let want = local.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let got = remote.query(&sql).await.unwrap_or_else(|e| panic!("on the cluster: {sql}: {e}"));
+        assert!(!want.is_empty() && want.iter().map(|b| b.num_rows()).sum::<usize>() > 0, "{sql}");
+        assert_same(&got, &want, &sql);
+    }
+    // Negative control: the byte comparison tells apart statistics of slightly different rows.
+    let all = remote.query(&queries()[0]).await.unwrap();
+    // (person 100's rows: a handful out of 6 000.)
+    let fewer_sql = format!("SELECT {KDE} AS kde FROM p WHERE person <> 100");
+    let fewer = remote.query(&fewer_sql).await.unwrap();
+    let fewer_local = local.query(&fewer_sql).await.unwrap();
+    assert_same(&fewer, &fewer_local, &fewer_sql);
+    assert!(ipc_bytes(&fewer) != ipc_bytes(&all), "dropping a few rows changes the statistic");
+}
