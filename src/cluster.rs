@@ -52,7 +52,7 @@ use datafusion::physical_plan::{
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use datafusion_proto::protobuf::PhysicalPlanNode;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::functions::{CallContext, Permits, context_of, with_context};
 use crate::guard::cluster_udfs;
@@ -63,22 +63,47 @@ use crate::mechanism::{Contribution, NoiseSource};
 pub struct Cluster {
     /// `http://HOST:PORT`, as Ballista's client connects.
     scheduler_url: String,
-    /// What the user gave (`df://HOST:PORT`).
+    /// What the user gave (`df://HOST:PORT[?job_timeout=SECS]`).
     display: String,
+    /// How long a job may take on the cluster, submission to last partial state.
+    job_timeout: std::time::Duration,
 }
 
+/// Default of `job_timeout`: an hour.
+const DEFAULT_JOB_TIMEOUT_SECS: u64 = 3600;
+
 impl Cluster {
-    /// Parses `df://HOST:PORT` (the form Ballista's clients use).
+    /// Parses `df://HOST:PORT` (the form Ballista's clients use), optionally followed by
+    /// `?job_timeout=SECS`: a job that has not finished after SECS seconds (default 3600) fails
+    /// the query. Ballista waits for executors to come back when all are lost; the timeout is
+    /// what ends such a query.
     pub fn parse(url: &str) -> std::result::Result<Self, String> {
-        let rest = url
-            .strip_prefix("df://")
-            .ok_or_else(|| format!("a cluster is given as df://HOST:PORT (its scheduler), got '{url}'"))?;
-        let (host, port) =
-            rest.rsplit_once(':').ok_or_else(|| format!("a cluster is given as df://HOST:PORT, got '{url}'"))?;
-        if host.is_empty() || port.parse::<u16>().is_err() || rest.contains('/') {
-            return Err(format!("a cluster is given as df://HOST:PORT, got '{url}'"));
+        let form = || format!("a cluster is given as df://HOST:PORT[?job_timeout=SECS], got '{url}'");
+        let rest = url.strip_prefix("df://").ok_or_else(form)?;
+        let (address, params) = match rest.split_once('?') {
+            Some((a, p)) => (a, Some(p)),
+            None => (rest, None),
+        };
+        let (host, port) = address.rsplit_once(':').ok_or_else(form)?;
+        if host.is_empty() || port.parse::<u16>().is_err() || address.contains('/') {
+            return Err(form());
         }
-        Ok(Self { scheduler_url: format!("http://{host}:{port}"), display: url.to_string() })
+        let mut job_timeout = DEFAULT_JOB_TIMEOUT_SECS;
+        for param in params.into_iter().flat_map(|p| p.split('&')) {
+            match param.split_once('=') {
+                Some(("job_timeout", v)) => {
+                    job_timeout = v.parse::<u64>().ok().filter(|&s| s >= 1).ok_or_else(|| {
+                        format!("job_timeout is a whole number of seconds, at least 1, got '{v}' in '{url}'")
+                    })?
+                }
+                _ => return Err(format!("unknown cluster parameter '{param}' in '{url}' (known: job_timeout)")),
+            }
+        }
+        Ok(Self {
+            scheduler_url: format!("http://{host}:{port}"),
+            display: url.to_string(),
+            job_timeout: std::time::Duration::from_secs(job_timeout),
+        })
     }
 }
 
@@ -86,6 +111,34 @@ impl fmt::Display for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.display)
     }
+}
+
+impl Cluster {
+    /// Whether the scheduler accepts connections (within 5 s). Checked while planning, before
+    /// the gate debits anything: an analyst whose cluster is down is told so for free. (A
+    /// cluster lost after the debit fails the query with the withheld error, and the budget
+    /// stays spent: the executors may have read private rows by then.)
+    pub async fn check_reachable(&self) -> Result<()> {
+        let addr = self.scheduler_url.trim_start_matches("http://").to_string();
+        let connect = tokio::net::TcpStream::connect(addr);
+        match tokio::time::timeout(std::time::Duration::from_secs(5), connect).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => plan_err!(
+                "the cluster {} is unreachable (its scheduler does not accept connections); nothing was charged",
+                self.display
+            ),
+        }
+    }
+}
+
+/// Whether a plan sends work to a cluster.
+pub fn uses_cluster(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        found |= node.name() == "ClusterExec";
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    found
 }
 
 /// Whether the subtree reads any file (a scan of a table).
@@ -201,6 +254,8 @@ impl ExecutionPlan for ClusterExec {
         let url = self.cluster.scheduler_url.clone();
         let partitions = context.session_config().target_partitions();
         let schema = remote.schema();
+        let deadline = tokio::time::Instant::now() + self.cluster.job_timeout;
+        let timeout = self.cluster.job_timeout.as_secs();
         // The job is submitted on the first poll: below the gate, that is after the debit.
         let submit = async move {
             let config = SessionConfig::new_with_ballista().with_target_partitions(partitions);
@@ -215,7 +270,21 @@ impl ExecutionPlan for ClusterExec {
             )
             .await
         };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::once(submit).try_flatten())))
+        let results = futures::stream::once(submit).try_flatten().boxed();
+        // Every batch must arrive before the deadline; past it the query fails (and, below the
+        // gate, the analyst sees the withheld error: the budget was spent).
+        let bounded = futures::stream::unfold(Some(results), move |state| async move {
+            let mut results = state?;
+            match tokio::time::timeout_at(deadline, results.next()).await {
+                Ok(Some(item)) => Some((item, Some(results))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(DataFusionError::Execution(format!("the cluster did not finish the job within {timeout} s"))),
+                    None,
+                )),
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, bounded)))
     }
 }
 
@@ -400,7 +469,20 @@ mod tests {
         let c = Cluster::parse("df://127.0.0.1:50050").unwrap();
         assert_eq!(c.scheduler_url, "http://127.0.0.1:50050");
         assert_eq!(c.to_string(), "df://127.0.0.1:50050");
-        for bad in ["127.0.0.1:50050", "df://host", "df://:1", "df://h:port", "df://h:1/x", "http://h:1"] {
+        assert_eq!(c.job_timeout.as_secs(), 3600);
+        let c = Cluster::parse("df://h:1?job_timeout=15").unwrap();
+        assert_eq!((c.scheduler_url.as_str(), c.job_timeout.as_secs()), ("http://h:1", 15));
+        for bad in [
+            "127.0.0.1:50050",
+            "df://host",
+            "df://:1",
+            "df://h:port",
+            "df://h:1/x",
+            "http://h:1",
+            "df://h:1?job_timeout=0",
+            "df://h:1?job_timeout=1.5",
+            "df://h:1?timeout=3",
+        ] {
             assert!(Cluster::parse(bad).is_err(), "{bad}");
         }
     }

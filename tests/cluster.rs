@@ -243,3 +243,125 @@ async fn noiseless_releases_on_the_cluster_equal_a_single_process_bit_for_bit() 
     assert_same(&fewer, &fewer_local, &fewer_sql);
     assert!(ipc_bytes(&fewer) != ipc_bytes(&all), "dropping a few rows changes the statistic");
 }
+
+/// Sends `signal` to every executor.
+fn signal_executors(cluster: &Cluster, signal: i32) {
+    for e in &cluster.executors {
+        // SAFETY: kill(2) on a child process we started and have not reaped.
+        assert_eq!(unsafe { libc::kill(e.id() as i32, signal) }, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charges_are_exact_and_made_on_the_client_and_private_tables_stay_unreadable() {
+    let f = fixture("cluster-charges").await;
+    let cluster = Cluster::start(2);
+    let local = f.session(NoiseSource::Os, 3, None).await;
+    let remote = f.session(NoiseSource::Os, 4, Some(cluster.url())).await;
+    // The same release costs the same on the cluster, charged once, logged once.
+    for (sql, table, cost, entries) in [
+        (queries()[0].clone(), "p", (0.5, 1e-6), 1),
+        (queries()[5].clone(), "u", (0.5, 1e-6), 1),
+        (queries()[6].clone(), "p", (1.5, 2e-6), 2),
+    ] {
+        let before = (f.spent(table), f.admin.release_log(Some(table)).unwrap().len());
+        local.query(&sql).await.unwrap();
+        let between = (f.spent(table), f.admin.release_log(Some(table)).unwrap().len());
+        remote.query(&sql).await.unwrap();
+        let after = (f.spent(table), f.admin.release_log(Some(table)).unwrap().len());
+        let (local_cost, remote_cost) =
+            (between.0.checked_sub(&before.0).unwrap(), after.0.checked_sub(&between.0).unwrap());
+        assert_eq!(remote_cost, local_cost, "{sql}");
+        assert_eq!(remote_cost, Budget::charge(cost.0, cost.1).unwrap(), "{sql}");
+        // One ledger entry per charge (a partition selection is a second charge).
+        assert_eq!((between.1 - before.1, after.1 - between.1), (entries, entries), "{sql}");
+    }
+    // Whatever the guard refuses locally it refuses on the cluster, with the same words, for free.
+    let spent = (f.spent("p"), f.spent("u"));
+    for sql in [
+        "SELECT x FROM p",
+        "SELECT avg(x) FROM p",
+        "SELECT count(*) FROM p",
+        "SELECT region, count(*) FROM p GROUP BY region",
+        "SELECT * FROM u LIMIT 1",
+        "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64) AS kde FROM p GROUP BY city",
+        "SELECT max(x) FROM (SELECT x FROM p WHERE region = 'a') t",
+    ] {
+        let want = local.query(sql).await.expect_err(sql).to_string();
+        let got = remote.query(sql).await.expect_err(sql).to_string();
+        assert_eq!(got, want, "{sql}");
+    }
+    assert_eq!((f.spent("p"), f.spent("u")), spent, "refusals are free");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_refusals_never_reach_the_cluster_and_a_lost_cluster_keeps_the_charge() {
+    let f = fixture("cluster-faults").await;
+    // No scheduler at all: refused while planning, nothing charged.
+    let nowhere = f.session(NoiseSource::Os, 4, Some(format!("df://127.0.0.1:{}", free_port()))).await;
+    let err = nowhere.query(&queries()[0]).await.unwrap_err().to_string();
+    assert!(err.contains("is unreachable") && err.contains("nothing was charged"), "{err}");
+    assert_eq!(f.spent("p"), Budget::default());
+
+    let cluster = Cluster::start(2);
+    // Ballista waits for lost executors to come back; the job timeout ends the wait.
+    let remote = f.session(NoiseSource::Os, 4, Some(format!("{}?job_timeout=15", cluster.url()))).await;
+    // Stopped executors cannot answer: whatever comes back now was decided on the client.
+    signal_executors(&cluster, libc::SIGSTOP);
+    let over = "SELECT private_kde(x, 0.05, 5000, 1e-6, points => 64) AS kde FROM p";
+    let refused = tokio::time::timeout(Duration::from_secs(20), remote.query(over)).await.expect("refused at once");
+    let err = refused.unwrap_err().to_string();
+    assert!(err.contains("budget"), "{err}");
+    assert_eq!(f.spent("p"), Budget::default(), "a refusal costs nothing");
+
+    // A query debited, then its executors lost: it fails with the withheld error, the budget
+    // stays spent, nothing is released.
+    let releases = f.admin.stored_releases(Some("p")).unwrap().len();
+    let task = {
+        let sql = queries()[0].clone();
+        tokio::spawn(async move { remote.query(&sql).await })
+    };
+    let start = Instant::now();
+    while f.spent("p") == Budget::default() {
+        assert!(start.elapsed() < Duration::from_secs(20), "the query was never debited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal_executors(&cluster, libc::SIGKILL);
+    let outcome = tokio::time::timeout(Duration::from_secs(120), task).await.expect("the query ends").unwrap();
+    let err = outcome.unwrap_err().to_string();
+    assert!(err.contains("details are withheld") && err.contains("was spent"), "{err}");
+    assert_eq!(f.spent("p"), Budget::charge(0.5, 1e-6).unwrap(), "charged once, not refunded");
+    assert_eq!(f.admin.stored_releases(Some("p")).unwrap().len(), releases, "nothing released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_lost_mid_query_is_replaced_by_the_other_one_charge_one_release() {
+    let f = fixture("cluster-failover").await;
+    let cluster = Cluster::start(2);
+    let local = f.session(NoiseSource::Off, 3, None).await;
+    let remote = f.session(NoiseSource::Off, 4, Some(cluster.url())).await;
+    let want = local.query(&queries()[2]).await.unwrap();
+    let spent = f.spent("p");
+    // Both executors frozen, the query debited and its tasks handed out; then one executor
+    // dies and the other wakes up: the scheduler gives the lost tasks to the survivor.
+    signal_executors(&cluster, libc::SIGSTOP);
+    let task = {
+        let sql = queries()[2].clone();
+        tokio::spawn(async move { remote.query(&sql).await })
+    };
+    let start = Instant::now();
+    while f.spent("p") == spent {
+        assert!(start.elapsed() < Duration::from_secs(20), "the query was never debited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // SAFETY: kill(2) on children we started and have not reaped.
+    unsafe {
+        assert_eq!(libc::kill(cluster.executors[0].id() as i32, libc::SIGKILL), 0);
+        assert_eq!(libc::kill(cluster.executors[1].id() as i32, libc::SIGCONT), 0);
+    }
+    let got = tokio::time::timeout(Duration::from_secs(120), task).await.expect("the query ends").unwrap().unwrap();
+    assert_same(&got, &want, "after failover");
+    let cost = f.spent("p").checked_sub(&spent).unwrap();
+    assert_eq!(cost, Budget::charge(0.5, 1e-6).unwrap(), "charged once");
+}

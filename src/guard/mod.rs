@@ -355,7 +355,12 @@ impl QueryPlanner for PrivacyPlanner {
                         stage.physical = Some(crate::cluster::distribute(p, cluster)?);
                     }
                 }
-                crate::cluster::distribute(physical, cluster)?
+                let physical = crate::cluster::distribute(physical, cluster)?;
+                let stage_uses = stages.iter().any(|s| s.physical.as_ref().is_some_and(crate::cluster::uses_cluster));
+                if stage_uses || crate::cluster::uses_cluster(&physical) {
+                    cluster.check_reachable().await?;
+                }
+                physical
             }
             None => physical,
         };
