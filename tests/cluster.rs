@@ -365,3 +365,49 @@ async fn an_executor_lost_mid_query_is_replaced_by_the_other_one_charge_one_rele
     let cost = f.spent("p").checked_sub(&spent).unwrap();
     assert_eq!(cost, Budget::charge(0.5, 1e-6).unwrap(), "charged once");
 }
+
+/// `dpcurve sql --cluster` and `dpcurve serve --cluster`, as a user runs them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_and_the_flight_server_run_on_the_cluster() {
+    let f = fixture("cluster-cli").await;
+    let cluster = Cluster::start(2);
+    let catalog = f.dir.str("catalog.db");
+    let bin = env!("CARGO_BIN_EXE_dpcurve");
+    let out = Command::new(bin)
+        .args(["sql", "--catalog", &catalog, "--cluster", &cluster.url(), "--plot", "-c", &queries()[0]])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("density") && stdout.lines().count() > 20, "a table and a plot: {stdout}");
+    assert_eq!(f.spent("p"), Budget::charge(0.5, 1e-6).unwrap());
+    // A malformed address is refused before anything runs.
+    let out = Command::new(bin)
+        .args(["sql", "--catalog", &catalog, "--cluster", "http://h:1", "-c", "SELECT 1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("df://HOST:PORT"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The Flight SQL server with a cluster behind it: an analyst's release, charged on the
+    // table and on the analyst's share.
+    let token = f.admin.add_analyst("alice").unwrap();
+    f.admin.grant("alice", "p", 10.0, 1e-3).unwrap();
+    let server = common::Server::start(&f.dir.path("catalog.db"), &["--cluster", &cluster.url()]);
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
+    let mut client = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+    client.set_token(token);
+    let info = client.execute(queries()[1].clone(), None).await.unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let batches: Vec<RecordBatch> =
+        futures::TryStreamExt::try_collect(client.do_get(ticket).await.unwrap()).await.unwrap();
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    assert_eq!(f.spent("p"), Budget::charge(1.0, 2e-6).unwrap());
+    let alice = f.admin.analysts().unwrap().into_iter().find(|a| a.name == "alice").unwrap();
+    assert_eq!(alice.grants[0].spent, Budget::charge(0.5, 1e-6).unwrap(), "the analyst's share is charged too");
+}
