@@ -8,8 +8,9 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use common::cluster::{Cluster, free_port};
+
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,79 +23,6 @@ use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
-
-/// A free TCP port on 127.0.0.1 (released before use: a tiny race, fine on a test machine).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn wait_for_port(port: u16, what: &str) {
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(30), "{what} did not start listening on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A loopback cluster: one scheduler and `executors` executors, killed when dropped.
-struct Cluster {
-    scheduler: Child,
-    executors: Vec<Child>,
-    port: u16,
-    _work: TempDir,
-}
-
-impl Cluster {
-    fn start(executors: usize) -> Cluster {
-        let work = TempDir::new("cluster-work");
-        let port = free_port();
-        let bin = env!("CARGO_BIN_EXE_dpcurve");
-        let scheduler = Command::new(bin)
-            .args(["scheduler", "--listen", &format!("127.0.0.1:{port}"), "--executor-timeout", "5"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_for_port(port, "the scheduler");
-        let mut cluster = Cluster { scheduler, executors: Vec::new(), port, _work: work };
-        for i in 0..executors {
-            let (flight, grpc) = (free_port(), free_port());
-            let dir = cluster._work.path(&format!("executor-{i}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let child = Command::new(bin)
-                .args(["executor", "--scheduler", &format!("127.0.0.1:{port}")])
-                .args(["--port", &flight.to_string(), "--grpc-port", &grpc.to_string()])
-                .args(["--concurrent-tasks", "2", "--heartbeat", "1", "--work-dir", &dir.to_string_lossy()])
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap();
-            wait_for_port(flight, "an executor");
-            cluster.executors.push(child);
-        }
-        // Registration follows the first heartbeat (1 s).
-        std::thread::sleep(Duration::from_millis(1500));
-        cluster
-    }
-
-    fn url(&self) -> String {
-        format!("df://127.0.0.1:{}", self.port)
-    }
-
-    fn kill_executors(&mut self) {
-        for e in &mut self.executors {
-            let _ = e.kill();
-            let _ = e.wait();
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.kill_executors();
-        let _ = self.scheduler.kill();
-        let _ = self.scheduler.wait();
-    }
-}
 
 /// Four files of 1 500 rows: region a/b/c/z (z undeclared), city (3 big, many tiny), person
 /// (the unit of table `u`: 1–6 rows each), x in [0, 1], a curve of 8 points.
@@ -136,7 +64,8 @@ struct Fixture {
     admin: Admin,
 }
 
-/// `p` (the row is the unit) and `u` (the same files, `person` the unit: 3 rows, 2 groups).
+/// `p` (the row is the unit), `u` (`person` the unit: 3 rows, 2 groups), both private, and the
+/// public `open`, each over its own copy of the files.
 async fn fixture(tag: &str) -> Fixture {
     let dir = TempDir::new(tag);
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
@@ -148,6 +77,8 @@ async fn fixture(tag: &str) -> Fixture {
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
     }
     admin.set_privacy_unit("u", "person", 3, 2).await.unwrap();
+    write_table(&dir.path("public"));
+    admin.register("open", &dir.str("public")).await.unwrap();
     Fixture { dir, admin }
 }
 
@@ -175,6 +106,11 @@ fn queries() -> Vec<String> {
         format!("SELECT region, {KDE} AS kde FROM u GROUP BY region ORDER BY region"),
         "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian', \
          select_epsilon => 1, select_delta => 1e-6) AS kde FROM p GROUP BY city ORDER BY city"
+            .into(),
+        // A public table's aggregates are split the same way (exact ones: a float sum would depend
+        // on the partitioning, as it does in a single process).
+        "SELECT region, count(*) AS n, min(x) AS lo, max(person) AS hi FROM open \
+         GROUP BY region ORDER BY region"
             .into(),
     ]
 }

@@ -465,6 +465,30 @@ async fn killing_the_server_mid_query_loses_no_charge() {
     assert!(e.contains("exhausted"), "{e}");
 }
 
+/// A client that goes away in the middle of a large result must not take the server with it:
+/// the server's next write to the closed connection (a vectored write, which raises SIGPIPE)
+/// is an error on that connection only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_vanishing_mid_stream_does_not_end_the_server() {
+    let f = fixture("flight-vanish").await;
+    let big: Vec<Option<f64>> = (0..3_000_000).map(|i| Some(i as f64)).collect();
+    write_x(&f.dir.path("big.parquet"), &big);
+    Admin::open(&f.catalog).unwrap().register("big", &f.dir.str("big.parquet")).await.unwrap();
+    let mut server = Server::start(&f.catalog, &[]);
+    for _ in 0..3 {
+        let mut c = client(&server.addr, Some(&f.carol)).await;
+        let info = c.execute("SELECT x FROM big".into(), None).await.unwrap();
+        let mut stream = c.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap();
+        assert!(stream.try_next().await.unwrap().unwrap().num_rows() > 0);
+        drop(stream);
+        drop(c); // the connection closes with most of the result unsent
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(server.child.try_wait().unwrap().is_none(), "the server ended: {:?}", server.child.try_wait());
+    let mut c = client(&server.addr, Some(&f.carol)).await;
+    assert!(run(&mut c, "SELECT count(*) FROM public_x").await.is_ok(), "the server still answers");
+}
+
 /// More concurrent queries of one analyst than the server allows are refused at once, before
 /// anything is planned or charged; other analysts are not affected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

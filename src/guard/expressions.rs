@@ -225,6 +225,7 @@ impl TotalIntDiv {
         Self { modulo, signature: Signature::any(2, Volatility::Immutable) }
     }
 
+    #[cfg(feature = "cluster")]
     /// Whether this is the remainder.
     pub(crate) fn is_modulo(&self) -> bool {
         self.modulo

@@ -249,6 +249,7 @@ impl SelectedFilter {
         Self { signature: Signature::variadic_any(Volatility::Volatile), keys }
     }
 
+    #[cfg(feature = "cluster")]
     /// The keys selected so far (None: the selection has not run), to ship the filter to a
     /// cluster's executors after the client's gate selected them.
     pub(crate) fn selected(&self) -> Result<Option<Vec<Vec<u8>>>> {
@@ -260,6 +261,7 @@ impl SelectedFilter {
         }))
     }
 
+    #[cfg(feature = "cluster")]
     /// A filter holding `selected` (the copy decoded on an executor).
     pub(crate) fn holding(selected: Option<Vec<Vec<u8>>>) -> Self {
         let keys = SelectedKeys { keys: Mutex::new(selected.map(|k| k.into_iter().collect())) };

@@ -245,6 +245,7 @@ impl SampleOrder {
         Ok(Self::with_key(key))
     }
 
+    #[cfg(feature = "cluster")]
     /// The key (to ship the order to a cluster's executors, which read the unit's rows).
     pub(crate) fn key(&self) -> (u64, u64) {
         self.key

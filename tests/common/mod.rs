@@ -11,6 +11,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::ArrowWriter;
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
+
 /// A fresh directory under the system temp dir, removed when dropped.
 pub struct TempDir(pub PathBuf);
 
