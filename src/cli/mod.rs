@@ -63,9 +63,12 @@ USAGE:
       files — at the paths the catalog gives — and computes exact partial
       statistics; it never draws noise and never opens the catalog.
 
-      sql/serve --cluster df://HOST:PORT   cluster mode: the partial phase of
-      every aggregate runs on the cluster; the guard, the ledger and every
-      release (the noise) stay in the sql/serve process.
+      sql/serve --cluster df://HOST:PORT[?job_timeout=SECS]   cluster mode:
+      the partial phase of every aggregate over files runs on the cluster
+      (one task per partition: set --partitions to the cluster's task
+      slots); the guard, the ledger and every release (the noise) stay in
+      the sql/serve process. A job unfinished after SECS (default 3600)
+      fails the query. Needs a build with the cargo feature 'cluster'.
 
   dpcurve admin --catalog PATH COMMAND
       Data owner's commands (the catalog file is created if missing):
