@@ -44,8 +44,8 @@ pub struct SessionOptions {
     /// Allow DDL (CREATE EXTERNAL TABLE, CREATE VIEW …), DML and SET statements. Always
     /// off in analyst sessions.
     pub allow_statements: bool,
-    /// Cluster mode (issue 15): `df://HOST:PORT` of a Ballista scheduler running dpcurve's
-    /// executors (`dpcurve scheduler`, `dpcurve executor`). Partial aggregation runs there; the
+    /// Cluster mode (issue 15): `df://HOST:PORT[?job_timeout=SECS]` of a Ballista scheduler
+    /// running dpcurve's executors (`dpcurve scheduler`, `dpcurve executor`). Partial aggregation runs there; the
     /// guard, the ledger and every release stay in this process. Needs the `cluster` feature.
     pub cluster: Option<String>,
 }
