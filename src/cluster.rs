@@ -133,23 +133,20 @@ impl Cluster {
 
 /// Whether a plan sends work to a cluster.
 pub fn uses_cluster(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    let mut found = false;
-    let _ = plan.apply(|node| {
-        found |= node.name() == "ClusterExec";
-        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
-    });
-    found
+    contains(plan, "ClusterExec")
 }
 
 /// Whether the subtree reads any file (a scan of a table).
 fn reads_files(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    contains(plan, "DataSourceExec")
+}
+
+/// Whether a node named `name` is in the subtree.
+fn contains(plan: &Arc<dyn ExecutionPlan>, name: &str) -> bool {
     let mut found = false;
     let _ = plan.apply(|node| {
-        if node.name() == "DataSourceExec" {
-            found = true;
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
+        found = node.name() == name;
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
     });
     found
 }
