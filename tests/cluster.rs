@@ -317,6 +317,25 @@ async fn the_cli_and_the_flight_server_run_on_the_cluster() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("density") && stdout.lines().count() > 20, "a table and a plot: {stdout}");
     assert_eq!(f.spent("p"), Budget::charge(0.5, 1e-6).unwrap());
+    // `… | head`: the reader of the output has gone before anything is written (its end of the
+    // pipe is closed before the process starts). Cluster clients ignore SIGPIPE, so the write
+    // fails: the process must end quietly with a SIGPIPE-like status, in every format, not
+    // with an error message or a panic. The release was made, and paid.
+    for format in [&["--plot"][..], &["--format", "csv"], &["--format", "json"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(bin)
+            .args(["sql", "--catalog", &catalog, "--cluster", &cluster.url(), "-c", &queries()[0]])
+            .args(format)
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), stderr.as_ref()), (Some(141), ""), "{format:?}");
+    }
+    let one = Budget::charge(0.5, 1e-6).unwrap();
+    let four = (0..3).fold(one, |b, _| b.checked_add(&one).unwrap());
+    assert_eq!(f.spent("p"), four, "the closed-pipe releases were paid");
     // A malformed address is refused before anything runs.
     let out = Command::new(bin)
         .args(["sql", "--catalog", &catalog, "--cluster", "http://h:1", "-c", "SELECT 1"])
@@ -343,7 +362,7 @@ async fn the_cli_and_the_flight_server_run_on_the_cluster() {
     let batches: Vec<RecordBatch> =
         futures::TryStreamExt::try_collect(client.do_get(ticket).await.unwrap()).await.unwrap();
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
-    assert_eq!(f.spent("p"), Budget::charge(1.0, 2e-6).unwrap());
+    assert_eq!(f.spent("p"), four.checked_add(&one).unwrap());
     let alice = f.admin.analysts().unwrap().into_iter().find(|a| a.name == "alice").unwrap();
     assert_eq!(alice.grants[0].spent, Budget::charge(0.5, 1e-6).unwrap(), "the analyst's share is charged too");
 }

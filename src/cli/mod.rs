@@ -197,10 +197,54 @@ pub async fn main(args: Vec<String>) -> i32 {
     };
     match result {
         Ok(()) => 0,
+        // The reader of our output left (`… | head`): end quietly, with the status a process
+        // ended by SIGPIPE reports (networked commands ignore that signal; see main.rs).
+        Err(e) if OutputClosed::is(&e) => 141,
         Err(e) => {
             eprintln!("error: {e}");
             1
         }
+    }
+}
+
+/// Standard output was closed by its reader while results were being written.
+#[derive(Debug)]
+struct OutputClosed;
+
+impl std::fmt::Display for OutputClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed")
+    }
+}
+
+impl std::error::Error for OutputClosed {}
+
+impl OutputClosed {
+    /// Turns a broken pipe on standard output into `OutputClosed`.
+    fn wrap(e: std::io::Error) -> datafusion::common::DataFusionError {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            datafusion::common::DataFusionError::External(Box::new(OutputClosed))
+        } else {
+            e.into()
+        }
+    }
+
+    /// The same for an error of the formatters (the JSON writer reports Arrow's I/O errors).
+    fn recognise(e: datafusion::common::DataFusionError) -> datafusion::common::DataFusionError {
+        use datafusion::arrow::error::ArrowError;
+        use datafusion::common::DataFusionError;
+        let broken = |io: &std::io::Error| io.kind() == std::io::ErrorKind::BrokenPipe;
+        match &e {
+            DataFusionError::IoError(io) if broken(io) => DataFusionError::External(Box::new(OutputClosed)),
+            DataFusionError::ArrowError(a, _) if matches!(&**a, ArrowError::IoError(_, io) if broken(io)) => {
+                DataFusionError::External(Box::new(OutputClosed))
+            }
+            _ => e,
+        }
+    }
+
+    fn is(e: &datafusion::common::DataFusionError) -> bool {
+        matches!(e, datafusion::common::DataFusionError::External(b) if b.is::<OutputClosed>())
     }
 }
 
@@ -334,11 +378,14 @@ async fn run_serve(opts: crate::server::ServeOptions) -> Result<()> {
         {
             let _ = ctrl_c.await;
         }
-        eprintln!("dpcurve: shutting down (finishing the queries in flight)");
+        // (Not eprintln!/println!: they panic when the stream is closed, and a server whose
+        // output nobody reads must serve on.)
+        let _ = writeln!(std::io::stderr(), "dpcurve: shutting down (finishing the queries in flight)");
     };
     crate::server::serve(opts, shutdown, |addr| {
-        println!("dpcurve: serving Flight SQL on {scheme}://{addr} (catalog {catalog})");
-        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "dpcurve: serving Flight SQL on {scheme}://{addr} (catalog {catalog})");
+        let _ = out.flush();
     })
     .await
     .map_err(datafusion::common::DataFusionError::Plan)
@@ -360,18 +407,19 @@ impl Printer {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
         for r in results {
-            format::write_output(&mut out, r, self.format)?;
+            format::write_output(&mut out, r, self.format).map_err(OutputClosed::recognise)?;
             if self.plot {
                 for c in plot::curves(r) {
-                    writeln!(out, "\n{}", c.name)?;
-                    write!(out, "{}", plot::terminal(std::slice::from_ref(&c), 72, 16))?;
+                    writeln!(out, "\n{}", c.name).map_err(OutputClosed::wrap)?;
+                    write!(out, "{}", plot::terminal(std::slice::from_ref(&c), 72, 16)).map_err(OutputClosed::wrap)?;
                 }
                 for m in heatmap::surfaces(r) {
-                    writeln!(out, "\n{}", m.name)?;
-                    write!(out, "{}", heatmap::terminal(&m, 64, 24))?;
+                    writeln!(out, "\n{}", m.name).map_err(OutputClosed::wrap)?;
+                    write!(out, "{}", heatmap::terminal(&m, 64, 24)).map_err(OutputClosed::wrap)?;
                 }
             }
         }
+        out.flush().map_err(OutputClosed::wrap)?;
         if let (Some(path), Some(last)) = (&self.svg, results.last()) {
             let (curves, surfaces) = (plot::curves(last), heatmap::surfaces(last));
             if !curves.is_empty() {
