@@ -222,11 +222,7 @@ impl std::error::Error for OutputClosed {}
 impl OutputClosed {
     /// Turns a broken pipe on standard output into `OutputClosed`.
     fn wrap(e: std::io::Error) -> datafusion::common::DataFusionError {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            datafusion::common::DataFusionError::External(Box::new(OutputClosed))
-        } else {
-            e.into()
-        }
+        Self::recognise(e.into())
     }
 
     /// The same for an error of the formatters (the JSON writer reports Arrow's I/O errors).
@@ -478,16 +474,20 @@ async fn run_sql(args: SqlArgs) -> Result<()> {
 /// and the prompt continues. `\q`, `quit` or end of input leaves.
 async fn repl(session: &AnySession, printer: &Printer) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
+    // (Not println!/print!: they panic when the reader of the output has gone.)
+    let mut out = std::io::stdout();
     if interactive {
-        println!("dpcurve {} — end statements with ';', \\q to quit", env!("CARGO_PKG_VERSION"));
+        writeln!(out, "dpcurve {} — end statements with ';', \\q to quit", env!("CARGO_PKG_VERSION"))
+            .map_err(OutputClosed::wrap)?;
     }
     let mut buffer = String::new();
     let mut failed = false;
     let stdin = std::io::stdin();
     loop {
         if interactive {
-            print!("{}", if buffer.is_empty() { "dpcurve> " } else { "     ..> " });
-            std::io::stdout().flush()?;
+            write!(out, "{}", if buffer.is_empty() { "dpcurve> " } else { "     ..> " })
+                .and_then(|()| out.flush())
+                .map_err(OutputClosed::wrap)?;
         }
         let mut line = String::new();
         if stdin.lock().read_line(&mut line)? == 0 {
