@@ -19,6 +19,7 @@ pub mod policy;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod session;
+pub mod statements;
 
 pub use mechanism::NoiseSource;
 pub use session::{Admin, AnalystSession, DpSession, QueryOutput, SessionOptions};

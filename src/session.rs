@@ -23,10 +23,8 @@ use datafusion::logical_expr::LogicalPlan;
 #[cfg(feature = "test-hooks")]
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::ParquetReadOptions;
-use datafusion::sql::parser::DFParser;
-use datafusion::sql::sqlparser::dialect::GenericDialect;
 
-use crate::functions::{Permits, all_params, named_args, private_udafs};
+use crate::functions::{Permits, private_udafs};
 use crate::guard::{PrivacyPlanner, QueryText};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
@@ -123,11 +121,7 @@ impl Engine {
     /// Parses all statements, then plans and runs them in order (in analyst sessions: plans
     /// all of them before running the first).
     async fn run(&self, sql: &str) -> Result<Vec<QueryOutput>> {
-        let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
-        let params = all_params();
-        for stmt in statements.iter_mut() {
-            named_args::normalize_statement(stmt, &params)?;
-        }
+        let statements = crate::statements::parse(sql)?;
         let mut out = Vec::with_capacity(statements.len());
         if self.queries_only {
             // Analyst sessions (queries only): plan every statement — guard and pricing
@@ -180,12 +174,11 @@ impl Engine {
 
     #[cfg(feature = "test-hooks")]
     async fn physical_plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
-        let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        let mut statements = crate::statements::parse(sql)?;
         if statements.len() != 1 {
             return datafusion::common::plan_err!("expected exactly one SQL statement, got {}", statements.len());
         }
-        let mut stmt = statements.pop_front().expect("one statement");
-        named_args::normalize_statement(&mut stmt, &all_params())?;
+        let stmt = statements.pop_front().expect("one statement");
         let (plan, state) = self.plan(stmt).await?;
         state.create_physical_plan(&plan).await
     }
@@ -334,12 +327,11 @@ impl AnalystSession {
     /// run by [`AnalystSession::execute`], through its budget gate (servers plan at
     /// GetFlightInfo and run at DoGet).
     pub async fn plan(&self, sql: &str) -> Result<PlannedQuery> {
-        let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        let mut statements = crate::statements::parse(sql)?;
         if statements.len() != 1 {
             return datafusion::common::plan_err!("expected exactly one SQL statement, got {}", statements.len());
         }
-        let mut stmt = statements.pop_front().expect("one statement");
-        named_args::normalize_statement(&mut stmt, &all_params())?;
+        let stmt = statements.pop_front().expect("one statement");
         let (plan, state) = self.engine.plan(stmt).await?;
         let df = DataFrame::new(state, plan);
         let task = Arc::new(df.task_ctx());

@@ -151,6 +151,33 @@ fn bad_usage_and_query_errors_have_exit_codes() {
     assert!(out.contains("dpcurve demo"));
 }
 
+/// A statement whose expressions nest 10⁵ deep (`1 + 1 + …`, an OR chain in a WHERE, a `||`
+/// chain, UNIONs) is refused with a planning error and exit status 1 — it used to overflow the
+/// stack and abort the process (status 134) before the guard saw it.
+#[test]
+fn deeply_nested_statements_are_refused_not_a_crash() {
+    let dir = TempDir::new("cli-deep");
+    let t = data(&dir);
+    let n = 100_000;
+    for sql in [
+        format!("SELECT {}", vec!["1"; n].join(" + ")),
+        format!("SELECT count(*) FROM t WHERE {}", vec!["x = 1"; n].join(" OR ")),
+        format!("SELECT {}", vec!["'a'"; n].join(" || ")),
+        vec!["SELECT 1"; n].join(" UNION ALL "),
+    ] {
+        // 0.4–0.9 MB: more than one command-line argument may hold, so from a file.
+        let file = dir.path("deep.sql");
+        std::fs::write(&file, &sql).unwrap();
+        let (code, _, err) = dpcurve(&["sql", "--table", &t, "-f", &file.to_string_lossy()], None);
+        assert_eq!(code, 1, "{}: {err}", &sql[..40]);
+        assert!(err.contains("nest deeper than 256"), "{err}");
+    }
+    // Ordinary depth still runs.
+    let (code, out, err) = dpcurve(&["sql", "-c", &format!("SELECT {} AS s", vec!["1"; 200].join(" + "))], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("200"), "{out}");
+}
+
 #[test]
 fn demo_writes_data_and_image_and_draws_both_curves() {
     let dir = TempDir::new("cli-demo");

@@ -183,6 +183,72 @@ async fn aliases_of_a_private_file_are_refused_at_registration() {
     f.admin.register("other", &f.dir.str("other.parquet")).await.unwrap();
 }
 
+/// A location is the set of files DataFusion lists for it: glob syntax in a path (`*`, `?`,
+/// `[`) would list other files than the one of that name — a public `p*.parquet` beside the
+/// private `p.parquet` read her rows raw — so it is refused at registration, and a catalog that
+/// holds one (written by an older dpcurve) opens no analyst session.
+#[tokio::test]
+async fn file_patterns_never_alias_a_private_file() {
+    let f = fixture("glob", (1.0, 1e-5)).await;
+    // Files literally named like patterns exist, so the paths canonicalise.
+    write_x(&f.dir.path("p*.parquet"), &[Some(0.5)]);
+    write_x(&f.dir.path("q1.parquet"), &[Some(0.5)]);
+    write_x(&f.dir.path("q[1].parquet"), &[Some(0.5)]);
+    write_x(&f.dir.path("p?.parquet"), &[Some(0.5)]);
+    for (name, file) in [("pg", "p*.parquet"), ("qb", "q[1].parquet"), ("pq", "p?.parquet")] {
+        let err = f.admin.register(name, &f.dir.str(file)).await.unwrap_err().to_string();
+        assert!(err.contains("not a plain path"), "{file}: {err}");
+    }
+    // A pattern location already in an (older) catalog: no session opens, and it cannot go private.
+    f.admin.register("q1", &f.dir.str("q1.parquet")).await.unwrap();
+    let conn = set_location_behind_the_catalog(&f.dir.path("catalog.db"), "q1", &f.dir.str("q[1].parquet"));
+    assert!(conn, "the catalog was edited");
+    let err = f.admin.make_private("q1", 1.0, 0.0).unwrap_err().to_string();
+    assert!(err.contains("not a plain path"), "{err}");
+    let Err(err) = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await else {
+        panic!("a session opened over a pattern location");
+    };
+    assert!(err.to_string().contains("file pattern or URL"), "{err}");
+}
+
+/// Rewrites a table's stored location behind the catalog's back, as an older dpcurve could
+/// have stored it; returns whether the row changed.
+fn set_location_behind_the_catalog(db: &std::path::Path, table: &str, location: &str) -> bool {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute("UPDATE tables SET location = ?1 WHERE name = ?2", [location, table]).unwrap() == 1
+}
+
+/// Two textually identical calls in one SELECT are one call: one release (both fields come
+/// from it), one charge.
+#[tokio::test]
+async fn identical_calls_in_one_select_are_one_release_and_one_charge() {
+    let f = fixture("twin", (10.0, 1e-4)).await;
+    let s = f.analyst().await;
+    // Positional, named, and with the grid from the policy's bounds (the guard fills them in).
+    let named = "private_kde(x, bandwidth => 0.05, epsilon => 0.1, delta => 1e-6, points => 64)";
+    for sql in [
+        format!("SELECT {KDE}['mass'] AS a, {KDE}['density'] AS b FROM p"),
+        format!("SELECT {KDE}['release'] AS a, {KDE}['release'] AS b FROM p"),
+        format!("SELECT {named}['mass'] AS a, {named}['density'] AS b FROM p"),
+        format!("SELECT {named}['mass'], {named}['density'] FROM p"),
+    ] {
+        let call = if sql.contains("bandwidth =>") { named.to_string() } else { KDE.to_string() };
+        let before = f.spent("p");
+        s.query(&format!("SELECT {call} FROM p")).await.unwrap();
+        let single = f.spent("p").checked_sub(&before).unwrap();
+        let before = f.spent("p");
+        let b = s.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+        let paid = f.spent("p").checked_sub(&before).unwrap();
+        assert_eq!(paid, single, "{sql}: one charge, as for one call");
+    }
+    assert_eq!(f.releases(), 8, "one ledger entry per statement");
+    assert_eq!(f.admin.stored_releases(None).unwrap().len(), 8, "one stored release per statement");
+    let b = s.query(&format!("SELECT {KDE}['release'] AS a, {KDE}['release'] AS b FROM p")).await.unwrap();
+    let (a, c) = (b[0].column(0).as_string::<i32>().value(0), b[0].column(1).as_string::<i32>().value(0));
+    assert_eq!(a, c, "both fields are the same release");
+}
+
 #[tokio::test]
 async fn reading_a_private_file_by_path_is_refused() {
     let f = fixture("path", (1.0, 1e-5)).await;

@@ -19,8 +19,9 @@ use crate::mechanism::stored::Recipe;
 
 /// Where paid releases are kept (the catalog, in catalog sessions; issue 12).
 pub trait ReleaseStore: Send + Sync + std::fmt::Debug {
-    /// Keeps `recipe` under the ledger entry `charge` of `table`; returns the release's id.
-    fn store(&self, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String>;
+    /// Keeps `recipe` under the ledger entry `charge` of `table`, at the reserved id `id`;
+    /// returns the release's id.
+    fn store(&self, id: i64, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String>;
 }
 
 /// What one private call is charged: the gate matches it with the ledger entry it debits.
@@ -34,8 +35,9 @@ pub struct SlotCharge {
     pub cost: Budget,
 }
 
-/// Where the releases of one paid execution go: the store and the ledger entry.
-type Ticket = (Arc<dyn ReleaseStore>, i64);
+/// Where the releases of one paid execution go: the store, the ledger entry, and the first of
+/// the release ids reserved for this call in this execution.
+type Ticket = (Arc<dyn ReleaseStore>, i64, i64);
 
 /// One private call's permits: granted by the gate, taken by the release.
 #[derive(Debug)]
@@ -53,6 +55,11 @@ pub struct PermitSlot {
     charge: OnceLock<SlotCharge>,
     /// Where this execution's releases are kept (set by the gate after the debit).
     ticket: Mutex<Option<Ticket>>,
+    /// Releases kept in this execution: the next one gets the reserved id `first + kept`.
+    kept: AtomicU64,
+    /// The keys a partition selection chose in this execution (Arrow row encoding), sorted:
+    /// the canonical order of the call's groups.
+    selected: Mutex<Option<Arc<Vec<Vec<u8>>>>>,
 }
 
 impl PermitSlot {
@@ -84,6 +91,8 @@ impl PermitSlot {
             replace: false,
             charge: OnceLock::new(),
             ticket: Mutex::new(None),
+            kept: AtomicU64::new(0),
+            selected: Mutex::new(None),
         })
     }
 
@@ -97,9 +106,27 @@ impl PermitSlot {
         self.charge.get()
     }
 
-    /// Where the releases of the execution just paid are kept (the gate, after the debit).
-    pub fn set_ticket(&self, store: Arc<dyn ReleaseStore>, charge_id: i64) {
-        *self.ticket.lock().expect("ticket lock") = Some((store, charge_id));
+    /// Where the releases of the execution just paid are kept (the gate, after the debit), and
+    /// the first of the [`PermitSlot::per_execution`] release ids reserved for them.
+    pub fn set_ticket(&self, store: Arc<dyn ReleaseStore>, charge_id: i64, first_release: i64) {
+        *self.ticket.lock().expect("ticket lock") = Some((store, charge_id, first_release));
+        self.kept.store(0, Ordering::SeqCst);
+    }
+
+    /// Releases one paid execution may make (the ids the gate reserves for the call).
+    pub fn per_execution(&self) -> u64 {
+        self.per_execution
+    }
+
+    /// Records the keys a partition selection chose (Arrow row encoding), sorted.
+    pub fn set_selected(&self, mut keys: Vec<Vec<u8>>) {
+        keys.sort();
+        *self.selected.lock().expect("selection lock") = Some(Arc::new(keys));
+    }
+
+    /// The keys the partition selection of this execution chose, sorted (None before it ran).
+    pub fn selected(&self) -> Option<Arc<Vec<Vec<u8>>>> {
+        self.selected.lock().expect("selection lock").clone()
     }
 
     /// One more execution is paid for (the gate, after the debit): one release per group.
@@ -168,13 +195,19 @@ impl Permits {
         let Permits::Slot(slot) = self else { return Ok(None) };
         let ticket = slot.ticket.lock().expect("ticket lock").clone();
         let Some(charge) = slot.charge() else { return Ok(None) };
-        let Some((store, charge_id)) = ticket else {
+        let Some((store, charge_id, first)) = ticket else {
             return datafusion::common::internal_err!(
                 "{function}: a priced release has no ledger entry to be kept under"
             );
         };
+        // Releases are numbered in the order the call evaluates them, which the plan fixes
+        // (groups in their canonical order), from the ids reserved for this call.
+        let index = slot.kept.fetch_add(1, Ordering::SeqCst);
+        if index >= slot.per_execution {
+            return exec_err!("{function}: more releases than this execution paid for");
+        }
         store
-            .store(charge_id, &charge.table, recipe)
+            .store(first + index as i64, charge_id, &charge.table, recipe)
             .map(Some)
             .map_err(|e| exec_datafusion_err!("{function}: the release was drawn but could not be stored: {e}"))
     }

@@ -49,8 +49,8 @@ impl crate::functions::releases::ReleaseReader for ScopedReleases {
 }
 
 impl ReleaseStore for Catalog {
-    fn store(&self, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String> {
-        self.store_release(charge, table, recipe.function(), &recipe.parameters(), &recipe.data())
+    fn store(&self, id: i64, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String> {
+        self.store_release(Some(id), charge, table, recipe.function(), &recipe.parameters(), &recipe.data())
             .map_err(|e| e.to_string())
     }
 }
@@ -185,11 +185,16 @@ impl ExecutionPlan for BudgetGateExec {
         let store = Arc::clone(&self.ledger);
         let charges_for_slots = Arc::clone(&self.charges);
         let analyst = self.analyst.clone();
+        // Every release of one execution gets an id reserved with the debit: the calls in plan
+        // order, each call's groups in their canonical order.
+        let releases: u64 = self.slots.iter().map(|s| s.per_execution()).sum();
         let debit_then_read = async move {
-            let debit = tokio::task::spawn_blocking(move || ledger.charge_as(&charges, &query, analyst.as_deref()))
-                .await
-                .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
-            let entries = debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
+            let debit = tokio::task::spawn_blocking(move || {
+                ledger.charge_reserving(&charges, &query, analyst.as_deref(), releases)
+            })
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
+            let (entries, mut first_release) = debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
             // Each call's releases are kept under the ledger entry of its charge (issue 12):
             // slots and charges are matched by (table, function, cost), each entry used once.
             let mut used = vec![false; charges_for_slots.len()];
@@ -203,7 +208,8 @@ impl ExecutionPlan for BudgetGateExec {
                     return Err(DataFusionError::Internal("a release permit has no matching charge".into()));
                 };
                 used[i] = true;
-                slot.set_ticket(Arc::clone(&store) as Arc<dyn ReleaseStore>, entries[i]);
+                slot.set_ticket(Arc::clone(&store) as Arc<dyn ReleaseStore>, entries[i], first_release);
+                first_release += slot.per_execution() as i64;
             }
             // Paid: each private call may now release once (SPEC §5.1).
             slots.iter().for_each(|s| s.grant());

@@ -3,35 +3,23 @@
 //! A private aggregate may be grouped by plain columns of its private table whose keys the
 //! data owner declared (`dpcurve admin set-keys`). The result then has exactly one row per
 //! declared key (per combination of keys, for several columns), whatever the data: rows with
-//! undeclared keys are dropped by a filter the guard adds below the aggregate, and groups no
-//! row reached are released by [`DeclaredGroupsExec`] from an empty state — noise only. The
+//! undeclared keys are dropped by a filter the guard adds below the aggregate, and every declared
+//! group — reached by rows or not (then from an empty state: noise only) — is released once, in
+//! declared order, by [`super::canonical_groups::CanonicalGroupsExec`]. The
 //! groups are disjoint, so one call costs one charge (parallel composition; the privacy unit is
 //! the row). Grouping by an expression, or with `ROLLUP`/`CUBE`/`GROUPING SETS`, is refused
 //! (`no-group-by`); columns without declared keys group only through a paid partition selection
 //! ([`super::selection`]).
 
-use std::collections::{BTreeMap, HashSet};
-use std::fmt;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DataFusionError, Result, ScalarValue, plan_err};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, in_list};
-use datafusion::physical_expr::EquivalenceProperties;
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
-};
-use futures::TryStreamExt;
 
 use super::bounds::trace_column;
-use crate::functions::{is_private, permits_of};
+use crate::functions::is_private;
 
 /// Declared keys per (private table, column).
 pub type KeysMap = BTreeMap<(String, String), Vec<String>>;
@@ -87,6 +75,15 @@ pub fn group_mode(agg: &Aggregate, keys: &KeysMap, table: &str) -> Result<GroupM
                     .map_err(|e| DataFusionError::Plan(format!("declared key '{v}' is not a value of {t}: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
+        // Keys are compared in the grouping expression's type: declared keys that become one
+        // value there ('01' and '1' as integers, 't' and 'true' as booleans) are one group.
+        let mut typed_unique: Vec<ScalarValue> = Vec::with_capacity(typed.len());
+        for k in typed {
+            if !typed_unique.contains(&k) {
+                typed_unique.push(k);
+            }
+        }
+        let typed = typed_unique;
         groups = groups.saturating_mul(typed.len());
         out.push(typed);
     }
@@ -159,139 +156,6 @@ pub fn filter_to_declared_keys(plan: LogicalPlan, keys: &KeysMap) -> Result<Logi
         super::with_input(agg, input)
     })
     .map(|t| t.data)
-}
-
-/// Wraps every final grouped private aggregate of `plan` in a [`DeclaredGroupsExec`] that adds
-/// the declared groups no row reached.
-pub fn complete_declared_groups(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| {
-        let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
-        if matches!(agg.mode(), AggregateMode::Partial) || agg.group_expr().is_empty() {
-            return Ok(Transformed::no(node));
-        }
-        let groups = agg.aggr_expr().iter().find_map(|e| permits_of(e.fun()).and_then(|p| p.groups()));
-        match groups {
-            Some(groups) => Ok(Transformed::yes(Arc::new(DeclaredGroupsExec::new(Arc::clone(&node), groups)))),
-            None => Ok(Transformed::no(node)),
-        }
-    })
-    .map(|t| t.data)
-}
-
-/// Passes a grouped aggregate's rows through, then releases every declared group it did not
-/// output from an empty accumulator (noise only), so the output has one row per declared group.
-#[derive(Debug)]
-pub struct DeclaredGroupsExec {
-    input: Arc<dyn ExecutionPlan>,
-    groups: Arc<Vec<Vec<ScalarValue>>>,
-    properties: Arc<PlanProperties>,
-}
-
-impl DeclaredGroupsExec {
-    fn new(aggregate: Arc<dyn ExecutionPlan>, groups: Arc<Vec<Vec<ScalarValue>>>) -> Self {
-        let input: Arc<dyn ExecutionPlan> = if aggregate.output_partitioning().partition_count() > 1 {
-            Arc::new(CoalescePartitionsExec::new(aggregate))
-        } else {
-            aggregate
-        };
-        Self::with_input(input, groups)
-    }
-
-    fn with_input(input: Arc<dyn ExecutionPlan>, groups: Arc<Vec<Vec<ScalarValue>>>) -> Self {
-        // One partition, and no claimed ordering: the groups added at the end break any order
-        // the aggregate had.
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
-        Self { input, groups, properties }
-    }
-
-    fn aggregate(&self) -> Result<&AggregateExec> {
-        let node =
-            if let Some(c) = self.input.downcast_ref::<CoalescePartitionsExec>() { c.input() } else { &self.input };
-        node.downcast_ref::<AggregateExec>()
-            .ok_or_else(|| DataFusionError::Internal("DeclaredGroupsExec must wrap an aggregate".into()))
-    }
-}
-
-impl DisplayAs for DeclaredGroupsExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DeclaredGroupsExec: groups={}", self.groups.len())
-    }
-}
-
-impl ExecutionPlan for DeclaredGroupsExec {
-    fn name(&self) -> &str {
-        "DeclaredGroupsExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    #[allow(deprecated)]
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = super::gate::only_child(children, "DeclaredGroupsExec")?;
-        Ok(Arc::new(Self::with_input(input, Arc::clone(&self.groups))))
-    }
-
-    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let schema = self.input.schema();
-        let stream = self.input.execute(partition, context)?;
-        let aggr = self.aggregate()?.aggr_expr().to_vec();
-        let width = self.groups.first().map_or(0, Vec::len);
-        let groups = Arc::clone(&self.groups);
-        let schema2 = Arc::clone(&schema);
-        let all = async move {
-            let batches: Vec<RecordBatch> = stream.try_collect().await?;
-            let mut seen: HashSet<Vec<ScalarValue>> = HashSet::new();
-            for b in &batches {
-                for row in 0..b.num_rows() {
-                    let key =
-                        (0..width).map(|c| ScalarValue::try_from_array(b.column(c), row)).collect::<Result<_>>()?;
-                    seen.insert(key);
-                }
-            }
-            let missing: Vec<&Vec<ScalarValue>> = groups.iter().filter(|g| !seen.contains(*g)).collect();
-            let mut out = batches;
-            if !missing.is_empty() {
-                let mut columns = Vec::with_capacity(schema2.fields().len());
-                for c in 0..width {
-                    columns.push(ScalarValue::iter_to_array(missing.iter().map(|g| g[c].clone()))?);
-                }
-                for a in &aggr {
-                    // One empty accumulator per missing group: its release is noise only, and
-                    // takes one of the call's permits like any other group.
-                    let values =
-                        missing.iter().map(|_| a.create_accumulator()?.evaluate()).collect::<Result<Vec<_>>>()?;
-                    columns.push(ScalarValue::iter_to_array(values)?);
-                }
-                // Group values may differ in nullability only; cast to the aggregate's schema.
-                let columns = columns
-                    .into_iter()
-                    .zip(schema2.fields())
-                    .map(|(c, f)| datafusion::arrow::compute::cast(&c, f.data_type()))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                out.push(RecordBatch::try_new(Arc::clone(&schema2), columns)?);
-            }
-            Ok::<_, DataFusionError>(futures::stream::iter(out.into_iter().map(Ok)))
-        };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::once(all).try_flatten())))
-    }
 }
 
 #[cfg(test)]

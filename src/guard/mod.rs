@@ -22,6 +22,7 @@ use crate::functions::{PermitSlot, Permits, PrivateCall, is_private, plan_privat
 use crate::policy::{Catalog, Charge};
 
 pub mod bounds;
+pub mod canonical_groups;
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster_udfs;
 pub mod expressions;
@@ -364,8 +365,9 @@ impl QueryPlanner for PrivacyPlanner {
             }
             None => physical,
         };
-        // Grouped private aggregates output every declared group, reached by rows or not.
-        let physical = groups::complete_declared_groups(physical)?;
+        // Grouped private aggregates release every public group once, reached by rows or not,
+        // in one canonical order (declared, or the selected keys sorted).
+        let physical = canonical_groups::canonical_final_phases(physical)?;
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);
         }

@@ -160,7 +160,11 @@ impl SelectionStage {
         kept.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         kept.truncate(self.max_groups);
         let n = kept.len();
-        self.slots.iter().for_each(|s| s.set_available(n as u64));
+        let chosen: Vec<Vec<u8>> = kept.iter().map(|(_, k)| k.clone()).collect();
+        self.slots.iter().for_each(|s| {
+            s.set_available(n as u64);
+            s.set_selected(chosen.clone());
+        });
         *self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))? =
             Some(kept.into_iter().map(|(_, k)| k).collect());
         Ok(n)

@@ -29,6 +29,10 @@ use super::samplers::{DiscreteGaussian, MAX_DG_VARIANCE_LOG2, discrete_laplace};
 pub const ROW_LIMIT: f64 = 9_007_199_254_740_992.0;
 /// Rounding slack relative to the sensitivity: `γ·√dim ≤ 2^-SLACK_BITS·Δ` where possible.
 const SLACK_BITS: i32 = 30;
+/// The lattice spacing γ = 2^-g is kept within `2^±MAX_LATTICE_LOG2`, so γ, 1/γ and a lifted
+/// coordinate scaled by 1/γ are ordinary finite doubles (no ∞, no NaN, no subnormal γ). A
+/// sensitivity that would need a finer lattice is refused at planning.
+pub const MAX_LATTICE_LOG2: i32 = 900;
 /// Relative accuracy assumed of every double-double operation (the true bound is ≈ 2^-104).
 pub const DD_OP_ERR: f64 = 7.888609052210118e-31; // 2^-100
 
@@ -54,8 +58,17 @@ fn quick_two_sum(a: f64, b: f64) -> (f64, f64) {
     (s, b - (s - a))
 }
 
+/// Above this magnitude Dekker's `(2^27 + 1)·a` would overflow: split a scaled copy (exact below
+/// `2^1023·(2 − 2^-26)`, where the 26-bit head would round past the largest double).
+const SPLIT_LIMIT: f64 = 6.69692879491417e299; // 2^996
+
 #[inline(always)]
 fn split(a: f64) -> (f64, f64) {
+    if a.abs() > SPLIT_LIMIT {
+        // Exact: scaling by a power of two loses nothing at this magnitude.
+        let (hi, lo) = split(a * 3.725290298461914e-9); // 2^-28
+        return (hi * 268_435_456.0, lo * 268_435_456.0);
+    }
     let t = 134_217_729.0 * a; // 2^27 + 1 (Dekker); no FMA on the baseline target
     let hi = t - (t - a);
     (hi, a - hi)
@@ -409,8 +422,19 @@ impl LatticeMechanism {
         if !(sensitivity.is_finite() && sensitivity > 0.0 && dim > 0 && blocks >= 1.0 && blocks < 1e15) {
             return Err(LatticeError(format!("invalid lattice mechanism: sensitivity {sensitivity}, dim {dim}")));
         }
-        let mut g = (spread / sensitivity).log2().ceil() as i32 + SLACK_BITS;
+        let g0 = (spread / sensitivity).log2().ceil() + SLACK_BITS as f64;
+        if !(g0.is_finite() && g0.abs() <= MAX_LATTICE_LOG2 as f64) {
+            return Err(LatticeError(format!(
+                "the parameters give a sensitivity of {sensitivity:e} over {dim} coordinates, outside the range the \
+                 exact lattice covers (its spacing must stay within 2^±{MAX_LATTICE_LOG2}): choose parameters that \
+                 make one row's influence less extreme (a larger clip, loss scale or smaller penalty)"
+            )));
+        }
+        let mut g = g0 as i32;
         for _ in 0..200 {
+            if g.abs() > MAX_LATTICE_LOG2 {
+                break;
+            }
             let gamma = 2f64.powi(-g);
             // Rounding moves each coordinate by at most γ/2 (+ an f64 ulp of the fraction).
             // Per block; the blocks' factor (√blocks in L2, blocks in L1) applies to the sum.
@@ -452,6 +476,9 @@ impl LatticeMechanism {
         w.iter()
             .map(|v| {
                 let v = v.scale_pow2(-self.gamma_log2);
+                // Accepted parameters keep |w|/γ finite (γ within 2^±900 and statistics bounded
+                // by public clamps); beyond i128 the cast saturates, a plain clamp (1-Lipschitz).
+                debug_assert!(v.hi.is_finite(), "a non-finite lifted coordinate reached the lattice");
                 let int = v.hi.round();
                 let frac = (v.hi - int) + v.lo;
                 (int as i128).saturating_add(frac.round() as i128)
@@ -497,6 +524,41 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand::rngs::ChaCha20Rng;
+
+    #[test]
+    fn products_of_huge_operands_stay_exact_and_finite() {
+        // Dekker's split overflowed to NaN above 1.34e300.
+        for a in [1.5e300, -1.7e308, 6.7e299, 1.79e308] {
+            let (p, e) = two_prod(a, 0.75);
+            assert!(p.is_finite() && e.is_finite(), "{a}: {p} {e}");
+            assert_eq!(p, a * 0.75);
+            let (h, l) = split(a);
+            assert_eq!(h + l, a);
+        }
+        let x = DD { hi: 1.5e300, lo: 1e284 }.mul(DD::from_f64(3.0));
+        assert!(x.hi.is_finite() && x.lo.is_finite(), "{x:?}");
+    }
+
+    #[test]
+    fn a_sensitivity_beyond_the_lattice_range_is_refused_not_released_without_noise() {
+        // 2^g used to overflow to ∞ below ≈ √dim·2^-994: lifted coordinates became 0 or ±MAX.
+        for (sensitivity, dim) in [(1e-290, 5), (1e-300, 1), (1e-262, 512), (1e290, 1)] {
+            let e = LatticeMechanism::gaussian(sensitivity, dim, 0.5).unwrap_err();
+            assert!(e.to_string().contains("outside the range the exact lattice covers"), "{e}");
+            assert!(LatticeMechanism::laplace(sensitivity, dim, 0.5).is_err());
+        }
+        // Just inside the range, the lattice is finite and a release is noisy.
+        for (sensitivity, dim) in [(1e-250, 5), (1e250, 3)] {
+            let lat = LatticeMechanism::gaussian(sensitivity, dim, 0.5).unwrap();
+            assert!(lat.gamma() > 0.0 && lat.gamma().is_finite() && (1.0 / lat.gamma()).is_finite());
+            let w = vec![DD::from_f64(sensitivity); dim];
+            let mut rng = ChaCha20Rng::seed_from_u64(3);
+            let a = lat.release(&w, Some(&mut rng));
+            let b = lat.release(&w, Some(&mut rng));
+            assert!(a.iter().all(|v| v.is_finite()));
+            assert_ne!(a, b, "noise is drawn");
+        }
+    }
 
     #[test]
     fn double_double_arithmetic_carries_104_bits() {

@@ -319,8 +319,35 @@ UPDATE meta SET value = '2' WHERE key = 'version';
 /// other (compared by path components, so `/a/b` does not hold `/a/bc`), or — walking both
 /// on disk and resolving every symbolic link — some file is reached from both (SPEC §5.2).
 pub fn locations_overlap(a: &str, b: &str) -> bool {
+    // A location DataFusion would read as a pattern may list any file: it overlaps everything.
+    if has_pattern_syntax(a) || has_pattern_syntax(b) {
+        return true;
+    }
     let (pa, pb) = (Path::new(a), Path::new(b));
     pa.starts_with(pb) || pb.starts_with(pa) || !reached_files(a).is_disjoint(&reached_files(b))
+}
+
+/// Characters that make DataFusion read a path as a glob pattern (`?`, `*`, `[`), so that it
+/// lists every file the pattern matches instead of the file of that name.
+const PATTERN_CHARS: [char; 3] = ['?', '*', '['];
+
+/// Whether `location` is not a plain path: it holds glob syntax, or it is a URL (`scheme://…`).
+pub fn has_pattern_syntax(location: &str) -> bool {
+    location.contains(PATTERN_CHARS) || location.contains("://")
+}
+
+/// Refuses a location that DataFusion would not read as exactly the file or directory of that
+/// name (SPEC §5.2): glob characters and URLs. A location is the set of files DataFusion lists
+/// for it, and only for plain paths is that the set [`reached_files`] computes.
+pub fn check_location_syntax(location: &str) -> Result<(), PolicyError> {
+    if has_pattern_syntax(location) {
+        return Err(PolicyError::Invalid(format!(
+            "location {location} is not a plain path: DataFusion reads `?`, `*` and `[` as a file pattern \
+             and `scheme://` as a URL, which can list other tables' files; rename the file or directory (or \
+             link it under a plain name) and register that"
+        )));
+    }
+    Ok(())
 }
 
 /// The identity of a file: (device, inode) on Unix — so hard links, which are the same file
@@ -370,6 +397,32 @@ pub fn reached_files(location: &str) -> BTreeSet<FileId> {
 }
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// Reserves `n` consecutive ids of `stored_releases` (moves its AUTOINCREMENT counter past
+/// them) and returns the first. Inside a write transaction, so two executions never share one.
+fn reserve_release_ids(tx: &rusqlite::Transaction<'_>, n: u64) -> Result<i64, PolicyError> {
+    let seq: i64 = tx
+        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'stored_releases'", [], |r| r.get(0))
+        .optional()
+        .map_err(storage)?
+        .unwrap_or(0);
+    let max: i64 =
+        tx.query_row("SELECT COALESCE(MAX(id), 0) FROM stored_releases", [], |r| r.get(0)).map_err(storage)?;
+    let first = seq.max(max) + 1;
+    if n == 0 {
+        return Ok(first);
+    }
+    let n = i64::try_from(n).map_err(|_| PolicyError::Invalid("too many releases in one query".into()))?;
+    let last = first + n - 1;
+    let updated = tx
+        .execute("UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'stored_releases'", [last])
+        .map_err(storage)?;
+    if updated == 0 {
+        tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('stored_releases', ?1)", [last])
+            .map_err(storage)?;
+    }
+    Ok(first)
+}
 
 impl Catalog {
     /// Opens a catalog, creating an empty one if the file does not exist (data owners).
@@ -562,6 +615,7 @@ impl Catalog {
     /// relative paths compare equal.
     pub fn register_table(&self, name: &str, location: &str) -> Result<(), PolicyError> {
         validate_name(name)?;
+        check_location_syntax(location)?;
         self.with_tx(|tx| {
             let all = Self::locations(tx)?;
             if all.iter().any(|(n, _, _)| n == name) {
@@ -599,6 +653,7 @@ impl Catalog {
             }
             let all = Self::locations(tx)?;
             let mine = all.iter().find(|(n, _, _)| n == name).map(|(_, l, _)| l.clone()).unwrap_or_default();
+            check_location_syntax(&mine)?;
             for (other, loc, _) in &all {
                 if other != name && locations_overlap(&mine, loc) {
                     return Err(PolicyError::Invalid(format!(
@@ -771,6 +826,14 @@ impl Catalog {
                 )));
             }
         }
+        for t in &tables {
+            if check_location_syntax(&t.location).is_err() {
+                return Err(PolicyError::Catalog(format!(
+                    "table '{}' has the location '{}', which DataFusion would read as a file pattern or URL                      (registered by an older dpcurve); analyst sessions stay closed until the data owner                      re-registers it under a plain path",
+                    t.name, t.location
+                )));
+            }
+        }
         for p in tables.iter().filter(|t| t.policy.is_some()) {
             for t in tables.iter().filter(|t| t.name != p.name) {
                 if locations_overlap(&t.location, &p.location) {
@@ -799,6 +862,7 @@ impl Catalog {
     /// Replaces a table's stored location by `canonical` (migration of relative locations),
     /// refusing if it would reach a private table's files.
     pub fn relocate(&self, name: &str, canonical: &str) -> Result<(), PolicyError> {
+        check_location_syntax(canonical)?;
         self.with_tx(|tx| {
             let all = Self::locations(tx)?;
             let Some((_, _, private)) = all.iter().find(|(n, _, _)| n == name) else {
@@ -936,6 +1000,21 @@ impl Catalog {
     /// or nothing changes and the first table without room is reported. Returns the release
     /// log's id of each charge, in order.
     pub fn charge_as(&self, charges: &[Charge], query: &str, analyst: Option<&str>) -> Result<Vec<i64>, PolicyError> {
+        self.charge_reserving(charges, query, analyst, 0).map(|(ids, _)| ids)
+    }
+
+    /// [`Catalog::charge_as`], and in the same transaction reserves `releases` consecutive
+    /// stored-release ids for this execution: returns the charges' log ids and the first
+    /// reserved release id. The execution numbers its releases from that id in a canonical
+    /// order fixed by the plan (call, then group), so the ids an analyst sees never depend on
+    /// the order in which the data made the releases finish; unused ids stay unused.
+    pub fn charge_reserving(
+        &self,
+        charges: &[Charge],
+        query: &str,
+        analyst: Option<&str>,
+        releases: u64,
+    ) -> Result<(Vec<i64>, i64), PolicyError> {
         let mut per_table: BTreeMap<&str, Budget> = BTreeMap::new();
         for c in charges {
             let e = per_table.entry(&c.table).or_default();
@@ -990,14 +1069,17 @@ impl Catalog {
                 .map_err(storage)?;
                 ids.push(tx.last_insert_rowid());
             }
-            Ok(ids)
+            let first = reserve_release_ids(tx, releases)?;
+            Ok((ids, first))
         })
     }
 
-    /// Keeps one release (issue 12): its public parameters and released numbers, under the
-    /// charge that paid for it. Returns its id (`r<n>`).
+    /// Keeps one release: its public parameters and released numbers, under the charge that
+    /// paid for it, at the reserved `id` (see [`Catalog::charge_reserving`]; None: the next
+    /// free one). Returns its id (`r<n>`).
     pub fn store_release(
         &self,
+        id: Option<i64>,
         charge_id: i64,
         table: &str,
         function: &str,
@@ -1018,10 +1100,10 @@ impl Catalog {
         let conn = guard.as_mut().expect("opened above");
         conn.execute(
             &format!(
-                "INSERT INTO stored_releases (charge_id, at, table_name, function, parameters, data)
-                 VALUES (?1, {NOW}, ?2, ?3, ?4, ?5)"
+                "INSERT INTO stored_releases (id, charge_id, at, table_name, function, parameters, data)
+                 VALUES (?6, ?1, {NOW}, ?2, ?3, ?4, ?5)"
             ),
-            params![charge_id, table, function, parameters, data],
+            params![charge_id, table, function, parameters, data, id],
         )
         .map_err(storage)?;
         Ok(format!("{RELEASE_ID_PREFIX}{}", conn.last_insert_rowid()))
@@ -1280,7 +1362,7 @@ mod tests {
         c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
         let cost = Budget::charge(0.5, 0.0).unwrap();
         let ids = c.charge(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "q").unwrap();
-        let id = c.store_release(ids[0], "p", "private_kde", "{}", &[1, 2, 3]).unwrap();
+        let id = c.store_release(None, ids[0], "p", "private_kde", "{}", &[1, 2, 3]).unwrap();
         drop(c);
         let c = Catalog::open(&v2).unwrap();
         assert_eq!(c.stored_release(&id).unwrap().unwrap().2, vec![1, 2, 3]);

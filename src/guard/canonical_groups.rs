@@ -1,0 +1,257 @@
+//! The final phase of every grouped private aggregate, in one canonical public order
+//! (SPEC §0, §7).
+//!
+//! DataFusion's hash aggregate emits groups in the order its hash table holds them — the order
+//! the rows arrived in, a function of the data — and evaluates (so releases, and numbers the
+//! releases) in that order. For a private aggregate that order is observable: which group comes
+//! first, and which release id it gets, would tell whether one row exists. So the final phase of
+//! a grouped private aggregate is not DataFusion's: [`CanonicalGroupsExec`] reads the partial
+//! states, merges each group's into its accumulators, and then evaluates **every** public group —
+//! the declared keys in their declared order, or the keys a partition selection chose, sorted —
+//! exactly once, in that order, whether rows reached it or not (an empty group is released from an
+//! empty state: noise only). The output is one batch with one row per public group; release ids are
+//! taken in the same order from the block the gate reserved with the debit.
+//!
+//! Group keys are compared in Arrow's row encoding of the grouping expression's type (after
+//! planning: a key the data owner declared as text is compared as the value it is in that type);
+//! a state row whose key is not a public group is dropped like a filtered row.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Accumulator;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
+};
+use futures::StreamExt;
+
+use crate::functions::{PermitSlot, permits_of};
+
+/// The public groups of a grouped private aggregate.
+#[derive(Debug, Clone)]
+enum PublicGroups {
+    /// Declared keys, one tuple per group, in declared order.
+    Declared(Arc<Vec<Vec<ScalarValue>>>),
+    /// The keys the execution's partition selection chose (read from the call's permit slot
+    /// when the gate has run the selection), sorted.
+    Selected(Arc<PermitSlot>),
+}
+
+/// Replaces the final phase of every grouped private aggregate of `plan` by a
+/// [`CanonicalGroupsExec`] (a single-phase aggregate is split into DataFusion's partial phase
+/// and this final phase).
+pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
+        if agg.group_expr().is_empty() {
+            return Ok(Transformed::no(node));
+        }
+        let groups = agg.aggr_expr().iter().find_map(|e| {
+            let permits = permits_of(e.fun())?;
+            match (permits.groups(), permits.slot()) {
+                (Some(g), _) => Some(PublicGroups::Declared(g)),
+                (None, Some(slot)) if slot.is_selection() => Some(PublicGroups::Selected(Arc::clone(slot))),
+                _ => None,
+            }
+        });
+        let Some(groups) = groups else { return Ok(Transformed::no(node)) };
+        let states: Arc<dyn ExecutionPlan> = match agg.mode() {
+            AggregateMode::Final | AggregateMode::FinalPartitioned => Arc::clone(agg.input()),
+            AggregateMode::Single | AggregateMode::SinglePartitioned => Arc::new(AggregateExec::try_new(
+                AggregateMode::Partial,
+                agg.group_expr().clone(),
+                agg.aggr_expr().to_vec(),
+                agg.filter_expr().to_vec(),
+                Arc::clone(agg.input()),
+                agg.input_schema(),
+            )?),
+            _ => return Ok(Transformed::no(node)),
+        };
+        let exec = CanonicalGroupsExec {
+            width: agg.group_expr().expr().len(),
+            aggr: agg.aggr_expr().to_vec(),
+            schema: agg.schema(),
+            properties: properties(agg.schema()),
+            input: states,
+            groups,
+        };
+        Ok(Transformed::new(Arc::new(exec), true, TreeNodeRecursion::Continue))
+    })
+    .map(|t| t.data)
+}
+
+fn properties(schema: SchemaRef) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(1),
+        EmissionType::Final,
+        Boundedness::Bounded,
+    ))
+}
+
+/// Merges the partial states of a grouped private aggregate and releases every public group once,
+/// in canonical order (module docs).
+#[derive(Debug)]
+pub struct CanonicalGroupsExec {
+    /// The partial phase: group columns, then each aggregate's state fields.
+    input: Arc<dyn ExecutionPlan>,
+    /// Number of group columns.
+    width: usize,
+    aggr: Vec<Arc<AggregateFunctionExpr>>,
+    groups: PublicGroups,
+    /// The replaced final aggregate's output schema.
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl DisplayAs for CanonicalGroupsExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.groups {
+            PublicGroups::Declared(g) => write!(f, "CanonicalGroupsExec: declared groups={}", g.len()),
+            PublicGroups::Selected(_) => write!(f, "CanonicalGroupsExec: selected groups, sorted"),
+        }
+    }
+}
+
+impl ExecutionPlan for CanonicalGroupsExec {
+    fn name(&self) -> &str {
+        "CanonicalGroupsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = super::gate::only_child(children, "CanonicalGroupsExec")?;
+        Ok(Arc::new(Self {
+            input,
+            width: self.width,
+            aggr: self.aggr.clone(),
+            groups: self.groups.clone(),
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+        }))
+    }
+
+    fn execute(&self, _partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let parts = self.input.output_partitioning().partition_count();
+        let streams =
+            (0..parts).map(|p| self.input.execute(p, Arc::clone(&context))).collect::<Result<Vec<_>>>()?;
+        let input_schema = self.input.schema();
+        let key_types: Vec<DataType> =
+            input_schema.fields()[..self.width].iter().map(|f| f.data_type().clone()).collect();
+        let (width, aggr, groups, schema) =
+            (self.width, self.aggr.clone(), self.groups.clone(), Arc::clone(&self.schema));
+        let out_schema = Arc::clone(&schema);
+        let all = async move {
+            let converter = RowConverter::new(key_types.iter().map(|t| SortField::new(t.clone())).collect())?;
+            // The public groups: their keys in the input's row encoding, and their key columns.
+            let (encoded, key_columns) = public_groups(&groups, &converter, &key_types)?;
+            let index: HashMap<&[u8], usize> = encoded.iter().enumerate().map(|(i, k)| (k.as_slice(), i)).collect();
+            let mut states: Vec<Option<Vec<Box<dyn Accumulator>>>> = (0..encoded.len()).map(|_| None).collect();
+            let widths: Vec<usize> =
+                aggr.iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<Vec<_>>>()?;
+            let mut merged = futures::stream::select_all(streams);
+            while let Some(batch) = merged.next().await {
+                let batch = batch?;
+                let rows = converter.convert_columns(&batch.columns()[..width])?;
+                for (r, key) in rows.iter().enumerate() {
+                    let Some(&g) = index.get(key.as_ref()) else { continue };
+                    if states[g].is_none() {
+                        states[g] = Some(aggr.iter().map(|a| a.create_accumulator()).collect::<Result<Vec<_>>>()?);
+                    }
+                    let accs = states[g].as_mut().expect("created above");
+                    let mut offset = width;
+                    for (acc, n) in accs.iter_mut().zip(&widths) {
+                        let cols: Vec<ArrayRef> =
+                            batch.columns()[offset..offset + n].iter().map(|c| c.slice(r, 1)).collect();
+                        acc.merge_batch(&cols)?;
+                        offset += n;
+                    }
+                }
+            }
+            // Every public group, in canonical order, exactly once.
+            let mut values: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(encoded.len()); aggr.len()];
+            for state in states.iter_mut() {
+                let mut accs = match state.take() {
+                    Some(a) => a,
+                    None => aggr.iter().map(|a| a.create_accumulator()).collect::<Result<Vec<_>>>()?,
+                };
+                for (out, acc) in values.iter_mut().zip(accs.iter_mut()) {
+                    out.push(acc.evaluate()?);
+                }
+            }
+            if encoded.is_empty() {
+                return Ok::<_, DataFusionError>(RecordBatch::new_empty(schema));
+            }
+            let mut columns = key_columns;
+            for v in values {
+                columns.push(ScalarValue::iter_to_array(v)?);
+            }
+            // Keys and values may differ from the output in nullability or dictionary encoding only.
+            let columns = columns
+                .into_iter()
+                .zip(schema.fields())
+                .map(|(c, f)| cast(&c, f.data_type()))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Ok(RecordBatch::try_new(schema, columns)?)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, futures::stream::once(all))))
+    }
+}
+
+/// The public groups in canonical order: each one's key in `converter`'s row encoding, and the key
+/// columns (one array per group column, one row per group).
+fn public_groups(
+    groups: &PublicGroups,
+    converter: &RowConverter,
+    key_types: &[DataType],
+) -> Result<(Vec<Vec<u8>>, Vec<ArrayRef>)> {
+    match groups {
+        PublicGroups::Declared(tuples) => {
+            if tuples.is_empty() {
+                return Ok((Vec::new(), Vec::new()));
+            }
+            let columns = key_types
+                .iter()
+                .enumerate()
+                .map(|(c, t)| Ok(cast(&ScalarValue::iter_to_array(tuples.iter().map(|g| g[c].clone()))?, t)?))
+                .collect::<Result<Vec<ArrayRef>>>()?;
+            let rows = converter.convert_columns(&columns)?;
+            Ok((rows.iter().map(|r| r.as_ref().to_vec()).collect(), columns))
+        }
+        PublicGroups::Selected(slot) => {
+            // None: the plan runs without its gate's selection (it then releases nothing).
+            let keys = slot.selected().unwrap_or_default();
+            let parser = converter.parser();
+            let columns = converter.convert_rows(keys.iter().map(|k| parser.parse(k)))?;
+            Ok((keys.as_ref().clone(), columns))
+        }
+    }
+}

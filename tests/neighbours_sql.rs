@@ -1,0 +1,216 @@
+//! Nothing an analyst observes besides the released numbers depends on one row (SPEC §0).
+//!
+//! Each test builds two catalogs with the same history over neighbouring tables — with and
+//! without alice's row — runs the same SQL on both, and compares everything but the released
+//! numbers: the groups shown, their order, the release ids, the row count, errors and charges.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::TempDir;
+use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::DataType;
+use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
+
+/// 240 ordinary rows (g in g0..g2, code '1'/'2', flag 'true'/'false', unit u0..u59) and, when
+/// `alice`, her row: the only one with g3, code '01' and flag 't'.
+fn write(path: &std::path::Path, alice: bool) {
+    let n = 240;
+    let mut name: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+    let mut g: Vec<String> = (0..n).map(|i| format!("g{}", i % 3)).collect();
+    let mut code: Vec<String> = (0..n).map(|i| format!("{}", 1 + i % 2)).collect();
+    let mut flag: Vec<String> = (0..n).map(|i| (i % 2 == 0).to_string()).collect();
+    let mut unit: Vec<String> = (0..n).map(|i| format!("u{}", i % 60)).collect();
+    let mut x: Vec<f64> = (0..n).map(|i| (i as f64 * 0.618).fract()).collect();
+    if alice {
+        // In the middle of the file: DataFusion's hash table would meet her group second.
+        let at = 1;
+        name.insert(at, "alice".into());
+        g.insert(at, "g3".into());
+        code.insert(at, "01".into());
+        flag.insert(at, "t".into());
+        unit.insert(at, "alice".into());
+        x.insert(at, 0.5);
+    }
+    let text = |v: Vec<String>| Arc::new(StringArray::from(v)) as ArrayRef;
+    common::write_columns(
+        path,
+        vec![
+            ("name", text(name)),
+            ("g", text(g)),
+            ("code", text(code)),
+            ("flag", text(flag)),
+            ("unit", text(unit)),
+            ("x", Arc::new(Float64Array::from(x))),
+        ],
+    );
+}
+
+/// Two catalogs, the same policies and history, one row apart.
+struct Neighbours {
+    with: (TempDir, Admin),
+    without: (TempDir, Admin),
+}
+
+impl Neighbours {
+    async fn new(tag: &str) -> Self {
+        let mut sides = Vec::new();
+        for alice in [true, false] {
+            let dir = TempDir::new(&format!("{tag}-{alice}"));
+            write(&dir.path("p.parquet"), alice);
+            write(&dir.path("q.parquet"), alice);
+            let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+            for t in ["p", "q"] {
+                admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
+                admin.make_private(t, 1000.0, 1e-2).unwrap();
+                admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+                let keys = |k: &[&str]| k.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+                admin.set_keys(t, "g", &keys(&["g0", "g1", "g2", "g3"])).await.unwrap();
+                admin.set_keys(t, "code", &keys(&["01", "1", "2"])).await.unwrap();
+                admin.set_keys(t, "flag", &keys(&["t", "true", "false"])).await.unwrap();
+            }
+            // q: a person is the unit (K = 2 rows, L = 2 groups).
+            admin.set_privacy_unit("q", "unit", 2, 2).await.unwrap();
+            sides.push((dir, admin));
+        }
+        let without = sides.pop().unwrap();
+        let with = sides.pop().unwrap();
+        Self { with, without }
+    }
+
+    async fn session(side: &(TempDir, Admin), partitions: usize) -> AnalystSession {
+        let opts = SessionOptions { noise: NoiseSource::Os, target_partitions: Some(partitions), ..Default::default() };
+        AnalystSession::open(&side.0.path("catalog.db"), opts).await.unwrap()
+    }
+
+    /// What each side shows for `sql` (with `partitions` partitions): everything but the
+    /// released numbers.
+    async fn observe(&self, sql: &str, partitions: usize) -> (Observed, Observed) {
+        let a = observe(&Self::session(&self.with, partitions).await, &self.with.1, sql).await;
+        let b = observe(&Self::session(&self.without, partitions).await, &self.without.1, sql).await;
+        (a, b)
+    }
+}
+
+/// The text columns of the result (group keys, release ids) row by row, the row count, the
+/// error, the release log's length and the stored releases' count.
+#[derive(Debug, PartialEq)]
+struct Observed {
+    rows: Vec<Vec<String>>,
+    error: Option<String>,
+    charges: usize,
+    stored: usize,
+}
+
+async fn observe(s: &AnalystSession, admin: &Admin, sql: &str) -> Observed {
+    let (rows, error) = match s.query(sql).await {
+        Ok(batches) => (text_rows(&batches), None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    Observed { rows, error, charges: admin.release_log(None).unwrap().len(), stored: stored(admin) }
+}
+
+fn stored(admin: &Admin) -> usize {
+    admin.stored_releases(None).unwrap().len()
+}
+
+/// Every non-float column of every row, as text.
+fn text_rows(batches: &[RecordBatch]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for b in batches {
+        let cols: Vec<ArrayRef> = b
+            .columns()
+            .iter()
+            .filter(|c| !matches!(c.data_type(), DataType::Float64 | DataType::Struct(_) | DataType::List(_)))
+            .map(|c| datafusion::arrow::compute::cast(c, &DataType::Utf8).unwrap())
+            .collect();
+        for r in 0..b.num_rows() {
+            out.push(cols.iter().map(|c| c.as_string::<i32>().value(r).to_string()).collect());
+        }
+    }
+    out
+}
+
+const KDE: &str = "private_kde(x, 0.1, 1e-12, 1e-18, 0, 1, points => 16, mechanism => 'gaussian')";
+
+#[tokio::test]
+async fn group_order_and_release_ids_do_not_depend_on_one_row() {
+    let n = Neighbours::new("nb-groups").await;
+    let queries = [
+        format!("SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p WHERE name = 'alice' GROUP BY g)"),
+        format!(
+            "SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p WHERE name = 'alice' GROUP BY g) ORDER BY g"
+        ),
+        format!("SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p GROUP BY g)"),
+        format!("SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p WHERE name = 'alice' GROUP BY g) LIMIT 1"),
+        // Two calls in one GROUP BY: ids run call by call, each call's groups in declared order.
+        format!(
+            "SELECT g, a['release'], b['release'] FROM (SELECT g, {KDE} AS a, \
+             private_kde(x, 0.2, 1e-12, 1e-18, 0, 1, points => 8) AS b FROM p WHERE name = 'alice' GROUP BY g)"
+        ),
+        // A privacy unit: its bounding sorts and windows the rows first.
+        format!("SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM q WHERE name = 'alice' GROUP BY g)"),
+        // Two textually identical calls are one call: one release.
+        format!("SELECT {KDE}['release'] AS a, {KDE}['release'] AS b FROM p WHERE name = 'alice'"),
+        format!("SELECT g, {KDE}['release'] AS a, {KDE}['release'] AS b FROM q WHERE name = 'alice' GROUP BY g"),
+        // Two private aggregates in one query: ids in plan order, not in the order they finish.
+        format!(
+            "SELECT a.g, a.k['release'], b.k['release'] FROM \
+             (SELECT g, {KDE} AS k FROM p WHERE name = 'alice' GROUP BY g) a JOIN \
+             (SELECT g, {KDE} AS k FROM q GROUP BY g) b ON a.g = b.g ORDER BY a.g"
+        ),
+    ];
+    for partitions in [1, 4] {
+        for sql in &queries {
+            for _ in 0..3 {
+                let (a, b) = n.observe(sql, partitions).await;
+                assert!(a.error.is_none(), "{sql}: {:?}", a.error);
+                assert_eq!(a, b, "{sql} with {partitions} partitions: the neighbours differ");
+            }
+        }
+    }
+    // The canonical order is the declared one, and ids follow it.
+    let (a, _) = n.observe(&queries[0], 4).await;
+    let keys: Vec<&str> = a.rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(keys, ["g0", "g1", "g2", "g3"]);
+    let ids: Vec<i64> = a.rows.iter().map(|r| r[1][1..].parse().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+}
+
+#[tokio::test]
+async fn declared_keys_that_collide_in_the_grouping_type_are_one_group() {
+    let n = Neighbours::new("nb-casts").await;
+    for (sql, groups) in [
+        (format!("SELECT CAST(code AS INT) AS c, {KDE}['release'] FROM p WHERE name = 'alice' GROUP BY CAST(code AS INT)"), 2),
+        (format!("SELECT CAST(flag AS BOOLEAN) AS f, {KDE}['release'] FROM p WHERE name = 'alice' GROUP BY CAST(flag AS BOOLEAN)"), 2),
+    ] {
+        for partitions in [1, 3] {
+            let (a, b) = n.observe(&sql, partitions).await;
+            assert!(a.error.is_none(), "{sql}: {:?}", a.error);
+            assert_eq!(a, b, "{sql}");
+            assert_eq!(a.rows.len(), groups, "{sql}: {:?}", a.rows);
+        }
+    }
+}
+
+#[tokio::test]
+async fn selected_groups_come_sorted_with_ids_in_that_order() {
+    let n = Neighbours::new("nb-selection").await;
+    // Grouped by the undeclared `unit` column: ε_sel = 50 lets every ordinary unit (4 rows)
+    // pass, alice's unit of one row only with probability ≤ δ_sel.
+    let sql_private = "SELECT unit, k['release'] FROM (SELECT unit, private_kde(x, 0.1, 1e-12, 1e-18, 0, 1, \
+               points => 16, select_epsilon => 50, select_delta => 1e-9) AS k FROM p GROUP BY unit)";
+    for partitions in [1, 4] {
+        let (a, b) = n.observe(sql_private, partitions).await;
+        assert!(a.error.is_none(), "{:?}", a.error);
+        assert_eq!(a, b, "the selected groups, their order and ids are the same on both sides");
+        let keys: Vec<&str> = a.rows.iter().map(|r| r[0].as_str()).collect();
+        assert_eq!(keys.len(), 60, "every unit of 4 rows passes at ε_sel = 50, alice's never");
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted, "selected keys come sorted");
+        let ids: Vec<i64> = a.rows.iter().map(|r| r[1][1..].parse().unwrap()).collect();
+        assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+    }
+}
