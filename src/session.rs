@@ -121,12 +121,24 @@ impl Engine {
     /// Parses all statements, then plans and runs them in order (in analyst sessions: plans
     /// all of them before running the first).
     async fn run(&self, sql: &str) -> Result<Vec<QueryOutput>> {
+        let mut out = Vec::new();
+        self.run_each(sql, &mut |r| {
+            out.push(r);
+            Ok(())
+        })
+        .await?;
+        Ok(out)
+    }
+
+    /// [`Engine::run`], handing each statement's result to `done` as soon as it completes, so a
+    /// later statement's failure (a budget that covered only the first, a failing public
+    /// query) never takes an earlier, paid result with it.
+    async fn run_each(&self, sql: &str, done: &mut (dyn FnMut(QueryOutput) -> Result<()> + Send)) -> Result<()> {
         let statements = crate::statements::parse(sql)?;
-        let mut out = Vec::with_capacity(statements.len());
         if self.queries_only {
             // Analyst sessions (queries only): plan every statement — guard and pricing
             // included — before executing any, so a refusal of statement k cannot come after
-            // statements 1…k−1 were paid for and their results discarded.
+            // statements 1…k−1 were paid for.
             let mut planned = Vec::with_capacity(statements.len());
             for stmt in statements {
                 let (plan, state) = self.plan(stmt).await?;
@@ -137,9 +149,9 @@ impl Engine {
             }
             for (schema, physical, task) in planned {
                 let batches = datafusion::physical_plan::collect(physical, task).await?;
-                out.push(QueryOutput { schema, batches });
+                done(QueryOutput { schema, batches })?;
             }
-            return Ok(out);
+            return Ok(());
         }
         for stmt in statements {
             let (plan, state) = self.plan(stmt).await?;
@@ -149,9 +161,9 @@ impl Engine {
             };
             let schema = Arc::new(df.schema().as_arrow().clone());
             let batches = df.collect().await?;
-            out.push(QueryOutput { schema, batches });
+            done(QueryOutput { schema, batches })?;
         }
-        Ok(out)
+        Ok(())
     }
 
     async fn plan(
@@ -247,6 +259,15 @@ impl DpSession {
         self.engine.run(sql).await
     }
 
+    /// Runs every statement in `sql` in order, handing each result to `done` as it completes.
+    pub async fn sql_each(
+        &self,
+        sql: &str,
+        done: &mut (dyn FnMut(QueryOutput) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.engine.run_each(sql, done).await
+    }
+
     /// Runs exactly one statement and returns its rows.
     pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>> {
         exactly_one(self.sql(sql).await?)
@@ -312,9 +333,22 @@ impl AnalystSession {
         Ok(Self { engine, catalog, analyst: who })
     }
 
-    /// Runs every statement in `sql` in order (only queries are allowed).
+    /// Runs every statement in `sql` in order (only queries are allowed). Every statement is
+    /// planned and priced before the first runs; when a later one fails at run time (its budget
+    /// exhausted by the earlier ones, say), the earlier results are lost to this call — use
+    /// [`AnalystSession::sql_each`] to receive each as it completes.
     pub async fn sql(&self, sql: &str) -> Result<Vec<QueryOutput>> {
         self.engine.run(sql).await
+    }
+
+    /// Runs every statement in `sql` in order, handing each result to `done` as soon as it
+    /// completes (before the next statement runs).
+    pub async fn sql_each(
+        &self,
+        sql: &str,
+        done: &mut (dyn FnMut(QueryOutput) -> Result<()> + Send),
+    ) -> Result<()> {
+        self.engine.run_each(sql, done).await
     }
 
     /// Runs exactly one query and returns its rows.

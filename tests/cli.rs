@@ -210,6 +210,23 @@ fn example_sql_file_runs() {
     assert!(out.contains("x,density") && out.contains("n_estimate"), "{out}");
 }
 
+/// `S1; S1` with budget for one: the first (paid) result is printed before the second is
+/// refused — it used to be discarded with the error.
+#[test]
+fn each_statement_is_printed_as_it_completes() {
+    let dir = TempDir::new("cli-each");
+    let v: Vec<Option<f64>> = mixture(500, 13).into_iter().map(Some).collect();
+    write_x(&dir.path("p.parquet"), &v);
+    let cat = dir.str("catalog.db");
+    assert_eq!(admin_cmd(&cat, &["register", "p", &dir.str("p.parquet")]).0, 0);
+    assert_eq!(admin_cmd(&cat, &["make-private", "p", "--epsilon", "0.1", "--delta", "1e-5"]).0, 0);
+    let one = "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 16)['release'] AS r FROM p";
+    let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "--format", "json", "-c", &format!("{one}; {one}")], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.starts_with("{\"r\":\"r1\"}"), "the first result is shown: {out}");
+    assert!(err.contains("privacy budget exhausted"), "{err}");
+}
+
 /// The data owner's and the analyst's workflow end to end through the binary, as README
 /// documents it: make a table private, query it until the budget runs out, see the refusal.
 #[test]

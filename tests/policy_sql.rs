@@ -249,6 +249,63 @@ async fn identical_calls_in_one_select_are_one_release_and_one_charge() {
     assert_eq!(a, c, "both fields are the same release");
 }
 
+/// No paid result is lost: each statement's result is handed over as it completes (a second
+/// statement the budget no longer covers, or a public statement failing at run time, does not
+/// take the first with it), and a query whose public part fails after its release was drawn
+/// names the stored release in its error.
+#[tokio::test]
+async fn paid_results_survive_later_failures() {
+    let f = fixture("paid", (0.1, 1e-5)).await;
+    let labels = vec!["1", "2", "three"];
+    common::write_columns(
+        &f.dir.path("labels.parquet"),
+        vec![("label", Arc::new(datafusion::arrow::array::StringArray::from(labels)) as _)],
+    );
+    f.admin.register("labels", &f.dir.str("labels.parquet")).await.unwrap();
+    let s = f.analyst().await;
+    let one = format!("SELECT {KDE} AS k FROM p");
+    // 1. S1; S1 with budget for one: the first result arrives, the second is refused.
+    let mut got = Vec::new();
+    let err = s
+        .sql_each(&format!("{one}; {one}"), &mut |r| {
+            got.push(r);
+            Ok(())
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("budget exhausted"), "{err}");
+    assert_eq!(got.len(), 1, "the paid first result was handed over");
+    assert_eq!(f.releases(), 1);
+    f.admin.raise_budget("p", 1.0, 1e-4).unwrap();
+    // 2. A public statement failing at run time after a paid one.
+    let mut got = Vec::new();
+    let bad_public = "SELECT CAST(label AS INT) AS n FROM labels";
+    let err = s
+        .sql_each(&format!("{one}; {bad_public}"), &mut |r| {
+            got.push(r);
+            Ok(())
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("three") || err.contains("Cast"), "{err}");
+    assert_eq!(got.len(), 1);
+    // 3. The release is drawn before the failing public part runs, and the error names it.
+    let stored = f.admin.stored_releases(None).unwrap().len();
+    let err = s
+        .query(&format!("SELECT n, k FROM ({bad_public}) CROSS JOIN ({one})"))
+        .await
+        .unwrap_err()
+        .to_string();
+    let now = f.admin.stored_releases(None).unwrap();
+    assert_eq!(now.len(), stored + 1, "the paid release is stored");
+    let id = &now.last().unwrap().release;
+    assert!(err.contains(&format!("release('{id}')")), "{err}");
+    let b = s.query(&format!("SELECT * FROM release('{id}')")).await.unwrap();
+    assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1, "and it is readable for free");
+}
+
 #[tokio::test]
 async fn reading_a_private_file_by_path_is_refused() {
     let f = fixture("path", (1.0, 1e-5)).await;

@@ -399,34 +399,36 @@ struct Printer {
 }
 
 impl Printer {
-    fn print(&self, results: &[QueryOutput]) -> Result<()> {
+    /// Prints one statement's result (and its terminal plots).
+    fn print_text(&self, r: &QueryOutput) -> Result<()> {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        for r in results {
-            format::write_output(&mut out, r, self.format).map_err(OutputClosed::recognise)?;
-            if self.plot {
-                for c in plot::curves(r) {
-                    writeln!(out, "\n{}", c.name).map_err(OutputClosed::wrap)?;
-                    write!(out, "{}", plot::terminal(std::slice::from_ref(&c), 72, 16)).map_err(OutputClosed::wrap)?;
-                }
-                for m in heatmap::surfaces(r) {
-                    writeln!(out, "\n{}", m.name).map_err(OutputClosed::wrap)?;
-                    write!(out, "{}", heatmap::terminal(&m, 64, 24)).map_err(OutputClosed::wrap)?;
-                }
+        format::write_output(&mut out, r, self.format).map_err(OutputClosed::recognise)?;
+        if self.plot {
+            for c in plot::curves(r) {
+                writeln!(out, "\n{}", c.name).map_err(OutputClosed::wrap)?;
+                write!(out, "{}", plot::terminal(std::slice::from_ref(&c), 72, 16)).map_err(OutputClosed::wrap)?;
+            }
+            for m in heatmap::surfaces(r) {
+                writeln!(out, "\n{}", m.name).map_err(OutputClosed::wrap)?;
+                write!(out, "{}", heatmap::terminal(&m, 64, 24)).map_err(OutputClosed::wrap)?;
             }
         }
-        out.flush().map_err(OutputClosed::wrap)?;
-        if let (Some(path), Some(last)) = (&self.svg, results.last()) {
-            let (curves, surfaces) = (plot::curves(last), heatmap::surfaces(last));
-            if !curves.is_empty() {
-                std::fs::write(path, plot::svg(&curves, "dpcurve", "x", "y"))?;
-                eprintln!("wrote {}", path.display());
-            } else if !surfaces.is_empty() {
-                std::fs::write(path, heatmap::svg(&surfaces, "x", "y"))?;
-                eprintln!("wrote {}", path.display());
-            } else {
-                eprintln!("note: no curve or surface in the last result, {} not written", path.display());
-            }
+        out.flush().map_err(OutputClosed::wrap)
+    }
+
+    /// Draws the last statement's curves or surface to the `--svg` file, if one was asked for.
+    fn write_svg(&self, last: &QueryOutput) -> Result<()> {
+        let Some(path) = &self.svg else { return Ok(()) };
+        let (curves, surfaces) = (plot::curves(last), heatmap::surfaces(last));
+        if !curves.is_empty() {
+            std::fs::write(path, plot::svg(&curves, "dpcurve", "x", "y"))?;
+            eprintln!("wrote {}", path.display());
+        } else if !surfaces.is_empty() {
+            std::fs::write(path, heatmap::svg(&surfaces, "x", "y"))?;
+            eprintln!("wrote {}", path.display());
+        } else {
+            eprintln!("note: no curve or surface in the last result, {} not written", path.display());
         }
         Ok(())
     }
@@ -439,11 +441,23 @@ enum AnySession {
 }
 
 impl AnySession {
-    async fn sql(&self, sql: &str) -> Result<Vec<QueryOutput>> {
-        match self {
-            AnySession::Free(s) => s.sql(sql).await,
-            AnySession::Analyst(s) => s.sql(sql).await,
+    /// Runs `sql`, printing each statement's result as it completes: a later failure never
+    /// hides an earlier (paid) result.
+    async fn run(&self, sql: &str, printer: &Printer) -> Result<()> {
+        let mut last: Option<QueryOutput> = None;
+        let mut done = |r: QueryOutput| {
+            printer.print_text(&r)?;
+            last = Some(r);
+            Ok(())
+        };
+        let ran = match self {
+            AnySession::Free(s) => s.sql_each(sql, &mut done).await,
+            AnySession::Analyst(s) => s.sql_each(sql, &mut done).await,
+        };
+        if let Some(r) = &last {
+            printer.write_svg(r)?;
         }
+        ran
     }
 }
 
@@ -461,11 +475,11 @@ async fn run_sql(args: SqlArgs) -> Result<()> {
     };
     let printer = Printer { format: args.format.unwrap_or(Format::Table), plot: args.plot, svg: args.svg };
     if let Some(sql) = &args.command {
-        return printer.print(&session.sql(sql).await?);
+        return session.run(sql, &printer).await;
     }
     if let Some(file) = &args.file {
         let sql = std::fs::read_to_string(file)?;
-        return printer.print(&session.sql(&sql).await?);
+        return session.run(&sql, &printer).await;
     }
     repl(&session, &printer).await
 }
@@ -500,22 +514,22 @@ async fn repl(session: &AnySession, printer: &Printer) -> Result<()> {
         buffer.push_str(&line);
         if trimmed.ends_with(';') {
             let sql = std::mem::take(&mut buffer);
-            match session.sql(&sql).await {
-                Ok(results) => printer.print(&results)?,
-                Err(e) => {
-                    failed = true;
-                    eprintln!("error: {e}");
+            if let Err(e) = session.run(&sql, printer).await {
+                if OutputClosed::is(&e) {
+                    return Err(e);
                 }
+                failed = true;
+                eprintln!("error: {e}");
             }
         }
     }
     if !buffer.trim().is_empty() {
-        match session.sql(&buffer).await {
-            Ok(results) => printer.print(&results)?,
-            Err(e) => {
-                failed = true;
-                eprintln!("error: {e}");
+        if let Err(e) = session.run(&buffer, printer).await {
+            if OutputClosed::is(&e) {
+                return Err(e);
             }
+            failed = true;
+            eprintln!("error: {e}");
         }
     }
     if failed && !interactive {

@@ -113,6 +113,13 @@ impl PermitSlot {
         self.kept.store(0, Ordering::SeqCst);
     }
 
+    /// The ids of the releases kept so far in this execution (all paid and stored).
+    pub fn kept_ids(&self) -> Vec<i64> {
+        let first = self.ticket.lock().expect("ticket lock").as_ref().map(|t| t.2);
+        let kept = self.kept.load(Ordering::SeqCst).min(self.per_execution);
+        first.map(|f| (0..kept as i64).map(|i| f + i).collect()).unwrap_or_default()
+    }
+
     /// Releases one paid execution may make (the ids the gate reserves for the call).
     pub fn per_execution(&self) -> u64 {
         self.per_execution

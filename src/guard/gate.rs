@@ -140,6 +140,26 @@ pub fn withheld(tables: &str) -> DataFusionError {
     ))
 }
 
+/// [`withheld`], naming the releases this execution paid for and kept (they are stored: the
+/// analyst reads them free).
+fn withheld_after(tables: &str, slots: &[Arc<PermitSlot>]) -> DataFusionError {
+    let ids: Vec<String> = slots
+        .iter()
+        .flat_map(|s| s.kept_ids())
+        .map(|i| format!("{}{i}", crate::policy::catalog::RELEASE_ID_PREFIX))
+        .collect();
+    if ids.is_empty() {
+        return withheld(tables);
+    }
+    let first = ids[0].clone();
+    DataFusionError::Execution(format!(
+        "the query failed after its releases were drawn; the details are withheld because they could \
+         contain private values. The budget was spent and the releases are kept: {} — read them free \
+         with SELECT * FROM release('{first}')",
+        ids.join(", ")
+    ))
+}
+
 impl ExecutionPlan for BudgetGateExec {
     fn name(&self) -> &str {
         "BudgetGateExec"
@@ -227,14 +247,24 @@ impl ExecutionPlan for BudgetGateExec {
                 };
                 stage.select(&batches).map_err(|_| withheld(&tables))?;
             }
-            // Only now are the children created: no scan exists before the debit is durable.
-            let stream = input.execute(partition, context).map_err(|_| withheld(&tables))?;
+            // Releases first (innermost first): whatever fails later, what was paid is kept.
+            for node in super::prefetch::prefetches(&input) {
+                let filled = std::panic::AssertUnwindSafe(super::prefetch::fill(&node, Arc::clone(&context)))
+                    .catch_unwind()
+                    .await;
+                if !matches!(filled, Ok(Ok(()))) {
+                    return Err(withheld_after(&tables, &slots));
+                }
+            }
+            // Only now is the rest created: no scan exists before the debit is durable.
+            let stream = input.execute(partition, context).map_err(|_| withheld_after(&tables, &slots))?;
             let tables2 = tables.clone();
+            let slots2 = Arc::clone(&slots);
             // A panic while private rows are read (a DataFusion or arrow kernel on a value it
             // cannot handle) becomes the same withheld error instead of ending the process.
             let caught = std::panic::AssertUnwindSafe(stream).catch_unwind().map(move |r| match r {
                 Ok(Ok(batch)) => Ok(batch),
-                Ok(Err(_)) | Err(_) => Err(withheld(&tables2)),
+                Ok(Err(_)) | Err(_) => Err(withheld_after(&tables2, &slots2)),
             });
             Ok::<_, DataFusionError>(caught.boxed())
         };

@@ -28,6 +28,7 @@ pub(crate) mod cluster_udfs;
 pub mod expressions;
 pub mod gate;
 pub mod groups;
+pub mod prefetch;
 pub mod selection;
 pub mod shape;
 pub mod units;
@@ -374,6 +375,8 @@ impl QueryPlanner for PrivacyPlanner {
         let Some(ledger) = &self.ledger else {
             return datafusion::common::internal_err!("a private table was planned without a ledger");
         };
+        // The gate runs every release before the rest of the plan (no paid result lost).
+        let physical = prefetch::prefetch_releases(physical)?;
         let query = session.config().get_extension::<QueryText>().map(|q| q.0.clone()).unwrap_or_default();
         Ok(Arc::new(
             BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, &query)
