@@ -83,6 +83,13 @@ impl Engine {
             // which reveal the size of private files).
             config.options_mut().execution.collect_statistics = false;
             config.options_mut().explain.logical_plan_only = true;
+            // No row-group, page or bloom-filter pruning: which parts of a file a scan skips would
+            // depend on the private values in it (its min/max statistics), and so would its time.
+            let parquet = &mut config.options_mut().execution.parquet;
+            parquet.pruning = false;
+            parquet.enable_page_index = false;
+            parquet.bloom_filter_on_read = false;
+            parquet.pushdown_filters = false;
         }
         let ledger_session = ledger.is_some();
         let mut runtime = None;
@@ -271,6 +278,12 @@ impl DpSession {
     /// Runs exactly one statement and returns its rows.
     pub async fn query(&self, sql: &str) -> Result<Vec<RecordBatch>> {
         exactly_one(self.sql(sql).await?)
+    }
+
+    /// The physical plan of one statement (tests compare it with a catalog session's).
+    #[cfg(feature = "test-hooks")]
+    pub async fn physical_plan_for_tests(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
+        self.engine.physical_plan(sql).await
     }
 }
 

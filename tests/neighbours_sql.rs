@@ -214,3 +214,92 @@ async fn selected_groups_come_sorted_with_ids_in_that_order() {
         assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
     }
 }
+
+/// No data-dependent short-circuit on private rows: below a private aggregate every `CASE`,
+/// `AND` and `OR` (and `COALESCE`, which DataFusion turns into a `CASE`) is in its eager form,
+/// which evaluates every branch on every row — checked on the physical plan. Control: the same
+/// query over an unguarded public copy keeps DataFusion's lazy forms.
+#[tokio::test]
+async fn no_branch_is_skipped_on_private_rows() {
+    let n = Neighbours::new("nb-eager").await;
+    let s = Neighbours::session(&n.with, 2).await;
+    let sql = |t: &str| {
+        format!(
+            "SELECT private_kde(CASE WHEN name = 'alice' THEN x ELSE coalesce(x, 0.5) END, 0.1, 1.0, 1e-6, 0, 1, \
+             points => 16) AS k FROM {t} WHERE (CASE WHEN name = 'alice' THEN ltrim(name, 'ace') = '' ELSE true END) \
+             AND (g = 'g0' OR x > 0.5)"
+        )
+    };
+    // Every expression of every operator, walked as a tree (names are kept as written, so the
+    // plan's text would still say CASE).
+    let lazy_forms = |plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>| {
+        use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{BinaryExpr, CaseExpr};
+        let (mut lazy, mut eager) = (Vec::new(), 0);
+        plan.apply(|node| {
+            node.apply_expressions(&mut |e| {
+                e.apply(|x| {
+                    if x.downcast_ref::<CaseExpr>().is_some() {
+                        lazy.push(format!("{} in {}", x, node.name()));
+                    }
+                    if let Some(b) = x.downcast_ref::<BinaryExpr>() {
+                        if matches!(b.op(), Operator::And | Operator::Or) {
+                            lazy.push(format!("{} in {}", x, node.name()));
+                        }
+                    }
+                    if x.to_string().starts_with("dpcurve_") {
+                        eager += 1;
+                    }
+                    Ok(TreeNodeRecursion::Continue)
+                })
+            })?;
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        (lazy, eager)
+    };
+    let (lazy, eager) = lazy_forms(&s.physical_plan_for_tests(&sql("p")).await.unwrap());
+    assert!(lazy.is_empty(), "lazy forms below a private aggregate: {lazy:?}");
+    assert!(eager >= 4, "the eager forms are in the plan ({eager})");
+    // It runs, with the same observable outcome on both sides.
+    let (a, b) = n.observe(&format!("SELECT k['release'] FROM ({})", sql("p")), 2).await;
+    assert!(a.error.is_none(), "{:?}", a.error);
+    assert_eq!(a, b);
+    // Control: a public session plans DataFusion's lazy forms for the same text.
+    let public = dpcurve::DpSession::new(SessionOptions::default());
+    public.register_parquet("pub_p", &n.with.0.str("p.parquet")).await.unwrap();
+    let (lazy, _) = lazy_forms(&public.physical_plan_for_tests(&sql("pub_p")).await.unwrap());
+    assert!(lazy.len() >= 3, "{lazy:?}");
+}
+
+/// Operations whose time is a product are priced as one: a 30 000-character trim set, a LIKE
+/// pattern of 300 `_`, or a regular expression of 400 automaton states over a 60 KB string are
+/// refused at planning (nothing charged, the same message on both sides) — they used to take
+/// 3–5× longer with alice's row, inside a CASE that only her row reached.
+#[tokio::test]
+async fn amplifying_string_operations_are_refused_before_the_debit() {
+    let n = Neighbours::new("nb-amplify").await;
+    let a30k = "a".repeat(30_000);
+    let hashes = "#".repeat(30_000);
+    let underscores = "_".repeat(300);
+    let long = format!("concat('{a30k}', name, '{a30k}', name)");
+    for pred in [
+        format!("CASE WHEN name = 'alice' THEN ltrim({long}, '{hashes}aceil') = '' ELSE true END"),
+        format!("CASE WHEN name = 'alice' THEN {long} ~ '1[01]{{200}}[^01]' ELSE true END"),
+        format!("CASE WHEN name = 'alice' THEN {long} LIKE '%1{underscores}#%' ELSE true END"),
+    ] {
+        let sql = format!("SELECT {KDE}['release'] FROM p WHERE {pred}");
+        let (a, b) = n.observe(&sql, 2).await;
+        let e = a.error.clone().unwrap_or_default();
+        assert!(e.contains("total-expressions-only"), "{}: {e}", &pred[..60]);
+        assert_eq!(a, b);
+        assert_eq!(a.charges, 0, "refused before the debit");
+    }
+    // Ordinary uses stay allowed.
+    for pred in ["ltrim(name, ' ') <> ''", "name ~ '^p[0-9]+$'", "name LIKE 'p1%'", "btrim(g, 'g') = '1'"] {
+        let (a, b) = n.observe(&format!("SELECT {KDE}['release'] FROM p WHERE {pred}"), 2).await;
+        assert!(a.error.is_none(), "{pred}: {:?}", a.error);
+        assert_eq!(a, b);
+    }
+}

@@ -5,11 +5,13 @@
 //!   key only makes the kept rows a uniform sample, it protects nothing from them);
 //! * a partition selection's membership filter: the keys the client's gate selected (the
 //!   subtree is shipped after the gate ran the selection);
-//! * the total integer division and remainder.
+//! * the total integer division and remainder;
+//! * the eager `CASE`, `AND` and `OR`.
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::ScalarUDF;
 
+use super::eager::{EagerForm, Form};
 use super::expressions::TotalIntDiv;
 use super::selection::SelectedFilter;
 use super::units::SampleOrder;
@@ -19,6 +21,9 @@ const TAG_SELECTED: u8 = 2;
 const TAG_NOT_SELECTED_YET: u8 = 3;
 const TAG_DIV: u8 = 4;
 const TAG_MOD: u8 = 5;
+const TAG_CASE: u8 = 6;
+const TAG_AND: u8 = 7;
+const TAG_OR: u8 = 8;
 
 /// The bytes of one of dpcurve's scalar functions (None: any other function, which executors
 /// find by name).
@@ -49,6 +54,13 @@ pub(crate) fn encode(udf: &ScalarUDF) -> Option<Vec<u8>> {
     if let Some(div) = inner.downcast_ref::<TotalIntDiv>() {
         return Some(vec![if div.is_modulo() { TAG_MOD } else { TAG_DIV }]);
     }
+    if let Some(eager) = inner.downcast_ref::<EagerForm>() {
+        return Some(vec![match eager.form() {
+            Form::Case => TAG_CASE,
+            Form::And => TAG_AND,
+            Form::Or => TAG_OR,
+        }]);
+    }
     None
 }
 
@@ -73,6 +85,9 @@ pub(crate) fn decode(name: &str, buf: &[u8]) -> Result<ScalarUDF> {
         }
         Some(&TAG_DIV) => ScalarUDF::from(TotalIntDiv::new(false)),
         Some(&TAG_MOD) => ScalarUDF::from(TotalIntDiv::new(true)),
+        Some(&TAG_CASE) => ScalarUDF::from(EagerForm::new(Form::Case)),
+        Some(&TAG_AND) => ScalarUDF::from(EagerForm::new(Form::And)),
+        Some(&TAG_OR) => ScalarUDF::from(EagerForm::new(Form::Or)),
         _ => return Err(bad()),
     };
     if !rest.0.is_empty() || udf.name() != name {
@@ -133,6 +148,10 @@ mod tests {
                 .unwrap()
                 .is_modulo()
         );
+        for form in [Form::Case, Form::And, Form::Or] {
+            let back = round_trip(ScalarUDF::from(EagerForm::new(form)));
+            assert_eq!(back.inner().downcast_ref::<EagerForm>().unwrap().form(), form);
+        }
     }
 
     #[test]

@@ -314,6 +314,25 @@ struct Checker<'a> {
     cost: u64,
 }
 
+/// The text of a string scalar.
+fn scalar_str(v: &ScalarValue) -> Option<&str> {
+    match v {
+        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// States of the automaton the regular expression engine builds for `pattern` (a Thompson NFA,
+/// the structure its matchers walk); a pattern that does not compile counts as the limit.
+fn automaton_states(pattern: &str, case_insensitive: bool) -> u64 {
+    use regex_automata::nfa::thompson::NFA;
+    let syntax = regex_automata::util::syntax::Config::new().case_insensitive(case_insensitive);
+    match NFA::compiler().syntax(syntax).build(pattern) {
+        Ok(nfa) => nfa.states().len().max(1) as u64,
+        Err(_) => COST_LIMIT + 1,
+    }
+}
+
 fn literal_units(v: &ScalarValue) -> u64 {
     let len = match v {
         ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => s.len(),
@@ -546,7 +565,9 @@ impl Checker<'_> {
             return refuse(t, &format!("{what} '{pattern}'"), &format!("the pattern does not compile: {e}"));
         }
         let s = self.check(&l.expr, schema)?;
-        self.charge(s + literal_units(&ScalarValue::from(pattern)))?;
+        // The matcher may try every pattern position at every string position (`_` runs between
+        // `%`s compile to a regular expression): the worst case is the product.
+        self.charge(s.saturating_mul(pattern.chars().count().max(1) as u64))?;
         Ok(1)
     }
 
@@ -613,7 +634,9 @@ impl Checker<'_> {
                     return refuse(t, &format!("pattern '{pattern}'"), &format!("it does not compile: {e}"));
                 }
                 let s = self.check(&b.left, schema)?;
-                self.charge(s + literal_units(&ScalarValue::from(pattern)))?;
+                // A regular expression's time is at worst the string's size times its automaton's
+                // states (`[01]{200}` is 15 bytes but 200 repetitions).
+                self.charge(s.saturating_mul(automaton_states(pattern, flag.is_some())))?;
                 Ok(1)
             }
             op => refuse(t, &format!("operator {op}"), &format!("it is not total on {lt} and {rt}")),
@@ -674,6 +697,12 @@ impl Checker<'_> {
                 }
                 if let Some(why) = validate(name, &tail) {
                     return refuse(t, &format!("function {name}"), &why);
+                }
+                if matches!(name, "btrim" | "ltrim" | "rtrim") {
+                    // Each character of the string is looked up in the set: the true cost is the
+                    // product of their sizes (a 30 000-character set over a long string took seconds).
+                    let set = tail.first().and_then(scalar_str).map_or(1, |s| s.chars().count().max(1) as u64);
+                    self.charge(sizes[0].saturating_mul(set))?;
                 }
                 Ok(max)
             }
@@ -775,5 +804,13 @@ fn chain(node: LogicalPlan, checker: &mut Checker) -> Result<LogicalPlan> {
     if let LogicalPlan::Projection(p) = &node {
         checker.sizes = p.schema.fields().iter().map(|f| f.name().clone()).zip(out_sizes).collect();
     }
+    // Checked: now no data-dependent short-circuit — every branch on every row.
+    let node = node
+        .map_expressions(|e| {
+            let saved = preserver.save(&e);
+            let rewritten = super::eager::eager(e, &schema)?;
+            Ok(rewritten.update_data(|e| saved.restore(e)))
+        })?
+        .data;
     node.recompute_schema()
 }

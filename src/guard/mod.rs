@@ -23,6 +23,7 @@ use crate::policy::{Catalog, Charge};
 
 pub mod bounds;
 pub mod canonical_groups;
+pub mod eager;
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster_udfs;
 pub mod expressions;

@@ -74,7 +74,7 @@ pub async fn fill(node: &Arc<dyn ExecutionPlan>, context: Arc<TaskContext>) -> R
 }
 
 /// A release computed ahead of the rest of the plan (module docs): yields the rows the gate
-/// kept, or runs its input when nothing was kept (a plan run without its gate).
+/// kept (once), or runs its input when nothing is kept (a plan run without its gate).
 #[derive(Debug)]
 pub struct PrefetchExec {
     input: Arc<dyn ExecutionPlan>,
@@ -136,7 +136,9 @@ impl ExecutionPlan for PrefetchExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let kept = self.kept.lock().map_err(|_| DataFusionError::Internal("prefetch lock poisoned".into()))?.clone();
+        // Taken, not copied: the kept rows are this execution's, read once; a second run of the
+        // subtree (below the gate, or re-executed) runs its input and finds no permit.
+        let kept = self.kept.lock().map_err(|_| DataFusionError::Internal("prefetch lock poisoned".into()))?.take();
         match kept {
             Some(batches) => Ok(Box::pin(RecordBatchStreamAdapter::new(
                 self.input.schema(),
