@@ -233,6 +233,10 @@ async fn the_guard_refuses_what_would_leak_with_precise_messages_and_charges_not
         (format!("SELECT {r}(y, x, 1, 1e-6, bandwidth => 0.001) FROM t"), "bandwidth must be at least (hi − lo)/256"),
         (format!("SELECT {r}(y, x, 1, 1e-6) FROM u"), "arguments 'lo_y' and 'hi_y' are required"),
         (format!("SELECT {r}(y, x, 1, 1e-6, huber => -1) FROM t"), "argument 'huber' must be a finite number > 0"),
+        (
+            format!("SELECT {r}(y, x, 1, 1e-6, penalty => 1e-4, huber => 1e-5, lo_y => 0, hi_y => 1) FROM t"),
+            "huber must be at least 0.01 × (hi_y − lo_y)",
+        ),
         (format!("SELECT {r}(y, x, 1, 1e-6, points => 1) FROM t"), "'points' must be an integer in [2, 4096]"),
         (format!("SELECT {r}(y, x, 1, 1e-6, width => 3) FROM t"), "unknown argument name 'width'"),
         (format!("SELECT {r}('a', x, 1, 1e-6) FROM t"), "argument 'y' must be numeric"),
