@@ -13,6 +13,7 @@ use datafusion::parquet::arrow::ArrowWriter;
 
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod neighbours;
 
 /// A fresh directory under the system temp dir, removed when dropped.
 pub struct TempDir(pub PathBuf);
