@@ -180,3 +180,50 @@ async fn amplifying_string_operations_are_refused_before_the_debit() {
         assert_eq!(a, b);
     }
 }
+
+/// Memory (SPEC §0): a unit's value enters the contribution bounding's sorts only as its 16-byte
+/// keyed hash, so alice's 10⁸-byte unit value under the smallest memory limit (64 MiB) gives the
+/// same outcome as her absence — it used to fail the query with her and succeed without.
+#[tokio::test]
+async fn a_huge_unit_value_does_not_change_whether_a_query_fails() {
+    use datafusion::arrow::array::{ArrayRef, Float64Array, StringArray};
+    use dpcurve::{Admin, AnalystSession, NoiseSource};
+    let mut sides = Vec::new();
+    for alice in [true, false] {
+        let dir = common::TempDir::new(&format!("nb-hugeunit-{alice}"));
+        let mut unit: Vec<String> = (0..300).map(|i| format!("u{}", i % 60)).collect();
+        let mut x: Vec<f64> = (0..300).map(|i| (i as f64 * 0.618).fract()).collect();
+        if alice {
+            unit.push("a".repeat(100_000_000));
+            x.push(0.5);
+        }
+        common::write_columns(
+            &dir.path("u.parquet"),
+            vec![
+                ("unit", std::sync::Arc::new(StringArray::from(unit)) as ArrayRef),
+                ("x", std::sync::Arc::new(Float64Array::from(x))),
+            ],
+        );
+        let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+        admin.register("u", &dir.str("u.parquet")).await.unwrap();
+        admin.make_private("u", 10.0, 1e-3).unwrap();
+        admin.set_bounds("u", "x", 0.0, 1.0).await.unwrap();
+        admin.set_privacy_unit("u", "unit", 2, 1).await.unwrap();
+        admin.set_memory_limit(64 << 20).unwrap();
+        sides.push((dir, admin));
+    }
+    let sql = format!("SELECT {KDE}['release'] AS r FROM u");
+    for partitions in [1, 2] {
+        for run in 0..3 {
+            let mut seen = Vec::new();
+            for (dir, _) in &sides {
+                let opts =
+                    SessionOptions { noise: NoiseSource::Os, target_partitions: Some(partitions), ..Default::default() };
+                let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+                seen.push(s.query(&sql).await.map(|_| ()).map_err(|e| e.to_string()));
+            }
+            assert_eq!(seen[0], seen[1], "partitions {partitions}, run {run}: the outcome depends on alice");
+            assert!(seen[0].is_ok(), "{:?}", seen[0]);
+        }
+    }
+}

@@ -193,11 +193,16 @@ fn kernel_fit_and_iclp_privacy_maps_and_releases_never_panic() {
     use dpcurve::mechanism::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
     let mut rng = ChaCha20Rng::seed_from_u64(0xF027);
     let (mut fits, mut iclp) = (0, 0);
-    for i in 0..300 {
+    for i in 0..700 {
         let (lo, hi) = (mostly(&mut rng, &[-1.0, 0.0, 0.3]), mostly(&mut rng, &[1.0, 2.0, 1e3]));
         let grid = Grid { lo, hi, points: pick(&mut rng, &[0usize, 1, 2, 41, 4096, 65_537]) };
+        let y_range = (mostly(&mut rng, &[-1.0, -1e6]), mostly(&mut rng, &[1.0, 1e6]));
         let loss = if i % 2 == 0 {
-            FitLoss::Huber(mostly(&mut rng, &[0.1, 1.0, 1e3]))
+            // Relative to the response range (the accepted scales start at 1 % of it), or a
+            // boundary value.
+            let span = y_range.1 - y_range.0;
+            let frac = mostly(&mut rng, &[0.05, 0.5, 10.0]);
+            FitLoss::Huber(if [0.05, 0.5, 10.0].contains(&frac) { frac * span } else { frac })
         } else {
             FitLoss::Hinge(mostly(&mut rng, &[0.05, 0.1, 1.0]))
         };
@@ -206,7 +211,7 @@ fn kernel_fit_and_iclp_privacy_maps_and_releases_never_panic() {
             bandwidth: mostly(&mut rng, &[0.01, 0.1, 0.7, 30.0]),
             penalty: mostly(&mut rng, &[1e-6, 1.0, 100.0, 1e15]),
             loss,
-            y_range: (mostly(&mut rng, &[-1.0, -1e6]), mostly(&mut rng, &[1.0, 1e6])),
+            y_range,
             epsilon: mostly(&mut rng, &[1e-12, 0.1, 1.0, 10.0]),
             delta: if i % 3 == 0 { 0.0 } else { delta(&mut rng) },
             calibration: Calibration::Analytic,

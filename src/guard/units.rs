@@ -51,6 +51,8 @@ pub type UnitsMap = BTreeMap<String, PrivacyUnit>;
 
 /// Column carrying the unit up to the bounding windows.
 pub const UNIT_COLUMN: &str = "__dpcurve_unit";
+/// The keyed 128-bit hash of the unit that the bounding windows partition by.
+pub const UNIT_KEY: &str = "__dpcurve_unit_key";
 /// True on one kept row per unit and group (what partition selection counts).
 pub const FIRST_OF_UNIT: &str = "__dpcurve_first_of_unit";
 const ROW_RANK: &str = "__dpcurve_row_rank";
@@ -121,14 +123,20 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         };
         let (bound, noise) = contribution;
         for f in agg.input.schema().fields() {
-            if [UNIT_COLUMN, ROW_RANK, GROUP_RANK, FIRST_OF_UNIT].contains(&f.name().as_str()) {
+            if [UNIT_COLUMN, UNIT_KEY, ROW_RANK, GROUP_RANK, FIRST_OF_UNIT].contains(&f.name().as_str()) {
                 return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
             }
         }
         let original: Vec<Expr> = agg.input.schema().columns().into_iter().map(Expr::Column).collect();
         let (input, unit_col) = with_unit(&agg.input, &unit.column, &table)?;
-        let unit_expr = Expr::Column(unit_col);
         let order = Arc::new(ScalarUDF::from(SampleOrder::new(noise)?));
+        // The unit enters the windows' sorts and partitions as its 128-bit keyed hash (16 bytes,
+        // per-query key), never as its value: a unit value of any size costs the sorts the same
+        // memory, so whether they fit cannot depend on one unit's value.
+        let mut keyed = original.clone();
+        keyed.push(order.call(vec![Expr::Column(unit_col)]).alias(UNIT_KEY));
+        let input = LogicalPlanBuilder::from(input).project(keyed)?.build()?;
+        let unit_expr = Expr::Column(Column::from_name(UNIT_KEY));
         let mut builder = LogicalPlanBuilder::from(input);
         let needs_group_bound = match group_mode(agg, keys, &table)? {
             GroupMode::Ungrouped => false,

@@ -87,7 +87,11 @@ impl fmt::Display for KdeError {
         match self {
             KdeError::Bandwidth(h) => write!(f, "bandwidth must be a finite number > 0, got {h}"),
             KdeError::Range(lo, hi) => {
-                write!(f, "lo and hi must be finite with lo < hi and a finite hi − lo, got lo = {lo}, hi = {hi}")
+                write!(
+                    f,
+                    "lo and hi must be finite with lo < hi, a finite hi − lo, and lo, hi and the bandwidth within \
+                     ±1e300, got lo = {lo}, hi = {hi}"
+                )
             }
             KdeError::BandwidthTooWide(h, range) => write!(
                 f,
@@ -168,6 +172,11 @@ impl KdeLayout {
         // hi − lo must itself be finite (lo = −1e308, hi = 1e308 is not), and so must the
         // grid step: every derived quantity below is then finite.
         if !(grid.lo.is_finite() && grid.hi.is_finite() && grid.lo < grid.hi && (grid.hi - grid.lo).is_finite()) {
+            return Err(KdeError::Range(grid.lo, grid.hi));
+        }
+        // The box and the padding around it (16 bandwidths) must stay ordinary doubles too:
+        // lo = −1e308 with a bandwidth of 1e308 overflowed the padding to ∞.
+        if !(grid.lo.abs() <= 1e300 && grid.hi.abs() <= 1e300 && bandwidth <= 1e300) {
             return Err(KdeError::Range(grid.lo, grid.hi));
         }
         if !(2..=MAX_POINTS).contains(&grid.points) {

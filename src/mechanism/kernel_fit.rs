@@ -431,6 +431,14 @@ impl KernelFitMechanism {
                 range / MAX_RANGE_OVER_BANDWIDTH
             ));
         }
+        // Every derived length (the feature period hi − lo + margin·h, the bins) stays an ordinary
+        // finite double: the box and the bandwidth are within ±1e300.
+        if !(lo.abs() <= 1e300 && hi.abs() <= 1e300 && h <= 1e300 && (range + PERIOD_MARGIN * h).is_finite()) {
+            return bad(format!(
+                "lo, hi and bandwidth must be within ±1e300 (so every derived length is finite), got lo = {lo}, \
+                 hi = {hi}, bandwidth = {h}"
+            ));
+        }
         if h / range > MAX_BANDWIDTH_OVER_RANGE {
             return bad(format!(
                 "bandwidth must be at most {MAX_BANDWIDTH_OVER_RANGE} times hi − lo = {range}, got {h}"
