@@ -52,7 +52,7 @@ pub type UnitsMap = BTreeMap<String, PrivacyUnit>;
 /// Column carrying the unit up to the bounding windows.
 pub const UNIT_COLUMN: &str = "__dpcurve_unit";
 /// The keyed 128-bit hash of the unit that the bounding windows partition by.
-pub const UNIT_KEY: &str = "__dpcurve_unit_key";
+pub const UNIT_HASH: &str = "__dpcurve_unit_hash";
 /// True on one kept row per unit and group (what partition selection counts).
 pub const FIRST_OF_UNIT: &str = "__dpcurve_first_of_unit";
 const ROW_RANK: &str = "__dpcurve_row_rank";
@@ -123,7 +123,7 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         };
         let (bound, noise) = contribution;
         for f in agg.input.schema().fields() {
-            if [UNIT_COLUMN, UNIT_KEY, ROW_RANK, GROUP_RANK, FIRST_OF_UNIT].contains(&f.name().as_str()) {
+            if [UNIT_COLUMN, UNIT_HASH, ROW_RANK, GROUP_RANK, FIRST_OF_UNIT].contains(&f.name().as_str()) {
                 return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
             }
         }
@@ -134,9 +134,9 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) 
         // per-query key), never as its value: a unit value of any size costs the sorts the same
         // memory, so whether they fit cannot depend on one unit's value.
         let mut keyed = original.clone();
-        keyed.push(order.call(vec![Expr::Column(unit_col)]).alias(UNIT_KEY));
+        keyed.push(order.call(vec![Expr::Column(unit_col)]).alias(UNIT_HASH));
         let input = LogicalPlanBuilder::from(input).project(keyed)?.build()?;
-        let unit_expr = Expr::Column(Column::from_name(UNIT_KEY));
+        let unit_expr = Expr::Column(Column::from_name(UNIT_HASH));
         let mut builder = LogicalPlanBuilder::from(input);
         let needs_group_bound = match group_mode(agg, keys, &table)? {
             GroupMode::Ungrouped => false,
