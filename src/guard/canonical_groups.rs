@@ -148,7 +148,9 @@ impl ExecutionPlan for CanonicalGroupsExec {
 
     #[allow(deprecated)]
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = super::gate::only_child(children, "CanonicalGroupsExec")?;
+        let [input]: [Arc<dyn ExecutionPlan>; 1] = children
+            .try_into()
+            .map_err(|_| DataFusionError::Internal("CanonicalGroupsExec takes exactly one child".into()))?;
         Ok(Arc::new(Self {
             input,
             width: self.width,

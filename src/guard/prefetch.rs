@@ -131,7 +131,9 @@ impl ExecutionPlan for PrefetchExec {
 
     #[allow(deprecated)]
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = super::gate::only_child(children, "PrefetchExec")?;
+        let [input]: [Arc<dyn ExecutionPlan>; 1] = children
+            .try_into()
+            .map_err(|_| DataFusionError::Internal("PrefetchExec takes exactly one child".into()))?;
         Ok(Arc::new(Self::with_input(input, Arc::clone(&self.kept))))
     }
 
