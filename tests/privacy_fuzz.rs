@@ -1,6 +1,8 @@
 //! Privacy property fuzz (SPEC §0, §6): for each mechanism, parameters drawn log-uniformly across
 //! their whole accepted domain (edges included) and neighbour pairs (extreme rows, the box's
-//! edges, NaN/±∞ rows) through the real statistic → lifted coordinates → lattice path. For every
+//! edges, NaN/±∞ rows) through the real statistic → lifted coordinates → lattice path (KDE, 2-D KDE,
+//! mean curve, and the lattice alone; the kernel fits' certified solves are covered at their domain
+//! edges in `kernel_fit_privacy.rs`). For every
 //! accepted parameter set, the lifted difference stays within the sensitivity the noise is
 //! calibrated for (L2, or L1 for the pure-ε releases), after rounding to the lattice too, and no
 //! non-finite value appears. Negative control: the same checks against half the sensitivity fail
@@ -206,4 +208,56 @@ fn the_lattice_is_finite_and_calibrated_wherever_it_is_accepted() {
         assert!(got <= lat.sensitivity(), "{sensitivity:e}, dim {dim}, pure {pure}: {got:e} > {:e} (γ {:e})", lat.sensitivity(), lat.gamma());
     }
     assert!(accepted > 100 && refused > 20, "accepted {accepted}, refused {refused}");
+}
+
+#[test]
+fn kde2d_lifted_differences_stay_within_the_calibrated_sensitivity() {
+    use dpcurve::mechanism::Contribution;
+    use dpcurve::mechanism::kde2d::{Kde2dMechanism, Kde2dSpec};
+    let mut rng = ChaCha20Rng::seed_from_u64(0x9f_0004);
+    let mut seen = Seen::default();
+    for i in 0..cases(20) {
+        let (wx, wy) = (log_uniform(&mut rng, -3.0, 6.0), log_uniform(&mut rng, -3.0, 6.0));
+        let (lo_x, lo_y) = ([-1e5, 0.0, 3.0][rng.next_u32() as usize % 3], [-7.0, 0.0][rng.next_u32() as usize % 2]);
+        let spec = Kde2dSpec {
+            grid_x: Grid { lo: lo_x, hi: lo_x + wx, points: log_uniform(&mut rng, 0.31, 1.5) as usize },
+            grid_y: Grid { lo: lo_y, hi: lo_y + wy, points: log_uniform(&mut rng, 0.31, 1.5) as usize },
+            bandwidth_x: wx * log_uniform(&mut rng, -1.5, 0.5),
+            bandwidth_y: wy * log_uniform(&mut rng, -1.5, 0.5),
+            epsilon: log_uniform(&mut rng, -3.0, 1.0),
+            delta: log_uniform(&mut rng, -12.0, -2.0),
+            calibration: Calibration::Analytic,
+            normalise: Default::default(),
+        };
+        let Ok(m) = Kde2dMechanism::new(spec.clone(), Contribution::ROW) else { continue };
+        seen.accepted += 1;
+        let (gx, gy) = (spec.grid_x, spec.grid_y);
+        let xs: Vec<f64> = (0..100).map(|k| gx.lo + wx * ((k as f64 * 0.618).fract())).collect();
+        let ys: Vec<f64> = (0..100).map(|k| gy.lo + wy * ((k as f64 * 0.377).fract())).collect();
+        let mut acc = m.accumulation();
+        m.add_all(&mut acc, &xs, &ys);
+        let base = acc.totals().to_vec();
+        let w0 = m.lifted(&base);
+        assert!(finite(&w0), "draw {i}: non-finite lifted coordinates");
+        for (x, y) in [
+            (gx.lo, gy.lo),
+            (gx.hi, gy.hi),
+            (gx.lo - 8.0 * spec.bandwidth_x, gy.hi + 8.0 * spec.bandwidth_y),
+            (gx.lo + wx / 3.0, gy.lo + wy / 7.0),
+            (f64::NAN, gy.lo),
+            (f64::INFINITY, f64::NEG_INFINITY),
+            (1e308, -1e308),
+        ] {
+            let mut acc = m.accumulation();
+            acc.merge(&base);
+            m.add_all(&mut acc, &[x], &[y]);
+            let w1 = m.lifted(acc.totals());
+            assert!(finite(&w1), "draw {i} ({x}, {y}): non-finite lifted coordinates");
+            let what = format!("kde2d draw {i} ({spec:?}) ({x}, {y})");
+            seen.check(&what, l2(&w0, &w1), m.stat_sensitivity());
+            assert!(rounded(m.lattice(), &w0, &w1, false) <= m.lattice().sensitivity(), "{what}: rounded");
+        }
+    }
+    assert!(seen.accepted >= 6, "only {} draws were accepted", seen.accepted);
+    assert!(seen.worst > 0.5, "the worst difference is only {} of the sensitivity", seen.worst);
 }
