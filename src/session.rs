@@ -267,11 +267,7 @@ impl DpSession {
     }
 
     /// Runs every statement in `sql` in order, handing each result to `done` as it completes.
-    pub async fn sql_each(
-        &self,
-        sql: &str,
-        done: &mut (dyn FnMut(QueryOutput) -> Result<()> + Send),
-    ) -> Result<()> {
+    pub async fn sql_each(&self, sql: &str, done: &mut (dyn FnMut(QueryOutput) -> Result<()> + Send)) -> Result<()> {
         self.engine.run_each(sql, done).await
     }
 
@@ -356,11 +352,7 @@ impl AnalystSession {
 
     /// Runs every statement in `sql` in order, handing each result to `done` as soon as it
     /// completes (before the next statement runs).
-    pub async fn sql_each(
-        &self,
-        sql: &str,
-        done: &mut (dyn FnMut(QueryOutput) -> Result<()> + Send),
-    ) -> Result<()> {
+    pub async fn sql_each(&self, sql: &str, done: &mut (dyn FnMut(QueryOutput) -> Result<()> + Send)) -> Result<()> {
         self.engine.run_each(sql, done).await
     }
 

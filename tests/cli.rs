@@ -221,7 +221,8 @@ fn each_statement_is_printed_as_it_completes() {
     assert_eq!(admin_cmd(&cat, &["register", "p", &dir.str("p.parquet")]).0, 0);
     assert_eq!(admin_cmd(&cat, &["make-private", "p", "--epsilon", "0.1", "--delta", "1e-5"]).0, 0);
     let one = "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 16)['release'] AS r FROM p";
-    let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "--format", "json", "-c", &format!("{one}; {one}")], None);
+    let (code, out, err) =
+        dpcurve(&["sql", "--catalog", &cat, "--format", "json", "-c", &format!("{one}; {one}")], None);
     assert_eq!(code, 1, "{err}");
     assert!(out.starts_with("{\"r\":\"r1\"}"), "the first result is shown: {out}");
     assert!(err.contains("privacy budget exhausted"), "{err}");

@@ -140,7 +140,9 @@ async fn on_public_copies_the_fuzzer_finds_differences() {
     for _ in 0..cases().min(60) {
         let sql = query(&mut rng);
         let show = |r: datafusion::common::Result<Vec<datafusion::arrow::array::RecordBatch>>| match r {
-            Ok(b) => (text_rows(&b).len(), text_rows(&b).into_iter().map(|r| r.first().cloned()).collect::<Vec<_>>(), None),
+            Ok(b) => {
+                (text_rows(&b).len(), text_rows(&b).into_iter().map(|r| r.first().cloned()).collect::<Vec<_>>(), None)
+            }
             Err(e) => (0, Vec::new(), Some(e.to_string())),
         };
         let single = sql.split(';').next().unwrap().to_string();

@@ -298,8 +298,11 @@ fn the_smallest_accepted_huber_scale_certifies_and_the_counterexample_is_refused
     let ys = vec![0.0; n];
     let unit = 1i128 << 40;
     for (penalty, bandwidth) in [(1e-6, 0.1), (1e-4, 0.1), (1e-4, 0.05)] {
-        let m = KernelFitMechanism::new(fit(dpcurve::mechanism::kernel_fit::MIN_HUBER_FRACTION, penalty, bandwidth), Contribution::ROW)
-            .unwrap();
+        let m = KernelFitMechanism::new(
+            fit(dpcurve::mechanism::kernel_fit::MIN_HUBER_FRACTION, penalty, bandwidth),
+            Contribution::ROW,
+        )
+        .unwrap();
         let base = state_of(&m, &ys, &xs);
         let (len, levels) = (m.state_len(), m.levels().len());
         let mut alternating = vec![0; len];

@@ -20,7 +20,9 @@ async fn group_order_and_release_ids_do_not_depend_on_one_row() {
             "SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p WHERE name = 'alice' GROUP BY g) ORDER BY g"
         ),
         format!("SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p GROUP BY g)"),
-        format!("SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p WHERE name = 'alice' GROUP BY g) LIMIT 1"),
+        format!(
+            "SELECT g, k['release'] AS r FROM (SELECT g, {KDE} AS k FROM p WHERE name = 'alice' GROUP BY g) LIMIT 1"
+        ),
         // Two calls in one GROUP BY: ids run call by call, each call's groups in declared order.
         format!(
             "SELECT g, a['release'], b['release'] FROM (SELECT g, {KDE} AS a, \
@@ -59,8 +61,18 @@ async fn group_order_and_release_ids_do_not_depend_on_one_row() {
 async fn declared_keys_that_collide_in_the_grouping_type_are_one_group() {
     let n = Neighbours::new("nb-casts").await;
     for (sql, groups) in [
-        (format!("SELECT CAST(code AS INT) AS c, {KDE}['release'] FROM p WHERE name = 'alice' GROUP BY CAST(code AS INT)"), 2),
-        (format!("SELECT CAST(flag AS BOOLEAN) AS f, {KDE}['release'] FROM p WHERE name = 'alice' GROUP BY CAST(flag AS BOOLEAN)"), 2),
+        (
+            format!(
+                "SELECT CAST(code AS INT) AS c, {KDE}['release'] FROM p WHERE name = 'alice' GROUP BY CAST(code AS INT)"
+            ),
+            2,
+        ),
+        (
+            format!(
+                "SELECT CAST(flag AS BOOLEAN) AS f, {KDE}['release'] FROM p WHERE name = 'alice' GROUP BY CAST(flag AS BOOLEAN)"
+            ),
+            2,
+        ),
     ] {
         for partitions in [1, 3] {
             let (a, b) = n.observe(&sql, partitions).await;
@@ -217,8 +229,11 @@ async fn a_huge_unit_value_does_not_change_whether_a_query_fails() {
         for run in 0..3 {
             let mut seen = Vec::new();
             for (dir, _) in &sides {
-                let opts =
-                    SessionOptions { noise: NoiseSource::Os, target_partitions: Some(partitions), ..Default::default() };
+                let opts = SessionOptions {
+                    noise: NoiseSource::Os,
+                    target_partitions: Some(partitions),
+                    ..Default::default()
+                };
                 let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
                 seen.push(s.query(&sql).await.map(|_| ()).map_err(|e| e.to_string()));
             }

@@ -293,11 +293,7 @@ async fn paid_results_survive_later_failures() {
     assert_eq!(got.len(), 1);
     // 3. The release is drawn before the failing public part runs, and the error names it.
     let stored = f.admin.stored_releases(None).unwrap().len();
-    let err = s
-        .query(&format!("SELECT n, k FROM ({bad_public}) CROSS JOIN ({one})"))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = s.query(&format!("SELECT n, k FROM ({bad_public}) CROSS JOIN ({one})")).await.unwrap_err().to_string();
     let now = f.admin.stored_releases(None).unwrap();
     assert_eq!(now.len(), stored + 1, "the paid release is stored");
     let id = &now.last().unwrap().release;

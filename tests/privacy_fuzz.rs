@@ -11,9 +11,9 @@
 use dpcurve::mechanism::lattice::{DD, LatticeMechanism};
 use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec};
 use dpcurve::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec};
+use rand::Rng;
 use rand::rngs::ChaCha20Rng;
 use rand::{RngExt, SeedableRng};
-use rand::Rng;
 
 fn cases(default: usize) -> usize {
     std::env::var("DPCURVE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -205,7 +205,12 @@ fn the_lattice_is_finite_and_calibrated_wherever_it_is_accepted() {
         let r = lat.round(&w1);
         assert!(r.iter().all(|&v| v != i128::MAX && v != i128::MIN), "saturated at {sensitivity:e}, dim {dim}");
         let got = rounded(&lat, &w0, &w1, pure);
-        assert!(got <= lat.sensitivity(), "{sensitivity:e}, dim {dim}, pure {pure}: {got:e} > {:e} (γ {:e})", lat.sensitivity(), lat.gamma());
+        assert!(
+            got <= lat.sensitivity(),
+            "{sensitivity:e}, dim {dim}, pure {pure}: {got:e} > {:e} (γ {:e})",
+            lat.sensitivity(),
+            lat.gamma()
+        );
     }
     assert!(accepted > 100 && refused > 20, "accepted {accepted}, refused {refused}");
 }

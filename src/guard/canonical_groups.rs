@@ -163,8 +163,7 @@ impl ExecutionPlan for CanonicalGroupsExec {
 
     fn execute(&self, _partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let parts = self.input.output_partitioning().partition_count();
-        let streams =
-            (0..parts).map(|p| self.input.execute(p, Arc::clone(&context))).collect::<Result<Vec<_>>>()?;
+        let streams = (0..parts).map(|p| self.input.execute(p, Arc::clone(&context))).collect::<Result<Vec<_>>>()?;
         let input_schema = self.input.schema();
         let key_types: Vec<DataType> =
             input_schema.fields()[..self.width].iter().map(|f| f.data_type().clone()).collect();

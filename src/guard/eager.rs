@@ -187,9 +187,15 @@ mod tests {
         let l = b(vec![Some(true), Some(true), Some(false), None, None, Some(false)]);
         let r = b(vec![Some(true), None, None, Some(false), Some(true), Some(false)]);
         let and = run(Form::And, vec![Arc::clone(&l), Arc::clone(&r)]);
-        assert_eq!(and.as_boolean(), &BooleanArray::from(vec![Some(true), None, Some(false), Some(false), None, Some(false)]));
+        assert_eq!(
+            and.as_boolean(),
+            &BooleanArray::from(vec![Some(true), None, Some(false), Some(false), None, Some(false)])
+        );
         let or = run(Form::Or, vec![l, r]);
-        assert_eq!(or.as_boolean(), &BooleanArray::from(vec![Some(true), Some(true), None, None, Some(true), Some(false)]));
+        assert_eq!(
+            or.as_boolean(),
+            &BooleanArray::from(vec![Some(true), Some(true), None, None, Some(true), Some(false)])
+        );
         // CASE WHEN c1 THEN 1 WHEN c2 THEN 2 ELSE NULL END
         let c1 = b(vec![Some(true), Some(false), None, Some(true)]);
         let c2 = b(vec![Some(true), Some(true), Some(true), None]);

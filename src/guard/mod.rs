@@ -23,9 +23,9 @@ use crate::policy::{Catalog, Charge};
 
 pub mod bounds;
 pub mod canonical_groups;
-pub mod eager;
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster_udfs;
+pub mod eager;
 pub mod expressions;
 pub mod gate;
 pub mod groups;

@@ -520,11 +520,11 @@ impl KernelFitMechanism {
     }
 
     /// Smallest pseudo-Huber scale relative to `hi_y − lo_y`. Below 10⁻⁴ the damped Newton solver
-/// stops uncertified at its cap on adversarial tables (the iterate was off by 10⁷–10⁹ η, and one
-/// released pair moved by ≈ 6× the calibrated Δ); at 10⁻³ it certifies within ≈ 90 steps; the bound
-/// keeps a decade of margin (`tests/kernel_fit_privacy.rs` checks the boundary).
-pub const MIN_HUBER_FRACTION: f64 = 1e-2;
-/// Smallest smoothing of the classifier's hinge (its curvature is ≤ 1/(2s)).
+    /// stops uncertified at its cap on adversarial tables (the iterate was off by 10⁷–10⁹ η, and one
+    /// released pair moved by ≈ 6× the calibrated Δ); at 10⁻³ it certifies within ≈ 90 steps; the bound
+    /// keeps a decade of margin (`tests/kernel_fit_privacy.rs` checks the boundary).
+    pub const MIN_HUBER_FRACTION: f64 = 1e-2;
+    /// Smallest smoothing of the classifier's hinge (its curvature is ≤ 1/(2s)).
     pub const MIN_SMOOTHING: f64 = 0.1;
     /// Largest condition number of the Newton system the cell cap allows.
     pub const MAX_CONDITION: f64 = 1e10;

@@ -414,9 +414,8 @@ fn reserve_release_ids(tx: &rusqlite::Transaction<'_>, n: u64) -> Result<i64, Po
     }
     let n = i64::try_from(n).map_err(|_| PolicyError::Invalid("too many releases in one query".into()))?;
     let last = first + n - 1;
-    let updated = tx
-        .execute("UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'stored_releases'", [last])
-        .map_err(storage)?;
+    let updated =
+        tx.execute("UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'stored_releases'", [last]).map_err(storage)?;
     if updated == 0 {
         tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('stored_releases', ?1)", [last])
             .map_err(storage)?;

@@ -128,4 +128,3 @@ pub fn text_rows(batches: &[RecordBatch]) -> Vec<Vec<String>> {
     }
     out
 }
-
