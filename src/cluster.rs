@@ -56,6 +56,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::functions::{CallContext, Permits, context_of, with_context};
 use crate::guard::cluster_udfs;
+use crate::guard::unit_bound::UnitBound;
 use crate::mechanism::{Contribution, NoiseSource};
 
 /// Where a session's partial aggregation runs: a Ballista scheduler.
@@ -300,6 +301,7 @@ pub struct DpCodec {
 
 /// Payload tags: the first byte of an encoded dpcurve function.
 const TAG_PRIVATE: u8 = 1;
+const TAG_UNIT_BOUND: u8 = 2;
 
 impl PhysicalExtensionCodec for DpCodec {
     fn try_decode(
@@ -333,6 +335,13 @@ impl PhysicalExtensionCodec for DpCodec {
     }
 
     fn try_encode_udaf(&self, node: &AggregateUDF, buf: &mut Vec<u8>) -> Result<()> {
+        if let Some(bound) = node.inner().downcast_ref::<UnitBound>() {
+            let (groups, rows) = bound.bound();
+            buf.push(TAG_UNIT_BOUND);
+            buf.extend_from_slice(&groups.to_le_bytes());
+            buf.extend_from_slice(&rows.to_le_bytes());
+            return Ok(());
+        }
         if let Some(cx) = context_of(node) {
             buf.push(TAG_PRIVATE);
             buf.extend_from_slice(&cx.contribution.rows.to_le_bytes());
@@ -343,10 +352,14 @@ impl PhysicalExtensionCodec for DpCodec {
 
     fn try_decode_udaf(&self, name: &str, buf: &[u8]) -> Result<Arc<AggregateUDF>> {
         let bad = || DataFusionError::Internal(format!("cannot decode the aggregate function '{name}'"));
-        if buf.len() != 17 || buf[0] != TAG_PRIVATE {
+        if buf.len() != 17 || ![TAG_PRIVATE, TAG_UNIT_BOUND].contains(&buf[0]) {
             return Err(bad());
         }
         let word = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
+        if buf[0] == TAG_UNIT_BOUND {
+            let bound = AggregateUDF::from(UnitBound::new(word(1), word(9)));
+            return if bound.name() == name { Ok(Arc::new(bound)) } else { Err(bad()) };
+        }
         let contribution = Contribution::new(word(1), word(9)).map_err(|_| bad())?;
         let registered = crate::functions::private_udafs(NoiseSource::Os, Permits::Denied);
         let func = registered.iter().find(|f| f.name() == name).ok_or_else(bad)?;

@@ -193,52 +193,89 @@ async fn amplifying_string_operations_are_refused_before_the_debit() {
     }
 }
 
-/// Memory (SPEC §0): a unit's value enters the contribution bounding's sorts only as its 16-byte
-/// keyed hash, so alice's 10⁸-byte unit value under the smallest memory limit (64 MiB) gives the
-/// same outcome as her absence — it used to fail the query with her and succeed without.
+/// Memory (SPEC §0): under the smallest memory limit (64 MiB), alice's presence never changes
+/// whether a query fails, however large her values or her unit. She brings a 10⁸-byte unit
+/// value, a 10⁸-byte candidate group key (with and without a privacy unit), and a unit of
+/// `DPCURVE_HEAVY_UNIT_ROWS` rows (2·10⁶ here; 10⁷ in the note's long run). Each used to fail
+/// the query with her and succeed without: the window sort over a heavy unit or a huge unit
+/// value, and the first pass's hash table over a huge key. Now units and candidate keys enter
+/// sorts and hash tables only as 16-byte keyed hashes, and the per-unit bound keeps K·L rows per
+/// unit. `DPCURVE_NEIGHBOUR_RUNS` repeats each comparison (2 here; 20 in the long run).
 #[tokio::test]
-async fn a_huge_unit_value_does_not_change_whether_a_query_fails() {
+async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
     use datafusion::arrow::array::{ArrayRef, Float64Array, StringArray};
     use dpcurve::{Admin, AnalystSession, NoiseSource};
+    use std::sync::Arc;
+    let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (heavy, runs) = (env("DPCURVE_HEAVY_UNIT_ROWS", 2_000_000), env("DPCURVE_NEIGHBOUR_RUNS", 2));
+    let huge = || "b".repeat(100_000_000);
     let mut sides = Vec::new();
     for alice in [true, false] {
-        let dir = common::TempDir::new(&format!("nb-hugeunit-{alice}"));
-        let mut unit: Vec<String> = (0..300).map(|i| format!("u{}", i % 60)).collect();
-        let mut x: Vec<f64> = (0..300).map(|i| (i as f64 * 0.618).fract()).collect();
+        let dir = common::TempDir::new(&format!("nb-memory-{alice}"));
+        let n = 3000;
+        let mut unit: Vec<String> = (0..n).map(|i| format!("u{}", i % 600)).collect();
+        let mut key: Vec<String> = (0..n).map(|i| format!("k{}", i % 5)).collect();
+        let mut x: Vec<f64> = (0..n).map(|i| (i as f64 * 0.618).fract()).collect();
+        let (mut unit2, mut key2, mut x2) = (unit.clone(), key.clone(), x.clone());
         if alice {
-            unit.push("a".repeat(100_000_000));
+            // Table h: a heavy unit, and one more of her rows with a huge key; table v: a huge
+            // unit value; table g (no unit): a huge key.
+            unit.extend((0..heavy).map(|_| "alice".to_string()));
+            key.extend((0..heavy).map(|_| "k0".to_string()));
+            x.extend((0..heavy).map(|i| (i as f64 * 0.377).fract()));
+            unit.push("alice".into());
+            key.push(huge());
             x.push(0.5);
+            unit2.push(huge());
+            key2.push(huge());
+            x2.push(0.5);
         }
-        common::write_columns(
-            &dir.path("u.parquet"),
-            vec![
-                ("unit", std::sync::Arc::new(StringArray::from(unit)) as ArrayRef),
-                ("x", std::sync::Arc::new(Float64Array::from(x))),
-            ],
-        );
+        let write = |file: &str, unit: Vec<String>, key: Vec<String>, x: Vec<f64>| {
+            common::write_columns(
+                &dir.path(file),
+                vec![
+                    ("unit", Arc::new(StringArray::from(unit)) as ArrayRef),
+                    ("s", Arc::new(StringArray::from(key))),
+                    ("x", Arc::new(Float64Array::from(x))),
+                ],
+            )
+        };
+        write("h.parquet", unit, key, x);
+        write("v.parquet", unit2.clone(), vec!["k0".to_string(); unit2.len()], x2.clone());
+        write("g.parquet", unit2, key2, x2);
         let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-        admin.register("u", &dir.str("u.parquet")).await.unwrap();
-        admin.make_private("u", 10.0, 1e-3).unwrap();
-        admin.set_bounds("u", "x", 0.0, 1.0).await.unwrap();
-        admin.set_privacy_unit("u", "unit", 2, 1).await.unwrap();
+        for t in ["h", "v", "g"] {
+            admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
+            admin.make_private(t, 1000.0, 1e-2).unwrap();
+            admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+        }
+        admin.set_privacy_unit("h", "unit", 2, 1).await.unwrap();
+        admin.set_privacy_unit("v", "unit", 2, 1).await.unwrap();
         admin.set_memory_limit(64 << 20).unwrap();
-        sides.push((dir, admin));
+        sides.push(dir);
     }
-    let sql = format!("SELECT {KDE}['release'] AS r FROM u");
-    for partitions in [1, 2] {
-        for run in 0..3 {
-            let mut seen = Vec::new();
-            for (dir, _) in &sides {
-                let opts = SessionOptions {
-                    noise: NoiseSource::Os,
-                    target_partitions: Some(partitions),
-                    ..Default::default()
-                };
-                let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
-                seen.push(s.query(&sql).await.map(|_| ()).map_err(|e| e.to_string()));
+    let select = "private_kde(x, 0.1, 1e-12, 1e-18, 0, 1, points => 16, mechanism => 'gaussian', select_epsilon => 0.5, \
+                  select_delta => 1e-6)['release']";
+    let queries = [
+        format!("SELECT {KDE}['release'] AS r FROM h"),
+        format!("SELECT s, {select} AS r FROM h GROUP BY s"),
+        format!("SELECT {KDE}['release'] AS r FROM v"),
+        format!("SELECT s, {select} AS r FROM g GROUP BY s"),
+    ];
+    for sql in &queries {
+        for partitions in [1, 2] {
+            for run in 0..runs {
+                let mut seen = Vec::new();
+                for dir in &sides {
+                    let opts =
+                        SessionOptions { noise: NoiseSource::Os, target_partitions: Some(partitions), ..Default::default() };
+                    let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+                    let rows = s.query(sql).await.map(|b| b.iter().map(|b| b.num_rows()).sum::<usize>());
+                    seen.push(rows.map_err(|e| e.to_string()));
+                }
+                assert_eq!(seen[0], seen[1], "{sql}, partitions {partitions}, run {run}: the outcome depends on alice");
+                assert!(seen[0].is_ok(), "{sql}: {:?}", seen[0]);
             }
-            assert_eq!(seen[0], seen[1], "partitions {partitions}, run {run}: the outcome depends on alice");
-            assert!(seen[0].is_ok(), "{:?}", seen[0]);
         }
     }
 }

@@ -172,9 +172,19 @@ impl ExecutionPlan for CanonicalGroupsExec {
         let out_schema = Arc::clone(&schema);
         let all = async move {
             let converter = RowConverter::new(key_types.iter().map(|t| SortField::new(t.clone())).collect())?;
-            // The public groups: their keys in the input's row encoding, and their key columns.
-            let (encoded, key_columns) = public_groups(&groups, &converter, &key_types)?;
-            let index: HashMap<&[u8], usize> = encoded.iter().enumerate().map(|(i, k)| (k.as_slice(), i)).collect();
+            // The public groups: declared, in declared order; or selected, found in the states
+            // (the membership filter lets only the selected groups' rows through, and every
+            // selected group has rows) and sorted once all are seen.
+            let (mut encoded, declared_columns) = match &groups {
+                PublicGroups::Declared(tuples) => {
+                    let (e, c) = declared_groups(tuples, &converter, &key_types)?;
+                    (e, Some(c))
+                }
+                PublicGroups::Selected(_) => (Vec::new(), None),
+            };
+            let mut index: HashMap<Vec<u8>, usize> =
+                encoded.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
+            let selecting = declared_columns.is_none();
             let mut states: Vec<Option<Vec<Box<dyn Accumulator>>>> = (0..encoded.len()).map(|_| None).collect();
             let widths: Vec<usize> =
                 aggr.iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<Vec<_>>>()?;
@@ -183,7 +193,16 @@ impl ExecutionPlan for CanonicalGroupsExec {
                 let batch = batch?;
                 let rows = converter.convert_columns(&batch.columns()[..width])?;
                 for (r, key) in rows.iter().enumerate() {
-                    let Some(&g) = index.get(key.as_ref()) else { continue };
+                    let g = match index.get(key.as_ref()) {
+                        Some(&g) => g,
+                        None if selecting => {
+                            encoded.push(key.as_ref().to_vec());
+                            states.push(None);
+                            index.insert(key.as_ref().to_vec(), encoded.len() - 1);
+                            encoded.len() - 1
+                        }
+                        None => continue,
+                    };
                     if states[g].is_none() {
                         states[g] = Some(aggr.iter().map(|a| a.create_accumulator()).collect::<Result<Vec<_>>>()?);
                     }
@@ -197,6 +216,28 @@ impl ExecutionPlan for CanonicalGroupsExec {
                     }
                 }
             }
+            let key_columns = match (&groups, declared_columns) {
+                (PublicGroups::Declared(_), Some(columns)) => columns,
+                (PublicGroups::Selected(slot), _) => {
+                    // Sorted by value; never more than were selected (two keys whose 128-bit
+                    // hashes collide, probability 2⁻¹²⁸ per pair, are the only way to see more).
+                    let selected = slot.selected().map_or(0, |k| k.len());
+                    let mut order: Vec<usize> = (0..encoded.len()).collect();
+                    order.sort_by(|&a, &b| encoded[a].cmp(&encoded[b]));
+                    order.truncate(selected);
+                    let mut sorted = Vec::with_capacity(order.len());
+                    for &i in &order {
+                        sorted.push(states[i].take());
+                    }
+                    states = sorted;
+                    encoded = order.iter().map(|&i| std::mem::take(&mut encoded[i])).collect();
+                    let parser = converter.parser();
+                    converter.convert_rows(encoded.iter().map(|k| parser.parse(k)))?
+                }
+                (PublicGroups::Declared(_), None) => {
+                    return Err(DataFusionError::Internal("declared groups without key columns".into()));
+                }
+            };
             // Every public group, in canonical order, exactly once.
             let mut values: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(encoded.len()); aggr.len()];
             for state in states.iter_mut() {
@@ -227,32 +268,21 @@ impl ExecutionPlan for CanonicalGroupsExec {
     }
 }
 
-/// The public groups in canonical order: each one's key in `converter`'s row encoding, and the key
-/// columns (one array per group column, one row per group).
-fn public_groups(
-    groups: &PublicGroups,
+/// The declared groups in declared order: each one's key in `converter`'s row encoding, and the
+/// key columns (one array per group column, one row per group).
+fn declared_groups(
+    tuples: &[Vec<ScalarValue>],
     converter: &RowConverter,
     key_types: &[DataType],
 ) -> Result<(Vec<Vec<u8>>, Vec<ArrayRef>)> {
-    match groups {
-        PublicGroups::Declared(tuples) => {
-            if tuples.is_empty() {
-                return Ok((Vec::new(), Vec::new()));
-            }
-            let columns = key_types
-                .iter()
-                .enumerate()
-                .map(|(c, t)| Ok(cast(&ScalarValue::iter_to_array(tuples.iter().map(|g| g[c].clone()))?, t)?))
-                .collect::<Result<Vec<ArrayRef>>>()?;
-            let rows = converter.convert_columns(&columns)?;
-            Ok((rows.iter().map(|r| r.as_ref().to_vec()).collect(), columns))
-        }
-        PublicGroups::Selected(slot) => {
-            // None: the plan runs without its gate's selection (it then releases nothing).
-            let keys = slot.selected().unwrap_or_default();
-            let parser = converter.parser();
-            let columns = converter.convert_rows(keys.iter().map(|k| parser.parse(k)))?;
-            Ok((keys.as_ref().clone(), columns))
-        }
+    if tuples.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
     }
+    let columns = key_types
+        .iter()
+        .enumerate()
+        .map(|(c, t)| Ok(cast(&ScalarValue::iter_to_array(tuples.iter().map(|g| g[c].clone()))?, t)?))
+        .collect::<Result<Vec<ArrayRef>>>()?;
+    let rows = converter.convert_columns(&columns)?;
+    Ok((rows.iter().map(|r| r.as_ref().to_vec()).collect(), columns))
 }

@@ -3,8 +3,8 @@
 //!
 //! * the privacy-unit sampling order: its per-query key (executors read the unit's rows; the
 //!   key only makes the kept rows a uniform sample, it protects nothing from them);
-//! * a partition selection's membership filter: the keys the client's gate selected (the
-//!   subtree is shipped after the gate ran the selection);
+//! * a partition selection's membership filter: the key hashes the client's gate selected (the
+//!   subtree is shipped after the gate ran the selection) and the hash's key;
 //! * the total integer division and remainder;
 //! * the eager `CASE`, `AND` and `OR`.
 
@@ -38,10 +38,18 @@ pub(crate) fn encode(udf: &ScalarUDF) -> Option<Vec<u8>> {
     }
     if let Some(filter) = inner.downcast_ref::<SelectedFilter>() {
         // A poisoned lock ships "nothing selected": the filter then keeps no row.
+        let (a, b) = filter.hash_key();
         return Some(match filter.selected().ok().flatten() {
-            None => vec![TAG_NOT_SELECTED_YET],
+            None => {
+                let mut out = vec![TAG_NOT_SELECTED_YET];
+                out.extend_from_slice(&a.to_le_bytes());
+                out.extend_from_slice(&b.to_le_bytes());
+                out
+            }
             Some(keys) => {
                 let mut out = vec![TAG_SELECTED];
+                out.extend_from_slice(&a.to_le_bytes());
+                out.extend_from_slice(&b.to_le_bytes());
                 out.extend_from_slice(&(keys.len() as u64).to_le_bytes());
                 for k in keys {
                     out.extend_from_slice(&(k.len() as u64).to_le_bytes());
@@ -73,15 +81,19 @@ pub(crate) fn decode(name: &str, buf: &[u8]) -> Result<ScalarUDF> {
             let key = (rest.word().ok_or_else(bad)?, rest.word().ok_or_else(bad)?);
             ScalarUDF::from(SampleOrder::with_key(key))
         }
-        Some(&TAG_NOT_SELECTED_YET) => ScalarUDF::from(SelectedFilter::holding(None)),
+        Some(&TAG_NOT_SELECTED_YET) => {
+            let key = (rest.word().ok_or_else(bad)?, rest.word().ok_or_else(bad)?);
+            ScalarUDF::from(SelectedFilter::holding(None, key))
+        }
         Some(&TAG_SELECTED) => {
+            let key = (rest.word().ok_or_else(bad)?, rest.word().ok_or_else(bad)?);
             let n = rest.word().ok_or_else(bad)?;
             let mut keys = Vec::new();
             for _ in 0..n {
                 let len = rest.word().and_then(|l| usize::try_from(l).ok()).ok_or_else(bad)?;
                 keys.push(rest.bytes(len).ok_or_else(bad)?.to_vec());
             }
-            ScalarUDF::from(SelectedFilter::holding(Some(keys)))
+            ScalarUDF::from(SelectedFilter::holding(Some(keys), key))
         }
         Some(&TAG_DIV) => ScalarUDF::from(TotalIntDiv::new(false)),
         Some(&TAG_MOD) => ScalarUDF::from(TotalIntDiv::new(true)),
@@ -129,11 +141,14 @@ mod tests {
     fn functions_round_trip_with_what_they_carry() {
         let order = round_trip(ScalarUDF::from(SampleOrder::with_key((11, 12))));
         assert_eq!(order.inner().downcast_ref::<SampleOrder>().unwrap().key(), (11, 12));
-        let filter = round_trip(ScalarUDF::from(SelectedFilter::holding(Some(vec![b"b".to_vec(), b"a".to_vec()]))));
-        let got = filter.inner().downcast_ref::<SelectedFilter>().unwrap().selected().unwrap();
-        assert_eq!(got, Some(vec![b"a".to_vec(), b"b".to_vec()]));
-        let none = round_trip(ScalarUDF::from(SelectedFilter::holding(None)));
-        assert_eq!(none.inner().downcast_ref::<SelectedFilter>().unwrap().selected().unwrap(), None);
+        let filter =
+            round_trip(ScalarUDF::from(SelectedFilter::holding(Some(vec![b"b".to_vec(), b"a".to_vec()]), (5, 6))));
+        let got = filter.inner().downcast_ref::<SelectedFilter>().unwrap();
+        assert_eq!(got.selected().unwrap(), Some(vec![b"a".to_vec(), b"b".to_vec()]));
+        assert_eq!(got.hash_key(), (5, 6));
+        let none = round_trip(ScalarUDF::from(SelectedFilter::holding(None, (7, 8))));
+        let none = none.inner().downcast_ref::<SelectedFilter>().unwrap();
+        assert_eq!((none.selected().unwrap(), none.hash_key()), (None, (7, 8)));
         assert!(
             round_trip(ScalarUDF::from(TotalIntDiv::new(true)))
                 .inner()

@@ -32,6 +32,7 @@ pub mod groups;
 pub mod prefetch;
 pub mod selection;
 pub mod shape;
+pub mod unit_bound;
 pub mod units;
 
 use bounds::{PolicyDefaults, apply_default_bounds};
@@ -319,8 +320,10 @@ impl PrivacyPlanner {
         }
         let plan = groups::filter_to_declared_keys(plan, &defaults.keys)?;
         let (plan, slots) = assign_permits(plan, &defaults.keys)?;
-        let plan = units::bound_contributions(plan, &defaults.units, &defaults.keys)?;
+        // A GROUP BY over private keys: a first pass for its partition selection, and its rows
+        // bounded per unit below a membership filter; then every other private aggregate bounded.
         let (plan, stages) = selection::split_selections(plan, &defaults.units)?;
+        let plan = units::bound_contributions(plan, &defaults.units)?;
         let calls = charges.iter().filter(|c| c.function != selection::SELECTION_CHARGE).count();
         if slots.len() != calls || stages.len() != charges.len() - calls {
             return internal_err!(

@@ -11,15 +11,16 @@
 //! addition to its curves: one more charge, `partition_selection`, on the table.
 //!
 //! Execution, after the gate's debit:
-//! 1. a first pass counts each candidate group's units (one marked row per unit and group after
-//!    contribution bounding, or rows when the row is the unit) — the same bounded rows the curves
-//!    read; a plain count, which spills to disk like any aggregate;
+//! 1. a first pass counts each candidate group's units (after the per-unit bound of L groups,
+//!    one row per unit and group; rows when the row is the unit), grouped by the key's keyed
+//!    128-bit hash, never its value — a plain count, which spills to disk like any aggregate;
 //! 2. the gate adds exact discrete Laplace noise of scale `L/ε_sel` to each count and keeps
 //!    the groups reaching the threshold τ ([`PartitionSelection`]: a group of one unit passes
 //!    with probability ≤ δ_sel/L), then the `select_max_groups` highest noisy counts among them
 //!    (post-processing of the noisy counts);
 //! 3. the grouped aggregate reads only rows of selected groups (a membership filter holding the
-//!    selection) and releases one curve per selected group.
+//!    selected hashes, below the per-unit bound) and releases one curve per selected group, in
+//!    the order of the selected keys' values.
 //!
 //! The candidate keys and their counts live only inside the gate: they are never output, never
 //! logged, never in an error (errors while private rows are read are withheld) and never in
@@ -32,7 +33,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch};
+use datafusion::arrow::array::{AsArray, BooleanArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
@@ -45,15 +46,16 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::groups::MAX_GROUPS;
 use super::shape::{aggregate_call, find_private_scan};
-use super::units::{FIRST_OF_UNIT, UnitsMap, canonical_rows};
+use super::units::{SampleOrder, UnitsMap, bound_rows};
 use crate::functions::{PermitSlot, context_of, is_private, params_of};
-use crate::mechanism::NoiseSource;
+use crate::mechanism::{Contribution, NoiseSource};
 use crate::mechanism::budget::Budget;
 use crate::mechanism::selection::PartitionSelection;
 
 /// Released groups per call when `select_max_groups` is not given.
 pub const DEFAULT_MAX_GROUPS: u64 = 1000;
 const COUNT_COLUMN: &str = "__dpcurve_units";
+const GROUP_KEY: &str = "__dpcurve_group_key";
 /// The function name of a selection's charge in the ledger.
 pub const SELECTION_CHARGE: &str = "partition_selection";
 
@@ -117,7 +119,7 @@ pub struct SelectedKeys {
 
 /// One partition selection to run in the gate before the query's rows are read.
 pub struct SelectionStage {
-    /// The first pass: (group columns…, unit count) per candidate group.
+    /// The first pass: (key hash, unit count) per candidate group.
     pub plan: LogicalPlan,
     /// Its physical plan (set by the planner).
     pub physical: Option<Arc<dyn ExecutionPlan>>,
@@ -143,10 +145,10 @@ impl SelectionStage {
         let mut rng = self.noise.release_rng().map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let mut kept: Vec<(i128, Vec<u8>)> = Vec::new();
         for b in batches {
-            let width = b.num_columns() - 1;
-            let keys = key_rows(&b.columns()[..width])?;
-            let counts = b.column(width).as_primitive::<Int64Type>();
-            for (row, key) in keys.into_iter().enumerate() {
+            let keys = b.column(0).as_fixed_size_binary();
+            let counts = b.column(1).as_primitive::<Int64Type>();
+            for row in 0..b.num_rows() {
+                let key = keys.value(row).to_vec();
                 let c = counts.value(row).max(0) as u64;
                 let noisy = match rng.as_mut() {
                     Some(r) => self.selection.noisy_count(c, r),
@@ -171,15 +173,17 @@ impl SelectionStage {
     }
 }
 
-/// Arrow's canonical row encoding of each row of `columns` (the same for the first pass and the
-/// membership filter, whose columns have the same types).
-fn key_rows(columns: &[ArrayRef]) -> Result<Vec<Vec<u8>>> {
-    Ok(canonical_rows(columns)?.iter().map(|r| r.as_ref().to_vec()).collect())
-}
-
 /// Rewrites every private aggregate grouped by private keys into a membership-filtered
-/// aggregate and returns the selection stages the gate must run first. Runs after contribution
-/// bounding, so both passes read the same bounded rows.
+/// aggregate over bounded rows and returns the selection stages the gate must run first. Runs
+/// before the other aggregates' contribution bounding ([`super::units::bound_contributions`]
+/// leaves these alone).
+///
+/// Candidate keys enter the first pass only as their keyed 128-bit hash (per query): its hash
+/// table and, with a privacy unit, its per-unit bound hold 16 bytes per key whatever the key's
+/// value, so a 10⁸-byte key in one row costs the same memory as any other key. Key values are
+/// read only for the selected groups (the membership filter runs before the grouped aggregate and
+/// its bound). Both passes rank a unit's groups by the same keyed order of (unit, key hash), so a
+/// unit's group counted in the first pass is kept in the second: every selected group has rows.
 pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalPlan, Vec<SelectionStage>)> {
     let mut stages = Vec::new();
     let plan = plan
@@ -189,8 +193,7 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
                 return Ok(Transformed::no(node));
             }
             let Some(table) = find_private_scan(&agg.input) else { return Ok(Transformed::no(node)) };
-            // The guard gave the calls of a GROUP BY over private keys selection permit slots
-            // (the input is already bounded here, so the grouping is not traced again).
+            // The guard gave the calls of a GROUP BY over private keys selection permit slots.
             let selecting = agg
                 .aggr_expr
                 .iter()
@@ -211,22 +214,41 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
             else {
                 return internal_err!("a private aggregate has no call context");
             };
+            if agg.input.schema().fields().iter().any(|f| f.name() == GROUP_KEY) {
+                return plan_err!("[rule no-group-by] column name '{GROUP_KEY}' is reserved");
+            }
+            let unit = units.get(&table);
             // Each unit reaches at most `groups` groups after bounding (1 when the row is the unit).
-            let per_unit = if units.contains_key(&table) { cx.contribution.groups } else { 1 };
+            let per_unit = if unit.is_some() { cx.contribution.groups } else { 1 };
             let selection =
                 PartitionSelection::new(args.cost.calibration_epsilon(), args.cost.calibration_delta(), per_unit)
                     .map_err(|e| DataFusionError::Plan(format!("[rule no-group-by] {e}")))?;
-            // Units per group: one marked row per unit and group after bounding (a plain count,
-            // which spills like any aggregate), or rows when the row is the unit.
-            let mut first_pass = LogicalPlanBuilder::from(agg.input.as_ref().clone());
-            if units.contains_key(&table) {
-                first_pass = first_pass.filter(col(FIRST_OF_UNIT))?;
-            }
-            let first_pass =
-                first_pass.aggregate(agg.group_expr.clone(), vec![count(lit(1i64)).alias(COUNT_COLUMN)])?.build()?;
+            // One keyed order for the key hashes, the units' group ranks and their row samples.
+            let order = SampleOrder::new(cx.noise)?;
+            let hash_key = order.key();
+            let order = Arc::new(ScalarUDF::from(order));
+            let key_hash = order.call(agg.group_expr.clone());
+            // First pass: units per candidate key hash (one kept row per unit and group: K = 1).
+            let keyed = LogicalPlanBuilder::from(agg.input.as_ref().clone()).project(vec![key_hash.clone().alias(GROUP_KEY)])?.build()?;
+            let counted = match unit {
+                Some(u) => {
+                    let first = Contribution::new(1, per_unit).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                    bound_rows(&keyed, u, &table, &order, first, &[col(GROUP_KEY)])?
+                }
+                None => keyed,
+            };
+            let first_pass = LogicalPlanBuilder::from(counted)
+                .aggregate(vec![col(GROUP_KEY)], vec![count(lit(1i64)).alias(COUNT_COLUMN)])?
+                .build()?;
+            // Second pass: the selected groups' rows only, then their bound.
             let selected = Arc::new(SelectedKeys::default());
-            let member = ScalarUDF::from(SelectedFilter::new(Arc::clone(&selected))).call(agg.group_expr.clone());
-            let input = Arc::new(LogicalPlan::Filter(Filter::try_new(member, Arc::clone(&agg.input))?));
+            let member =
+                ScalarUDF::from(SelectedFilter::new(Arc::clone(&selected), hash_key)).call(agg.group_expr.clone());
+            let filtered = LogicalPlan::Filter(Filter::try_new(member, Arc::clone(&agg.input))?);
+            let input = match unit {
+                Some(u) => bound_rows(&filtered, u, &table, &order, cx.contribution, &[key_hash])?,
+                None => filtered,
+            };
             stages.push(SelectionStage {
                 plan: first_pass,
                 physical: None,
@@ -236,7 +258,7 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
                 noise: cx.noise,
                 slots,
             });
-            super::with_input(agg, input)
+            super::with_input(agg, Arc::new(input))
         })?
         .data;
     Ok((plan, stages))
@@ -246,11 +268,19 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
 pub struct SelectedFilter {
     signature: Signature,
     keys: Arc<SelectedKeys>,
+    /// The key of the keyed hash the first pass grouped by.
+    hash_key: (u64, u64),
 }
 
 impl SelectedFilter {
-    fn new(keys: Arc<SelectedKeys>) -> Self {
-        Self { signature: Signature::variadic_any(Volatility::Volatile), keys }
+    fn new(keys: Arc<SelectedKeys>, hash_key: (u64, u64)) -> Self {
+        Self { signature: Signature::variadic_any(Volatility::Volatile), keys, hash_key }
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The key of the group hash (shipped with the filter).
+    pub(crate) fn hash_key(&self) -> (u64, u64) {
+        self.hash_key
     }
 
     #[cfg(feature = "cluster")]
@@ -267,9 +297,9 @@ impl SelectedFilter {
 
     #[cfg(feature = "cluster")]
     /// A filter holding `selected` (the copy decoded on an executor).
-    pub(crate) fn holding(selected: Option<Vec<Vec<u8>>>) -> Self {
+    pub(crate) fn holding(selected: Option<Vec<Vec<u8>>>, hash_key: (u64, u64)) -> Self {
         let keys = SelectedKeys { keys: Mutex::new(selected.map(|k| k.into_iter().collect())) };
-        Self::new(Arc::new(keys))
+        Self::new(Arc::new(keys), hash_key)
     }
 }
 
@@ -312,7 +342,11 @@ impl ScalarUDFImpl for SelectedFilter {
         let guard = self.keys.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))?;
         let out: BooleanArray = match guard.as_ref() {
             None => BooleanArray::from(vec![false; n]),
-            Some(selected) => canonical_rows(&columns)?.iter().map(|k| Some(selected.contains(k.as_ref()))).collect(),
+            Some(selected) => {
+                let hashes = SampleOrder::with_key(self.hash_key).keys(&columns)?;
+                let hashes = hashes.as_fixed_size_binary();
+                (0..n).map(|i| Some(selected.contains(hashes.value(i)))).collect()
+            }
         };
         debug_assert_eq!(out.len(), n);
         Ok(ColumnarValue::Array(Arc::new(out)))

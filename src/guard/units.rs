@@ -2,24 +2,30 @@
 //! table whose policy names a unit column.
 //!
 //! Neighbouring tables differ by all rows of one unit (a person, a meter). Before the
-//! statistic, the guard rewrites the rows reaching a private aggregate to keep
+//! statistic, the guard rewrites the rows reaching a private aggregate ([`bound_rows`]) to keep,
+//! per unit,
 //!
-//! 1. at most `max_groups` groups per unit (grouped calls only, when the declared groups
-//!    outnumber it): `dense_rank() OVER (PARTITION BY unit ORDER BY order(unit, g…), g…) ≤ L`;
-//! 2. at most `max_rows` rows per unit and group:
-//!    `row_number() OVER (PARTITION BY unit, g… ORDER BY order(row)) ≤ K`;
+//! 1. at most `max_groups` groups (L) — those with the smallest `order(unit, group)`;
+//! 2. at most `max_rows` rows (K) per group — those with the smallest `order(row)`;
 //!
-//! where `order` is [`SampleOrder`]: a 128-bit SipHash-1-3 of the row's values (all columns the
+//! where `order` is [`SampleOrder`]: a 128-bit SipHash-1-3 of the values (all columns the
 //! aggregate reads, and the unit), keyed per query from the OS CSPRNG. A unit's kept rows are
 //! therefore a uniformly random sample of its rows (never the first ones in file order), and a
 //! function of the unit's own rows only — so the bound holds whatever the other rows are, and
 //! the kept set does not depend on files, partitions or batch boundaries (the hash ties only for
-//! rows identical in every column the aggregate reads, which contribute identically). The
-//! private call's noise is calibrated for the bound ([`crate::mechanism::Contribution`]): each
-//! group's statistic moves by at most K rows, and one unit reaches at most L groups.
+//! rows identical in every column the aggregate reads, which contribute identically; two groups
+//! whose orders collide, with probability 2⁻¹²⁸, share one group's K rows, which only lowers the
+//! unit's contribution). The private call's noise is calibrated for the bound
+//! ([`crate::mechanism::Contribution`]): each group's statistic moves by at most K rows, and one
+//! unit reaches at most L groups.
 //!
-//! Rows whose unit is NULL form one unit together (the conservative reading). The window sorts
-//! spill to disk under the session's memory limit; they do not fail on large tables.
+//! The bound streams: one aggregate grouped by the unit's 16-byte keyed hash whose state is the
+//! K·L kept rows of each unit ([`UnitBound`]), whatever the unit's size or value — a unit of 10⁷
+//! rows, or a 10⁸-byte unit value, costs what any other unit costs, so whether the query fits in
+//! the memory limit does not depend on one unit. The number of units is the aggregate's number of
+//! groups, which spills to disk like any aggregate.
+//!
+//! Rows whose unit is NULL form one unit together (the conservative reading).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,14 +33,14 @@ use std::hash::Hasher;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, FixedSizeBinaryBuilder};
+use datafusion::functions::core::expr_fn::get_field;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, DataFusionError, Result, internal_err, plan_err};
-use datafusion::functions_window::expr_fn::{dense_rank, row_number};
 use datafusion::logical_expr::{
-    Aggregate, ColumnarValue, Expr, ExprFunctionExt, Filter, LogicalPlan, LogicalPlanBuilder, Projection,
-    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility, lit,
+    Aggregate, AggregateUDF, ColumnarValue, Expr, Filter, LogicalPlan, LogicalPlanBuilder, Projection,
+    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility,
 };
 use rand::Rng;
 use siphasher::sip128::{Hasher128, SipHasher13};
@@ -42,6 +48,7 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 use super::groups::{GroupMode, KeysMap, group_mode};
 use super::selection::selection_args;
 use super::shape::{aggregate_call, find_private_scan};
+use super::unit_bound::{self, UnitBound};
 use crate::functions::{CallContext, context_of, is_private, with_context};
 use crate::mechanism::{Contribution, NoiseSource};
 use crate::policy::PrivacyUnit;
@@ -53,10 +60,9 @@ pub type UnitsMap = BTreeMap<String, PrivacyUnit>;
 pub const UNIT_COLUMN: &str = "__dpcurve_unit";
 /// The keyed 128-bit hash of the unit that the bounding windows partition by.
 pub const UNIT_HASH: &str = "__dpcurve_unit_hash";
-/// True on one kept row per unit and group (what partition selection counts).
-pub const FIRST_OF_UNIT: &str = "__dpcurve_first_of_unit";
-const ROW_RANK: &str = "__dpcurve_row_rank";
-const GROUP_RANK: &str = "__dpcurve_group_rank";
+const GROUP_ORDER: &str = "__dpcurve_group_order";
+const ROW_ORDER: &str = "__dpcurve_row_order";
+const KEPT: &str = "__dpcurve_kept";
 
 /// The contribution bound of a private aggregate over `unit`'s table: `max_rows` rows per
 /// group, and `max_groups` groups (never more than the query has: 1 ungrouped, the number of
@@ -107,75 +113,77 @@ pub fn set_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) ->
 }
 
 /// Inserts the contribution bounding (module docs) below every private aggregate over a table
-/// with a privacy unit. Runs after the shape rules, so the input is a row-wise chain.
-pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap, keys: &KeysMap) -> Result<LogicalPlan> {
+/// with a privacy unit. Runs after the shape rules, so the input is a row-wise chain; a GROUP BY
+/// over private keys is bounded by its partition selection instead
+/// ([`super::selection::split_selections`], which runs first).
+pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap) -> Result<LogicalPlan> {
     if units.is_empty() {
         return Ok(plan);
     }
     plan.transform_up_with_subqueries(|node| {
         let Some((agg, table, unit)) = private_aggregate_over(&node, units) else { return Ok(Transformed::no(node)) };
-        let Some(contribution) = agg
-            .aggr_expr
-            .iter()
-            .find_map(|e| aggregate_call(e).and_then(|f| context_of(&f.func)).map(|c| (c.contribution, c.noise)))
-        else {
+        let Some(cx) = agg.aggr_expr.iter().find_map(|e| aggregate_call(e).and_then(|f| context_of(&f.func))) else {
             return internal_err!("a private aggregate over '{table}' has no call context");
         };
-        let (bound, noise) = contribution;
-        for f in agg.input.schema().fields() {
-            if [UNIT_COLUMN, UNIT_HASH, ROW_RANK, GROUP_RANK, FIRST_OF_UNIT].contains(&f.name().as_str()) {
-                return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
-            }
+        if cx.permits.is_selection() {
+            return Ok(Transformed::no(node));
         }
-        let original: Vec<Expr> = agg.input.schema().columns().into_iter().map(Expr::Column).collect();
-        let (input, unit_col) = with_unit(&agg.input, &unit.column, &table)?;
-        let order = Arc::new(ScalarUDF::from(SampleOrder::new(noise)?));
-        // The unit enters the windows' sorts and partitions as its 128-bit keyed hash (16 bytes,
-        // per-query key), never as its value: a unit value of any size costs the sorts the same
-        // memory, so whether they fit cannot depend on one unit's value.
-        let mut keyed = original.clone();
-        keyed.push(order.call(vec![Expr::Column(unit_col)]).alias(UNIT_HASH));
-        let input = LogicalPlanBuilder::from(input).project(keyed)?.build()?;
-        let unit_expr = Expr::Column(Column::from_name(UNIT_HASH));
-        let mut builder = LogicalPlanBuilder::from(input);
-        let needs_group_bound = match group_mode(agg, keys, &table)? {
-            GroupMode::Ungrouped => false,
-            GroupMode::Declared(cols) => bound.groups < cols.iter().map(|c| c.len() as u64).product(),
-            GroupMode::Private => true,
-        };
-        if needs_group_bound {
-            // At most L groups per unit: only needed when the query may have more groups than L.
-            let mut key = vec![unit_expr.clone()];
-            key.extend(agg.group_expr.iter().cloned());
-            // The group values break (2^-128-rare) hash ties, so distinct groups never share a rank.
-            let mut group_order = vec![order.call(key).sort(true, false)];
-            group_order.extend(agg.group_expr.iter().map(|g| g.clone().sort(true, false)));
-            let rank =
-                dense_rank().partition_by(vec![unit_expr.clone()]).order_by(group_order).build()?.alias(GROUP_RANK);
-            builder = builder
-                .window(vec![rank])?
-                .filter(Expr::Column(Column::from_name(GROUP_RANK)).lt_eq(lit(bound.groups)))?;
-        }
-        let mut partition = vec![unit_expr.clone()];
-        partition.extend(agg.group_expr.iter().cloned());
-        let mut row = original.clone();
-        row.push(unit_expr.clone());
-        // Partition selection counts units: one row per unit and group is marked first.
-        let mut kept = original;
-        kept.push(Expr::Column(Column::from_name(ROW_RANK)).eq(lit(1u64)).alias(FIRST_OF_UNIT));
-        let rank = row_number()
-            .partition_by(partition)
-            .order_by(vec![order.call(row).sort(true, false)])
-            .build()?
-            .alias(ROW_RANK);
-        let input = builder
-            .window(vec![rank])?
-            .filter(Expr::Column(Column::from_name(ROW_RANK)).lt_eq(lit(bound.rows)))?
-            .project(kept)?
-            .build()?;
-        super::with_input(agg, Arc::new(input))
+        let order = Arc::new(ScalarUDF::from(SampleOrder::new(cx.noise)?));
+        let bounded = bound_rows(&agg.input, unit, &table, &order, cx.contribution, &agg.group_expr)?;
+        super::with_input(agg, Arc::new(bounded))
     })
     .map(|t| t.data)
+}
+
+/// The rows of `input` (a row-wise chain over `table`) bounded per unit (module docs): at most
+/// `bound.groups` groups per unit — those with the smallest `order(unit hash, group_id…)` — and
+/// at most `bound.rows` rows per unit and group — those with the smallest `order(row)`. Same
+/// columns as `input`.
+///
+/// One aggregate grouped by the unit's keyed hash does it, with `O(K·L)` state per unit
+/// ([`UnitBound`]); its list of kept rows is unnested back into rows. The unit enters it only as
+/// its 16-byte keyed hash, never as its value.
+pub(crate) fn bound_rows(
+    input: &LogicalPlan,
+    unit: &PrivacyUnit,
+    table: &str,
+    order: &Arc<ScalarUDF>,
+    bound: Contribution,
+    group_id: &[Expr],
+) -> Result<LogicalPlan> {
+    for f in input.schema().fields() {
+        if [UNIT_COLUMN, UNIT_HASH, GROUP_ORDER, ROW_ORDER, KEPT].contains(&f.name().as_str()) {
+            return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
+        }
+    }
+    let schema = input.schema();
+    let original: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+    let (input, unit_col) = with_unit(input, &unit.column, table)?;
+    let mut keyed = original.clone();
+    keyed.push(order.call(vec![Expr::Column(unit_col)]).alias(UNIT_HASH));
+    let unit_hash = Expr::Column(Column::from_name(UNIT_HASH));
+    let mut group_key = vec![unit_hash.clone()];
+    group_key.extend(group_id.iter().cloned());
+    let mut row = original.clone();
+    row.push(unit_hash.clone());
+    let mut args = vec![order.call(group_key), order.call(row)];
+    args.extend(original.iter().cloned());
+    let kept = AggregateUDF::from(UnitBound::new(bound.groups, bound.rows)).call(args).alias(KEPT);
+    let unnested = LogicalPlanBuilder::from(input)
+        .project(keyed)?
+        .aggregate(vec![unit_hash], vec![kept])?
+        .unnest_column(Column::from_name(KEPT))?
+        .build()?;
+    // The kept struct's fields, back under the input's (qualified) names.
+    let kept_col = Expr::Column(Column::from_name(KEPT));
+    let restored = schema
+        .iter()
+        .enumerate()
+        .map(|(i, (qualifier, field))| {
+            get_field(kept_col.clone(), unit_bound::row_field(i)).alias_qualified(qualifier.cloned(), field.name())
+        })
+        .collect::<Vec<_>>();
+    LogicalPlanBuilder::from(unnested).project(restored)?.build()
 }
 
 /// The same row-wise chain with the unit column carried to its top; returns the column's name
@@ -253,7 +261,6 @@ impl SampleOrder {
         Ok(Self::with_key(key))
     }
 
-    #[cfg(feature = "cluster")]
     /// The key (to ship the order to a cluster's executors, which read the unit's rows).
     pub(crate) fn key(&self) -> (u64, u64) {
         self.key
