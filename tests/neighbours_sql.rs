@@ -267,8 +267,11 @@ async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
             for run in 0..runs {
                 let mut seen = Vec::new();
                 for dir in &sides {
-                    let opts =
-                        SessionOptions { noise: NoiseSource::Os, target_partitions: Some(partitions), ..Default::default() };
+                    let opts = SessionOptions {
+                        noise: NoiseSource::Os,
+                        target_partitions: Some(partitions),
+                        ..Default::default()
+                    };
                     let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
                     let rows = s.query(sql).await.map(|b| b.iter().map(|b| b.num_rows()).sum::<usize>());
                     seen.push(rows.map_err(|e| e.to_string()));
@@ -276,6 +279,34 @@ async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
                 assert_eq!(seen[0], seen[1], "{sql}, partitions {partitions}, run {run}: the outcome depends on alice");
                 assert!(seen[0].is_ok(), "{sql}: {:?}", seen[0]);
             }
+        }
+    }
+}
+
+/// Two textually identical calls in one SELECT are one call — one charge, one release (per group)
+/// — in every shape around them: filters, declared groups, privacy units, subqueries, ORDER BY,
+/// LIMIT, joins above, multi-statement strings; and the same on both neighbours.
+#[tokio::test]
+async fn identical_calls_are_one_release_in_every_shape() {
+    let n = Neighbours::new("nb-twin").await;
+    let k = KDE;
+    for t in ["p", "q"] {
+        for (sql, releases) in [
+            (format!("SELECT {k}['mass'] AS a, {k}['density'] AS b FROM {t}"), 1),
+            (format!("SELECT {k}['mass'] AS a, {k}['density'] AS b FROM {t} WHERE x > 0.1 AND name LIKE 'p%'"), 1),
+            (format!("SELECT g, {k}['mass'] AS a, {k}['release'] AS b FROM {t} GROUP BY g ORDER BY g"), 4),
+            (format!("SELECT a FROM (SELECT {k}['mass'] AS a, {k}['density'] AS b FROM {t})"), 1),
+            (format!("SELECT {k}['density'][1] AS a, {k}['density'][2] AS b FROM {t} AS z"), 1),
+            (format!("SELECT {k}['mass'] AS a, {k}['density'] AS b FROM {t} ORDER BY a LIMIT 1"), 1),
+            (format!("SELECT a, b FROM (SELECT {k}['mass'] AS a, {k} AS b FROM {t}) CROSS JOIN (SELECT 1 AS one)"), 1),
+        ] {
+            let (a, b) = n.observe(&sql, 2).await;
+            assert!(a.error.is_none(), "{sql}: {:?}", a.error);
+            assert_eq!(a, b, "{sql}");
+            let (before, _) = n.observe("SELECT 1", 1).await;
+            let (again, _) = n.observe(&sql, 2).await;
+            assert_eq!(again.stored - before.stored, releases, "{sql}: one release per group");
+            assert_eq!(again.charges - before.charges, 1, "{sql}: one charge");
         }
     }
 }

@@ -182,8 +182,7 @@ impl ExecutionPlan for CanonicalGroupsExec {
                 }
                 PublicGroups::Selected(_) => (Vec::new(), None),
             };
-            let mut index: HashMap<Vec<u8>, usize> =
-                encoded.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
+            let mut index: HashMap<Vec<u8>, usize> = encoded.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
             let selecting = declared_columns.is_none();
             let mut states: Vec<Option<Vec<Box<dyn Accumulator>>>> = (0..encoded.len()).map(|_| None).collect();
             let widths: Vec<usize> =

@@ -48,9 +48,9 @@ use super::groups::MAX_GROUPS;
 use super::shape::{aggregate_call, find_private_scan};
 use super::units::{SampleOrder, UnitsMap, bound_rows};
 use crate::functions::{PermitSlot, context_of, is_private, params_of};
-use crate::mechanism::{Contribution, NoiseSource};
 use crate::mechanism::budget::Budget;
 use crate::mechanism::selection::PartitionSelection;
+use crate::mechanism::{Contribution, NoiseSource};
 
 /// Released groups per call when `select_max_groups` is not given.
 pub const DEFAULT_MAX_GROUPS: u64 = 1000;
@@ -229,7 +229,9 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
             let order = Arc::new(ScalarUDF::from(order));
             let key_hash = order.call(agg.group_expr.clone());
             // First pass: units per candidate key hash (one kept row per unit and group: K = 1).
-            let keyed = LogicalPlanBuilder::from(agg.input.as_ref().clone()).project(vec![key_hash.clone().alias(GROUP_KEY)])?.build()?;
+            let keyed = LogicalPlanBuilder::from(agg.input.as_ref().clone())
+                .project(vec![key_hash.clone().alias(GROUP_KEY)])?
+                .build()?;
             let counted = match unit {
                 Some(u) => {
                     let first = Contribution::new(1, per_unit).map_err(|e| DataFusionError::Plan(e.to_string()))?;

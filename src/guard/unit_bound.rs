@@ -101,8 +101,7 @@ impl AggregateUDFImpl for UnitBound {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let types =
-            args.exprs.iter().skip(2).map(|e| e.data_type(args.schema)).collect::<Result<Vec<DataType>>>()?;
+        let types = args.exprs.iter().skip(2).map(|e| e.data_type(args.schema)).collect::<Result<Vec<DataType>>>()?;
         if types.is_empty() {
             return internal_err!("{NAME} takes two orders and at least one column");
         }
@@ -299,8 +298,9 @@ mod tests {
         let mut acc = accumulator(1, 3);
         let n = 100_000usize;
         let groups: ArrayRef = Arc::new(FixedSizeBinaryArray::try_from_iter((0..n).map(|_| [0u8; 16])).unwrap());
-        let orders: ArrayRef =
-            Arc::new(FixedSizeBinaryArray::try_from_iter((0..n).map(|i| (i as u128 * 7919 % 100_003).to_be_bytes())).unwrap());
+        let orders: ArrayRef = Arc::new(
+            FixedSizeBinaryArray::try_from_iter((0..n).map(|i| (i as u128 * 7919 % 100_003).to_be_bytes())).unwrap(),
+        );
         let xs: ArrayRef = Arc::new(Float64Array::from((0..n).map(|i| i as f64).collect::<Vec<_>>()));
         let before = {
             let mut small = accumulator(1, 3);

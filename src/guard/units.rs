@@ -33,11 +33,11 @@ use std::hash::Hasher;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, FixedSizeBinaryBuilder};
-use datafusion::functions::core::expr_fn::get_field;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, DataFusionError, Result, internal_err, plan_err};
+use datafusion::functions::core::expr_fn::get_field;
 use datafusion::logical_expr::{
     Aggregate, AggregateUDF, ColumnarValue, Expr, Filter, LogicalPlan, LogicalPlanBuilder, Projection,
     ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility,
