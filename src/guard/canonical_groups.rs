@@ -28,16 +28,14 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Accumulator;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::StreamExt;
 
+use super::exec::{only_child, single_final_partition};
 use crate::functions::{PermitSlot, permits_of};
 
 /// The public groups of a grouped private aggregate.
@@ -84,22 +82,13 @@ pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Ex
             width: agg.group_expr().expr().len(),
             aggr: agg.aggr_expr().to_vec(),
             schema: agg.schema(),
-            properties: properties(agg.schema()),
+            properties: single_final_partition(agg.schema()),
             input: states,
             groups,
         };
         Ok(Transformed::new(Arc::new(exec), true, TreeNodeRecursion::Continue))
     })
     .map(|t| t.data)
-}
-
-fn properties(schema: SchemaRef) -> Arc<PlanProperties> {
-    Arc::new(PlanProperties::new(
-        EquivalenceProperties::new(schema),
-        Partitioning::UnknownPartitioning(1),
-        EmissionType::Final,
-        Boundedness::Bounded,
-    ))
 }
 
 /// Merges the partial states of a grouped private aggregate and releases every public group once,
@@ -148,9 +137,7 @@ impl ExecutionPlan for CanonicalGroupsExec {
 
     #[allow(deprecated)]
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let [input]: [Arc<dyn ExecutionPlan>; 1] = children
-            .try_into()
-            .map_err(|_| DataFusionError::Internal("CanonicalGroupsExec takes exactly one child".into()))?;
+        let input = only_child(children, "CanonicalGroupsExec")?;
         Ok(Arc::new(Self {
             input,
             width: self.width,

@@ -15,6 +15,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
+use super::exec::only_child;
 use super::selection::SelectionStage;
 use crate::functions::{PermitSlot, ReleaseStore};
 use crate::mechanism::stored::Recipe;
@@ -120,15 +121,6 @@ impl DisplayAs for BudgetGateExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c: Vec<String> = self.charges.iter().map(|c| format!("{}: {} ({})", c.table, c.function, c.cost)).collect();
         write!(f, "BudgetGateExec: charges=[{}]", c.join("; "))
-    }
-}
-
-/// The single child of a one-input operator rebuilt by `with_new_children`.
-pub(crate) fn only_child(children: Vec<Arc<dyn ExecutionPlan>>, name: &str) -> Result<Arc<dyn ExecutionPlan>> {
-    let mut it = children.into_iter();
-    match (it.next(), it.next()) {
-        (Some(c), None) => Ok(c),
-        _ => Err(DataFusionError::Internal(format!("{name} takes exactly one child"))),
     }
 }
 

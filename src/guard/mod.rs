@@ -26,6 +26,7 @@ pub mod canonical_groups;
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster_udfs;
 pub mod eager;
+mod exec;
 pub mod expressions;
 pub mod gate;
 pub mod groups;

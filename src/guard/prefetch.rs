@@ -15,16 +15,14 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 
 use super::canonical_groups::CanonicalGroupsExec;
+use super::exec::{only_child, single_final_partition};
 use crate::functions::{Permits, permits_of};
 
 /// Wraps the releasing node of every private aggregate over a private table (an ungrouped
@@ -93,12 +91,7 @@ impl PrefetchExec {
     }
 
     fn with_input(input: Arc<dyn ExecutionPlan>, kept: Arc<Mutex<Option<Vec<RecordBatch>>>>) -> Self {
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
+        let properties = single_final_partition(input.schema());
         Self { input, kept, properties }
     }
 }
@@ -131,9 +124,7 @@ impl ExecutionPlan for PrefetchExec {
 
     #[allow(deprecated)]
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let [input]: [Arc<dyn ExecutionPlan>; 1] = children
-            .try_into()
-            .map_err(|_| DataFusionError::Internal("PrefetchExec takes exactly one child".into()))?;
+        let input = only_child(children, "PrefetchExec")?;
         Ok(Arc::new(Self::with_input(input, Arc::clone(&self.kept))))
     }
 
