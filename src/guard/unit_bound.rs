@@ -19,14 +19,16 @@ use std::fmt;
 use std::mem::{size_of, size_of_val};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BinaryBuilder, FixedSizeBinaryBuilder, StructArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BinaryBuilder, BooleanArray, FixedSizeBinaryBuilder, ListArray, StructArray,
+};
+use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
-use datafusion::common::utils::SingleRowListArrayBuilder;
 use datafusion::common::{DataFusionError, Result, ScalarValue, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Signature, Volatility};
+use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility};
 
 /// The function's name.
 pub const NAME: &str = "dpcurve_unit_bound";
@@ -101,36 +103,148 @@ impl AggregateUDFImpl for UnitBound {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        Ok(Box::new(UnitBoundAccumulator { bound: self.bound_for(&args)?, sample: Sample::default() }))
+    }
+
+    fn groups_accumulator_supported(&self, _args: AccumulatorArgs) -> bool {
+        true
+    }
+
+    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        Ok(Box::new(UnitBoundGroups { bound: self.bound_for(&args)?, samples: Vec::new(), bytes: 0 }))
+    }
+}
+
+impl UnitBound {
+    fn bound_for(&self, args: &AccumulatorArgs) -> Result<Bound> {
         let types = args.exprs.iter().skip(2).map(|e| e.data_type(args.schema)).collect::<Result<Vec<DataType>>>()?;
         if types.is_empty() {
             return internal_err!("{NAME} takes two orders and at least one column");
         }
         let converter = RowConverter::new(types.iter().map(|t| SortField::new(t.clone())).collect())?;
-        Ok(Box::new(UnitBoundAccumulator {
-            groups: self.groups as usize,
-            rows: self.rows as usize,
-            converter,
-            fields: row_fields(&types),
-            kept: BTreeMap::new(),
-            bytes: 0,
-        }))
+        Ok(Bound { groups: self.groups as usize, rows: self.rows as usize, converter, fields: row_fields(&types) })
     }
 }
 
-/// One unit's kept groups (by group order) and rows (by row order, in row encoding).
-struct UnitBoundAccumulator {
-    groups: usize,
-    rows: usize,
-    converter: RowConverter,
-    fields: Fields,
+/// One unit's kept groups (by group order) and, in each, its kept rows (by row order, in Arrow's
+/// row encoding).
+#[derive(Debug, Default)]
+struct Sample {
     kept: BTreeMap<Key, Vec<(Key, OwnedRow)>>,
     /// Bytes of the kept rows.
     bytes: usize,
 }
 
+impl Sample {
+    /// Offers one row (made only if it is kept) under a bound of `groups` groups and `rows` rows.
+    fn offer(
+        &mut self,
+        (groups, rows): (usize, usize),
+        group: Key,
+        order: Key,
+        row: impl FnOnce() -> Result<OwnedRow>,
+    ) -> Result<()> {
+        if !self.kept.contains_key(&group) {
+            if self.kept.len() >= groups && self.kept.last_key_value().is_some_and(|(last, _)| group >= *last) {
+                return Ok(());
+            }
+            self.kept.insert(group, Vec::with_capacity(1));
+            if self.kept.len() > groups {
+                if let Some((_, dropped)) = self.kept.pop_last() {
+                    self.bytes -= dropped.iter().map(|(_, r)| r.as_ref().len()).sum::<usize>();
+                }
+            }
+        }
+        let kept = self.kept.get_mut(&group).expect("inserted above");
+        if kept.len() >= rows && kept.last().is_some_and(|(last, _)| order >= *last) {
+            return Ok(());
+        }
+        let at = kept.partition_point(|(o, _)| *o <= order);
+        let row = row()?;
+        self.bytes += row.as_ref().len();
+        kept.insert(at, (order, row));
+        if kept.len() > rows {
+            if let Some((_, dropped)) = kept.pop() {
+                self.bytes -= dropped.as_ref().len();
+            }
+        }
+        Ok(())
+    }
+
+    fn rows(&self) -> impl Iterator<Item = (&Key, &Key, &OwnedRow)> {
+        self.kept.iter().flat_map(|(g, rows)| rows.iter().map(move |(o, r)| (g, o, r)))
+    }
+
+    fn len(&self) -> usize {
+        self.kept.values().map(Vec::len).sum()
+    }
+
+    fn size(&self) -> usize {
+        let entries: usize = self.kept.values().map(|v| v.capacity() * size_of::<(Key, OwnedRow)>()).sum();
+        size_of::<Self>() + self.bytes + entries + self.kept.len() * size_of::<(Key, Vec<()>)>()
+    }
+}
+
+/// What both accumulator forms share: the bound, the row encoding, the output fields.
+struct Bound {
+    groups: usize,
+    rows: usize,
+    converter: RowConverter,
+    fields: Fields,
+}
+
+impl Bound {
+    fn limits(&self) -> (usize, usize) {
+        (self.groups, self.rows)
+    }
+
+    /// The kept rows of each sample, as one list of structs per sample.
+    fn evaluate(&self, samples: &[Sample]) -> Result<ListArray> {
+        let parser = self.converter.parser();
+        let columns = self
+            .converter
+            .convert_rows(samples.iter().flat_map(|s| s.rows()).map(|(_, _, r)| parser.parse(r.as_ref())))?;
+        let kept = StructArray::try_new(self.fields.clone(), columns, None)?;
+        let field = Arc::new(Field::new_list_field(DataType::Struct(self.fields.clone()), true));
+        Ok(ListArray::try_new(
+            field,
+            OffsetBuffer::from_lengths(samples.iter().map(Sample::len)),
+            Arc::new(kept),
+            None,
+        )?)
+    }
+
+    /// The state of each sample: one list of (group order, row order, encoded row) per sample.
+    fn state(&self, samples: &[Sample]) -> Result<ListArray> {
+        let mut g = FixedSizeBinaryBuilder::new(16);
+        let mut o = FixedSizeBinaryBuilder::new(16);
+        let mut r = BinaryBuilder::new();
+        for (group, order, row) in samples.iter().flat_map(|s| s.rows()) {
+            g.append_value(group)?;
+            o.append_value(order)?;
+            r.append_value(row.as_ref());
+        }
+        let columns: Vec<ArrayRef> = vec![Arc::new(g.finish()), Arc::new(o.finish()), Arc::new(r.finish())];
+        let entries = StructArray::try_new(state_entry_fields(), columns, None)?;
+        let field = Arc::new(Field::new_list_field(DataType::Struct(state_entry_fields()), true));
+        Ok(ListArray::try_new(
+            field,
+            OffsetBuffer::from_lengths(samples.iter().map(Sample::len)),
+            Arc::new(entries),
+            None,
+        )?)
+    }
+}
+
+/// One unit's sample (DataFusion's per-group form).
+struct UnitBoundAccumulator {
+    bound: Bound,
+    sample: Sample,
+}
+
 impl fmt::Debug for UnitBoundAccumulator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "UnitBoundAccumulator {{ groups: {}, rows: {} }}", self.groups, self.rows)
+        write!(f, "UnitBoundAccumulator {{ groups: {}, rows: {} }}", self.bound.groups, self.bound.rows)
     }
 }
 
@@ -138,101 +252,152 @@ fn key(bytes: &[u8]) -> Result<Key> {
     bytes.try_into().map_err(|_| DataFusionError::Internal(format!("{NAME}: an order is not 16 bytes")))
 }
 
-impl UnitBoundAccumulator {
-    /// Offers one row (made only if it is kept).
-    fn offer(&mut self, group: Key, order: Key, row: impl FnOnce(&RowConverter) -> Result<OwnedRow>) -> Result<()> {
-        if !self.kept.contains_key(&group) {
-            if self.kept.len() >= self.groups && self.kept.last_key_value().is_some_and(|(last, _)| group >= *last) {
-                return Ok(());
-            }
-            self.kept.insert(group, Vec::with_capacity(1));
-            if self.kept.len() > self.groups {
-                if let Some((_, dropped)) = self.kept.pop_last() {
-                    self.bytes -= dropped.iter().map(|(_, r)| r.as_ref().len()).sum::<usize>();
-                }
-            }
-        }
-        let rows = self.kept.get_mut(&group).expect("inserted above");
-        if rows.len() >= self.rows && rows.last().is_some_and(|(last, _)| order >= *last) {
-            return Ok(());
-        }
-        let at = rows.partition_point(|(o, _)| *o <= order);
-        let row = row(&self.converter)?;
-        self.bytes += row.as_ref().len();
-        rows.insert(at, (order, row));
-        if rows.len() > self.rows {
-            if let Some((_, dropped)) = rows.pop() {
-                self.bytes -= dropped.as_ref().len();
-            }
-        }
-        Ok(())
-    }
-
-    fn kept_rows(&self) -> impl Iterator<Item = (&Key, &Key, &OwnedRow)> {
-        self.kept.iter().flat_map(|(g, rows)| rows.iter().map(move |(o, r)| (g, o, r)))
-    }
-}
-
 impl Accumulator for UnitBoundAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let (groups, orders) = (values[0].as_fixed_size_binary(), values[1].as_fixed_size_binary());
-        let columns = &values[2..];
+        let rows = self.bound.converter.convert_columns(&values[2..])?;
         for i in 0..groups.len() {
-            let (g, o) = (key(groups.value(i))?, key(orders.value(i))?);
-            // Only rows that are kept (at the moment) are encoded: a unit of n rows in random
-            // order replaces its sample O(K·L·log n) times.
-            let row = |converter: &RowConverter| {
-                let one: Vec<ArrayRef> = columns.iter().map(|c| c.slice(i, 1)).collect();
-                Ok(converter.convert_columns(&one)?.row(0).owned())
-            };
-            self.offer(g, o, row)?;
+            self.sample
+                .offer(self.bound.limits(), key(groups.value(i))?, key(orders.value(i))?, || Ok(rows.row(i).owned()))?;
         }
         Ok(())
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
         let lists = states[0].as_list::<i32>();
-        let parser = self.converter.parser();
+        let parser = self.bound.converter.parser();
         for l in 0..lists.len() {
             if lists.is_null(l) {
                 continue;
             }
             let entries = lists.value(l);
             let entries = entries.as_struct();
-            let (g, o, r) =
-                (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary(), entries.column(2));
-            let r = r.as_binary::<i32>();
+            let (g, o) = (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary());
+            let r = entries.column(2).as_binary::<i32>();
             for i in 0..entries.len() {
-                self.offer(key(g.value(i))?, key(o.value(i))?, |_| Ok(parser.parse(r.value(i)).owned()))?;
+                self.sample.offer(self.bound.limits(), key(g.value(i))?, key(o.value(i))?, || {
+                    Ok(parser.parse(r.value(i)).owned())
+                })?;
             }
         }
         Ok(())
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        let mut g = FixedSizeBinaryBuilder::new(16);
-        let mut o = FixedSizeBinaryBuilder::new(16);
-        let mut r = BinaryBuilder::new();
-        for (group, order, row) in self.kept_rows() {
-            g.append_value(group)?;
-            o.append_value(order)?;
-            r.append_value(row.as_ref());
-        }
-        let columns: Vec<ArrayRef> = vec![Arc::new(g.finish()), Arc::new(o.finish()), Arc::new(r.finish())];
-        let entries = StructArray::try_new(state_entry_fields(), columns, None)?;
-        Ok(vec![SingleRowListArrayBuilder::new(Arc::new(entries)).build_list_scalar()])
+        let state = self.bound.state(std::slice::from_ref(&self.sample))?;
+        Ok(vec![ScalarValue::List(Arc::new(state))])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
-        let parser = self.converter.parser();
-        let columns = self.converter.convert_rows(self.kept_rows().map(|(_, _, r)| parser.parse(r.as_ref())))?;
-        let kept = StructArray::try_new(self.fields.clone(), columns, None)?;
-        Ok(ScalarValue::List(Arc::new(SingleRowListArrayBuilder::new(Arc::new(kept)).build_list_array())))
+        Ok(ScalarValue::List(Arc::new(self.bound.evaluate(std::slice::from_ref(&self.sample))?)))
     }
 
     fn size(&self) -> usize {
-        let entries: usize = self.kept.values().map(|v| v.capacity() * size_of::<(Key, OwnedRow)>()).sum();
-        size_of_val(self) + self.converter.size() + self.bytes + entries + self.kept.len() * size_of::<(Key, Vec<()>)>()
+        size_of_val(self) + self.bound.converter.size() + self.sample.size()
+    }
+}
+
+/// Every unit's sample, indexed by DataFusion's group index (the vectorised form the hash
+/// aggregate prefers: one call per batch, not per unit).
+struct UnitBoundGroups {
+    bound: Bound,
+    samples: Vec<Sample>,
+    /// Sum of the samples' sizes.
+    bytes: usize,
+}
+
+impl UnitBoundGroups {
+    fn resize(&mut self, total: usize) {
+        if self.samples.len() < total {
+            self.samples.resize_with(total, Sample::default);
+        }
+    }
+
+    fn recount(&mut self) {
+        self.bytes = self.samples.iter().map(Sample::size).sum();
+    }
+}
+
+impl GroupsAccumulator for UnitBoundGroups {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.resize(total_num_groups);
+        let (groups, orders) = (values[0].as_fixed_size_binary(), values[1].as_fixed_size_binary());
+        let rows = self.bound.converter.convert_columns(&values[2..])?;
+        for (i, &unit) in group_indices.iter().enumerate() {
+            if opt_filter.is_some_and(|f| !f.value(i) || f.is_null(i)) {
+                continue;
+            }
+            let sample = &mut self.samples[unit];
+            let before = sample.size();
+            sample
+                .offer(self.bound.limits(), key(groups.value(i))?, key(orders.value(i))?, || Ok(rows.row(i).owned()))?;
+            self.bytes = self.bytes + sample.size() - before;
+        }
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, values: &[ArrayRef], group_indices: &[usize], total_num_groups: usize) -> Result<()> {
+        self.resize(total_num_groups);
+        let lists = values[0].as_list::<i32>();
+        let parser = self.bound.converter.parser();
+        for (l, &unit) in group_indices.iter().enumerate() {
+            if lists.is_null(l) {
+                continue;
+            }
+            let entries = lists.value(l);
+            let entries = entries.as_struct();
+            let (g, o) = (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary());
+            let r = entries.column(2).as_binary::<i32>();
+            let sample = &mut self.samples[unit];
+            let before = sample.size();
+            for i in 0..entries.len() {
+                sample.offer(self.bound.limits(), key(g.value(i))?, key(o.value(i))?, || {
+                    Ok(parser.parse(r.value(i)).owned())
+                })?;
+            }
+            self.bytes = self.bytes + sample.size() - before;
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        let emitted = emit_to.take_needed(&mut self.samples);
+        self.recount();
+        Ok(Arc::new(self.bound.evaluate(&emitted)?))
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        let emitted = emit_to.take_needed(&mut self.samples);
+        self.recount();
+        Ok(vec![Arc::new(self.bound.state(&emitted)?)])
+    }
+
+    fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
+        // Each row its own unit: a list of its one entry (none when filtered out).
+        let (groups, orders) = (values[0].as_fixed_size_binary(), values[1].as_fixed_size_binary());
+        let rows = self.bound.converter.convert_columns(&values[2..])?;
+        let samples = (0..groups.len())
+            .map(|i| {
+                let mut sample = Sample::default();
+                if !opt_filter.is_some_and(|f| !f.value(i) || f.is_null(i)) {
+                    sample.offer(self.bound.limits(), key(groups.value(i))?, key(orders.value(i))?, || {
+                        Ok(rows.row(i).owned())
+                    })?;
+                }
+                Ok(sample)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(vec![Arc::new(self.bound.state(&samples)?)])
+    }
+
+    fn size(&self) -> usize {
+        size_of_val(self) + self.bound.converter.size() + self.samples.capacity() * size_of::<Sample>() + self.bytes
     }
 }
 
@@ -245,16 +410,44 @@ mod tests {
         Arc::new(FixedSizeBinaryArray::try_from_iter(v.iter().map(|b| [*b; 16])).unwrap())
     }
 
-    fn accumulator(groups: usize, rows: usize) -> UnitBoundAccumulator {
+    fn bound(groups: usize, rows: usize) -> Bound {
         let types = vec![DataType::Float64];
-        UnitBoundAccumulator {
-            groups,
-            rows,
-            converter: RowConverter::new(vec![SortField::new(DataType::Float64)]).unwrap(),
-            fields: row_fields(&types),
-            kept: BTreeMap::new(),
-            bytes: 0,
+        let converter = RowConverter::new(vec![SortField::new(DataType::Float64)]).unwrap();
+        Bound { groups, rows, converter, fields: row_fields(&types) }
+    }
+
+    fn accumulator(groups: usize, rows: usize) -> UnitBoundAccumulator {
+        UnitBoundAccumulator { bound: bound(groups, rows), sample: Sample::default() }
+    }
+
+    #[test]
+    fn the_vectorised_form_equals_one_accumulator_per_unit() {
+        // Two units interleaved in one batch (indices 0 and 1), split over two batches.
+        let groups = keys(&[1, 2, 1, 3, 2, 1, 2, 2]);
+        let orders = keys(&[6, 5, 4, 3, 2, 1, 9, 7]);
+        let xs: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]));
+        let units = [0usize, 1, 0, 1, 0, 1, 1, 0];
+        let mut vectorised = UnitBoundGroups { bound: bound(2, 2), samples: Vec::new(), bytes: 0 };
+        for (from, len) in [(0, 5), (5, 3)] {
+            let cols = [groups.slice(from, len), orders.slice(from, len), xs.slice(from, len)];
+            vectorised.update_batch(&cols, &units[from..from + len], None, 2).unwrap();
         }
+        let out = vectorised.evaluate(EmitTo::All).unwrap();
+        for unit in 0..2 {
+            let mut one = accumulator(2, 2);
+            let take: Vec<u32> = (0..8u32).filter(|&i| units[i as usize] == unit).collect();
+            let idx = datafusion::arrow::array::UInt32Array::from(take);
+            let cols: Vec<ArrayRef> = [&groups, &orders, &xs]
+                .iter()
+                .map(|c| datafusion::arrow::compute::take(c.as_ref(), &idx, None).unwrap())
+                .collect();
+            one.update_batch(&cols).unwrap();
+            let got = out.as_list::<i32>().value(unit);
+            let got =
+                got.as_struct().column(0).as_primitive::<datafusion::arrow::datatypes::Float64Type>().values().to_vec();
+            assert_eq!(got, kept_values(&mut one), "unit {unit}");
+        }
+        assert_eq!(vectorised.size(), size_of_val(&vectorised) + vectorised.bound.converter.size(), "all emitted");
     }
 
     fn kept_values(acc: &mut UnitBoundAccumulator) -> Vec<f64> {
