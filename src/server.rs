@@ -44,6 +44,13 @@ use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc, Ticket,
 };
 use base64::Engine as _;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+
+/// Basic credentials' base64: the standard alphabet, with or without padding.
+const BASIC: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -275,7 +282,8 @@ impl DpFlightSql {
             return Ok((token.trim().to_string(), None));
         }
         if let Some(b64) = header.strip_prefix("Basic ").or_else(|| header.strip_prefix("basic ")) {
-            let bytes = base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|_| missing())?;
+            // Padded or not: clients differ (ADBC's Go driver sends `name:token` unpadded).
+            let bytes = BASIC.decode(b64.trim()).map_err(|_| missing())?;
             let text = String::from_utf8(bytes).map_err(|_| missing())?;
             let (name, token) = text.split_once(':').ok_or_else(missing)?;
             return Ok((token.to_string(), Some(name.to_string())));
@@ -735,6 +743,18 @@ mod tests {
         let basic = base64::engine::general_purpose::STANDARD.encode("alice:dpc1.alice.ff");
         r.metadata_mut().insert("authorization", format!("Basic {basic}").parse().unwrap());
         assert_eq!(DpFlightSql::credentials(&r).unwrap(), ("dpc1.alice.ff".into(), Some("alice".into())));
+        // Names of every length mod 3, padded and unpadded.
+        for name in ["a", "ab", "abc"] {
+            let text = format!("{name}:dpc1.{name}.ff");
+            for b64 in [
+                base64::engine::general_purpose::STANDARD.encode(&text),
+                base64::engine::general_purpose::STANDARD_NO_PAD.encode(&text),
+            ] {
+                r.metadata_mut().insert("authorization", format!("Basic {b64}").parse().unwrap());
+                let got = DpFlightSql::credentials(&r).unwrap_or_else(|e| panic!("{b64}: {e}"));
+                assert_eq!(got, (format!("dpc1.{name}.ff"), Some(name.to_string())), "{b64}");
+            }
+        }
         r.metadata_mut().insert("authorization", "Digest x".parse().unwrap());
         assert!(DpFlightSql::credentials(&r).is_err());
     }

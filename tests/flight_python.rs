@@ -36,6 +36,9 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
     let bob = admin.add_analyst("bob").unwrap();
     admin.grant("alice", "mixture", 1.0, 1e-4).unwrap();
     admin.grant("bob", "mixture", 0.1, 1e-4).unwrap();
+    // Basic credentials for names of every length mod 3.
+    let basic: Vec<String> =
+        ["d", "de", "dee"].iter().map(|n| format!("{n}:{}", admin.add_analyst(n).unwrap())).collect();
 
     let server = Server::start(&catalog, &[]);
     let uri = format!("grpc://{}", server.addr);
@@ -50,6 +53,7 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
         .env("DPCURVE_URI", &uri)
         .env("DPCURVE_ALICE", &alice)
         .env("DPCURVE_BOB", &bob)
+        .env("DPCURVE_BASIC", basic.join(","))
         .env("DPCURVE_TLS_URI", &tls_uri)
         .env("DPCURVE_TLS_CA", &cert)
         .output()

@@ -44,7 +44,17 @@ def budgets(cur):
     return t.column(0)[0].as_py(), t.column(1)[0].as_py()
 
 
+def basic_credentials():
+    # ADBC's username/password: names of every length mod 3 (its Basic header is unpadded base64).
+    for pair in os.environ["DPCURVE_BASIC"].split(","):
+        name, token = pair.split(":", 1)
+        with flightsql.connect(URI, db_kwargs={"username": name, "password": token}) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1 AS one")
+            assert cur.fetch_arrow_table().column(0)[0].as_py() == 1, name
+
+
 def main():
+    basic_credentials()
     # 1. Alice: a private curve into pyarrow and pandas, charged once.
     with connect(os.environ["DPCURVE_ALICE"]) as conn, conn.cursor() as cur:
         spent0, share0 = budgets(cur)
