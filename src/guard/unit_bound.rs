@@ -198,6 +198,22 @@ impl Bound {
         (self.groups, self.rows)
     }
 
+    /// Merges state `l` of `lists` (a list of (group order, row order, encoded row)) into `sample`.
+    fn merge_into(&self, sample: &mut Sample, lists: &ListArray, l: usize) -> Result<()> {
+        if lists.is_null(l) {
+            return Ok(());
+        }
+        let entries = lists.value(l);
+        let entries = entries.as_struct();
+        let (g, o) = (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary());
+        let r = entries.column(2).as_binary::<i32>();
+        let parser = self.converter.parser();
+        for i in 0..entries.len() {
+            sample.offer(self.limits(), key(g.value(i))?, key(o.value(i))?, || Ok(parser.parse(r.value(i)).owned()))?;
+        }
+        Ok(())
+    }
+
     /// The kept rows of each sample, as one list of structs per sample.
     fn evaluate(&self, samples: &[Sample]) -> Result<ListArray> {
         let parser = self.converter.parser();
@@ -265,20 +281,8 @@ impl Accumulator for UnitBoundAccumulator {
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
         let lists = states[0].as_list::<i32>();
-        let parser = self.bound.converter.parser();
         for l in 0..lists.len() {
-            if lists.is_null(l) {
-                continue;
-            }
-            let entries = lists.value(l);
-            let entries = entries.as_struct();
-            let (g, o) = (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary());
-            let r = entries.column(2).as_binary::<i32>();
-            for i in 0..entries.len() {
-                self.sample.offer(self.bound.limits(), key(g.value(i))?, key(o.value(i))?, || {
-                    Ok(parser.parse(r.value(i)).owned())
-                })?;
-            }
+            self.bound.merge_into(&mut self.sample, lists, l)?;
         }
         Ok(())
     }
@@ -345,22 +349,10 @@ impl GroupsAccumulator for UnitBoundGroups {
     fn merge_batch(&mut self, values: &[ArrayRef], group_indices: &[usize], total_num_groups: usize) -> Result<()> {
         self.resize(total_num_groups);
         let lists = values[0].as_list::<i32>();
-        let parser = self.bound.converter.parser();
         for (l, &unit) in group_indices.iter().enumerate() {
-            if lists.is_null(l) {
-                continue;
-            }
-            let entries = lists.value(l);
-            let entries = entries.as_struct();
-            let (g, o) = (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary());
-            let r = entries.column(2).as_binary::<i32>();
             let sample = &mut self.samples[unit];
             let before = sample.size();
-            for i in 0..entries.len() {
-                sample.offer(self.bound.limits(), key(g.value(i))?, key(o.value(i))?, || {
-                    Ok(parser.parse(r.value(i)).owned())
-                })?;
-            }
+            self.bound.merge_into(sample, lists, l)?;
             self.bytes = self.bytes + sample.size() - before;
         }
         Ok(())
