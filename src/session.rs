@@ -25,11 +25,12 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::ParquetReadOptions;
 
 use crate::functions::{Permits, private_udafs};
-use crate::guard::{PrivacyPlanner, QueryText};
+use crate::guard::PrivacyPlanner;
 use crate::mechanism::NoiseSource;
 use crate::mechanism::budget::Budget;
 use crate::policy::{
-    BudgetsTable, Catalog, PolicyError, PrivateTable, ReleaseRecord, ReleasesTable, StoredReleaseRecord, TableInfo,
+    BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, StoredReleaseRecord,
+    TableInfo,
 };
 
 /// How a session is set up.
@@ -148,7 +149,7 @@ impl Engine {
             // statements 1…k−1 were paid for.
             let mut planned = Vec::with_capacity(statements.len());
             for stmt in statements {
-                let (plan, state) = self.plan(stmt).await?;
+                let (plan, state) = self.plan(stmt, None).await?;
                 let df = DataFrame::new(state, plan);
                 let schema = Arc::new(df.schema().as_arrow().clone());
                 let task = Arc::new(df.task_ctx());
@@ -161,7 +162,7 @@ impl Engine {
             return Ok(());
         }
         for stmt in statements {
-            let (plan, state) = self.plan(stmt).await?;
+            let (plan, state) = self.plan(stmt, None).await?;
             let df = match plan {
                 LogicalPlan::Ddl(_) | LogicalPlan::Statement(_) => self.ctx.execute_logical_plan(plan).await?,
                 plan => DataFrame::new(state, plan),
@@ -176,15 +177,22 @@ impl Engine {
     async fn plan(
         &self,
         stmt: datafusion::sql::parser::Statement,
+        ticket: Option<&[u8]>,
     ) -> Result<(LogicalPlan, datafusion::execution::session_state::SessionState)> {
-        // The statement's text travels with the state to the gate (release log).
+        // The statement's record (its bounded text, and the server ticket it is planned for)
+        // travels with the state to the gate (release log).
+        let record = QueryRecord::of(&stmt.to_string());
+        let record = match ticket {
+            Some(handle) => record.for_ticket(handle),
+            None => record,
+        };
         let config = self
             .ctx
             .state()
             .config()
             .clone()
             .with_create_default_catalog_and_schema(false) // keep the session's catalog
-            .with_extension(Arc::new(QueryText(stmt.to_string())));
+            .with_extension(Arc::new(record));
         let state = SessionStateBuilder::new_from_existing(self.ctx.state()).with_config(config).build();
         let plan = state.statement_to_plan(stmt).await?;
         self.options.verify_plan(&plan)?;
@@ -198,7 +206,7 @@ impl Engine {
             return datafusion::common::plan_err!("expected exactly one SQL statement, got {}", statements.len());
         }
         let stmt = statements.pop_front().expect("one statement");
-        let (plan, state) = self.plan(stmt).await?;
+        let (plan, state) = self.plan(stmt, None).await?;
         state.create_physical_plan(&plan).await
     }
 }
@@ -366,12 +374,23 @@ impl AnalystSession {
     /// run by [`AnalystSession::execute`], through its budget gate (servers plan at
     /// GetFlightInfo and run at DoGet).
     pub async fn plan(&self, sql: &str) -> Result<PlannedQuery> {
+        self.plan_inner(sql, None).await
+    }
+
+    /// [`AnalystSession::plan`] for the server ticket with handle `ticket`: the ledger records
+    /// the ticket (hashed) with the query's charges, so a ticket that is gone can still be
+    /// answered with the releases it paid for ([`Catalog::releases_of_ticket`]).
+    pub async fn plan_for_ticket(&self, sql: &str, ticket: &[u8]) -> Result<PlannedQuery> {
+        self.plan_inner(sql, Some(ticket)).await
+    }
+
+    async fn plan_inner(&self, sql: &str, ticket: Option<&[u8]>) -> Result<PlannedQuery> {
         let mut statements = crate::statements::parse(sql)?;
         if statements.len() != 1 {
             return datafusion::common::plan_err!("expected exactly one SQL statement, got {}", statements.len());
         }
         let stmt = statements.pop_front().expect("one statement");
-        let (plan, state) = self.engine.plan(stmt).await?;
+        let (plan, state) = self.engine.plan(stmt, ticket).await?;
         let df = DataFrame::new(state, plan);
         let task = Arc::new(df.task_ctx());
         let physical = df.create_physical_plan().await?;
@@ -382,6 +401,11 @@ impl AnalystSession {
     /// row is read, exactly as [`AnalystSession::query`] does.
     pub async fn execute(&self, planned: PlannedQuery) -> Result<Vec<RecordBatch>> {
         datafusion::physical_plan::collect(planned.physical, planned.task).await
+    }
+
+    /// [`AnalystSession::execute`], as a stream of batches (the debit comes with the first poll).
+    pub fn execute_stream(&self, planned: PlannedQuery) -> Result<datafusion::execution::SendableRecordBatchStream> {
+        datafusion::physical_plan::execute_stream(planned.physical, planned.task)
     }
 
     /// The tables an analyst may name, with their schemas: (schema, table, type, columns) —
@@ -449,6 +473,11 @@ impl PlannedQuery {
     /// The schema of the rows the query returns (exactly the schema of its batches).
     pub fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
+    }
+
+    /// Whether running it debits the ledger (it reads a private table).
+    pub fn is_charged(&self) -> bool {
+        self.physical.downcast_ref::<crate::guard::BudgetGateExec>().is_some()
     }
 }
 

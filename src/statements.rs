@@ -14,10 +14,14 @@ use std::ops::ControlFlow;
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::sql::parser::{DFParser, Statement};
-use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visit, Visitor};
+use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Value, Visit, Visitor};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use crate::functions::{all_params, named_args};
+
+/// The refusal of a statement with `?` / `$1` placeholders.
+pub const NO_PARAMETERS: &str = "bound parameters are not supported: write values as SQL literals (dpcurve's privacy \
+                                 parameters must be literals, checked at planning)";
 
 /// Deepest nesting of expressions (and longest chain of UNION/INTERSECT/EXCEPT) a statement may have.
 pub const MAX_DEPTH: usize = 256;
@@ -53,6 +57,10 @@ fn parse_here(sql: &str) -> Result<VecDeque<Statement>> {
             },
             _ => false,
         };
+        if depth.placeholder {
+            drop(statements);
+            return Err(DataFusionError::Plan(format!("statement {}: {NO_PARAMETERS}", i + 1)));
+        }
         if too_deep {
             // Dropped here, on the large stack.
             drop(statements);
@@ -74,12 +82,20 @@ fn parse_here(sql: &str) -> Result<VecDeque<Statement>> {
 #[derive(Default)]
 struct Depth {
     now: usize,
+    /// A `?` or `$n` placeholder was seen.
+    placeholder: bool,
 }
 
 impl Visitor for Depth {
     type Break = ();
 
-    fn pre_visit_expr(&mut self, _expr: &Expr) -> ControlFlow<()> {
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        if let Expr::Value(v) = expr
+            && matches!(v.value, Value::Placeholder(_))
+        {
+            self.placeholder = true;
+            return ControlFlow::Break(());
+        }
         self.now += 1;
         if self.now > MAX_DEPTH { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     }
@@ -124,5 +140,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn placeholders_are_refused_with_the_documented_message() {
+        for sql in ["SELECT ?", "SELECT x FROM t WHERE x > $1", "SELECT private_kde(x, ?, 1, 0) FROM t"] {
+            let e = parse(sql).unwrap_err().to_string();
+            assert!(e.contains("bound parameters are not supported"), "{sql}: {e}");
+        }
+        assert!(parse("SELECT '?' AS q").is_ok(), "a question mark in a string is no placeholder");
     }
 }

@@ -1,6 +1,6 @@
 //! The Python ADBC Flight SQL driver against `dpcurve serve` (issue 14): the test starts the
 //! server on a fresh catalog and runs `tests/python/flight_client.py` with the virtual
-//! environment that `.ci/python-env` makes (`.ci/run` does; so can a developer, once).
+//! environment that `.ci/python-env` makes (the test runs it first: a fresh clone needs no set-up).
 #![cfg(feature = "server")]
 
 mod common;
@@ -12,14 +12,20 @@ use dpcurve::Admin;
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::policy::Catalog;
 
+/// The virtual environment's Python, made (or checked) first by `.ci/python-env`: idempotent,
+/// it installs `tests/python/requirements.txt` from the package registry when they are missing.
 fn python() -> std::path::PathBuf {
-    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(root.join(".ci/python-env")).output().expect("cannot run .ci/python-env");
     assert!(
-        venv.exists(),
-        "the Python client tests need {}: run ./.ci/python-env once (it installs tests/python/requirements.txt)",
-        venv.display()
+        out.status.success(),
+        "the Python client tests need a virtual environment with tests/python/requirements.txt, and \
+         .ci/python-env could not make it (is python3 with venv installed, and the package registry \
+         reachable?):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    venv
+    root.join(".venv/bin/python")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,6 +40,7 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
     admin.set_bounds("mixture", "x", -0.2, 1.2).await.unwrap();
     let alice = admin.add_analyst("alice").unwrap();
     let bob = admin.add_analyst("bob").unwrap();
+    let carol = admin.add_analyst("carol").unwrap();
     admin.grant("alice", "mixture", 1.0, 1e-4).unwrap();
     admin.grant("bob", "mixture", 0.1, 1e-4).unwrap();
     // Basic credentials for names of every length mod 3.
@@ -53,6 +60,7 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
         .env("DPCURVE_URI", &uri)
         .env("DPCURVE_ALICE", &alice)
         .env("DPCURVE_BOB", &bob)
+        .env("DPCURVE_CAROL", &carol)
         .env("DPCURVE_BASIC", basic.join(","))
         .env("DPCURVE_TLS_URI", &tls_uri)
         .env("DPCURVE_TLS_CA", &cert)

@@ -44,12 +44,14 @@ USAGE:
                    last result to an SVG image
 
   dpcurve serve --catalog PATH [--listen HOST:PORT] [--tls-cert F --tls-key F]
-                [--max-queries-per-analyst N] [--partitions N]
-                [--cluster df://HOST:PORT]
+                [--max-queries-per-analyst N] [--max-bytes-per-analyst B]
+                [--partitions N] [--cluster df://HOST:PORT]
       Arrow Flight SQL server for analysts (default 127.0.0.1:50051). Every
       request needs an analyst's token (admin add-analyst); releases are
       charged on the table's budget and on the analyst's share when results
-      are fetched (DoGet). Stops gracefully on Ctrl-C / SIGTERM.
+      are fetched (DoGet). Each analyst may plan or run N queries at once
+      (default 4) and hold B bytes of statements and kept results (default
+      268435456). Stops gracefully on Ctrl-C / SIGTERM.
 
   dpcurve scheduler [--listen HOST:PORT] [--executor-timeout SECS]
       A Ballista scheduler for cluster mode (default 127.0.0.1:50050), with
@@ -319,6 +321,7 @@ fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::Serve
     let mut listen: std::net::SocketAddr = "127.0.0.1:50051".parse().expect("default address");
     let (mut cert, mut key) = (None, None);
     let mut max = crate::server::DEFAULT_MAX_QUERIES_PER_ANALYST;
+    let mut bytes = crate::server::DEFAULT_MAX_BYTES_PER_ANALYST;
     let mut partitions = None;
     let mut cluster = None;
     let mut it = args.iter();
@@ -338,6 +341,13 @@ fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::Serve
                     .filter(|n| *n >= 1)
                     .ok_or_else(|| format!("--max-queries-per-analyst expects a positive integer, got '{v}'"))?
             }
+            "--max-bytes-per-analyst" => {
+                bytes = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("--max-bytes-per-analyst expects a positive integer, got '{v}'"))?
+            }
             "--partitions" => {
                 partitions = Some(v.parse().map_err(|_| format!("--partitions expects a number, got '{v}'"))?)
             }
@@ -353,6 +363,7 @@ fn parse_serve_args(args: &[String]) -> std::result::Result<crate::server::Serve
     let mut o = crate::server::ServeOptions::new(catalog.ok_or("serve needs --catalog PATH")?, listen);
     o.tls = tls;
     o.max_queries_per_analyst = max;
+    o.max_bytes_per_analyst = bytes;
     o.target_partitions = partitions;
     o.cluster = cluster;
     Ok(o)

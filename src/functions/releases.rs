@@ -48,7 +48,8 @@ impl Curves {
         let recipe = match self.reader.load(id) {
             Ok(Some(r)) => r,
             Ok(None) => {
-                return exec_err!(
+                // An unknown id (or another analyst's) is the caller's mistake: a planning error.
+                return plan_err!(
                     "{function}: there is no stored release '{id}' in this catalog (ids such as 'r1' are in the \
                      'release' field of a private result and in dpcurve.releases)"
                 );

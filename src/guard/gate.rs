@@ -19,7 +19,7 @@ use super::exec::only_child;
 use super::selection::SelectionStage;
 use crate::functions::{PermitSlot, ReleaseStore};
 use crate::mechanism::stored::Recipe;
-use crate::policy::{Catalog, Charge};
+use crate::policy::{Catalog, Charge, QueryRecord};
 
 impl crate::functions::releases::ReleaseReader for Catalog {
     fn load(&self, id: &str) -> std::result::Result<Option<Recipe>, String> {
@@ -64,7 +64,7 @@ pub struct BudgetGateExec {
     ledger: Arc<Catalog>,
     charges: Arc<Vec<Charge>>,
     slots: Arc<Vec<Arc<PermitSlot>>>,
-    query: Arc<str>,
+    query: Arc<QueryRecord>,
     /// Partition selections to run after the debit, before the input (SPEC §7).
     stages: Arc<Vec<SelectionStage>>,
     /// Whose share is charged besides the tables' totals (None: the table owner's session).
@@ -78,7 +78,7 @@ impl BudgetGateExec {
         ledger: Arc<Catalog>,
         charges: Vec<Charge>,
         slots: Vec<Arc<PermitSlot>>,
-        query: &str,
+        query: Arc<QueryRecord>,
     ) -> Self {
         let input: Arc<dyn ExecutionPlan> = if input.output_partitioning().partition_count() > 1 {
             Arc::new(CoalescePartitionsExec::new(input))
@@ -90,7 +90,7 @@ impl BudgetGateExec {
             ledger,
             charges: Arc::new(charges),
             slots: Arc::new(slots),
-            query: Arc::from(query),
+            query,
             stages: Arc::new(Vec::new()),
             analyst: None,
         }
@@ -206,7 +206,7 @@ impl ExecutionPlan for BudgetGateExec {
             })
             .await
             .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
-            let (entries, mut first_release) = debit.map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
+            let (entries, mut first_release) = debit.map_err(|e| DataFusionError::External(Box::new(e)))?;
             // Each call's releases are kept under the ledger entry of its charge (issue 12):
             // slots and charges are matched by (table, function, cost), each entry used once.
             let mut used = vec![false; charges_for_slots.len()];
@@ -284,7 +284,13 @@ mod tests {
             let panics = Arc::new(PanicExec::new(Arc::clone(&schema), partitions));
             let cost = Budget::charge(0.1, 0.0).unwrap();
             let charges = vec![Charge { table: "p".into(), function: "private_kde".into(), cost }];
-            let gate = Arc::new(BudgetGateExec::new(panics, Arc::clone(&ledger), charges, vec![], "q"));
+            let gate = Arc::new(BudgetGateExec::new(
+                panics,
+                Arc::clone(&ledger),
+                charges,
+                vec![],
+                Arc::new(QueryRecord::of("q")),
+            ));
             let ctx = Arc::new(TaskContext::default());
             let err = datafusion::physical_plan::collect(gate, ctx).await.unwrap_err().to_string();
             assert!(err.contains("details are withheld"), "{err}");

@@ -19,7 +19,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use crate::functions::{PermitSlot, Permits, PrivateCall, is_private, plan_private_call, with_permits};
-use crate::policy::{Catalog, Charge};
+use crate::policy::{Catalog, Charge, QueryRecord};
 
 pub mod bounds;
 pub mod canonical_groups;
@@ -198,6 +198,10 @@ fn group_counts(plan: &LogicalPlan, keys: &groups::KeysMap) -> Result<Vec<u64>> 
     Ok(counts)
 }
 
+/// Private calls (and partition selections) one query may make: each is a row of the release
+/// log, so this bounds what one query adds to the catalog besides the releases it stores.
+pub const MAX_PRIVATE_CALLS: usize = 100;
+
 /// What the guard made of a plan: the plan to run, its charges, one release permit slot per
 /// priced call, and the partition selections the gate runs first.
 pub struct Checked {
@@ -210,11 +214,6 @@ pub struct Checked {
     /// Partition selections (GROUP BY over private keys).
     pub stages: Vec<selection::SelectionStage>,
 }
-
-/// The SQL text of the statement being planned, attached to the session config so the
-/// gate can write it to the release log.
-#[derive(Debug, Clone)]
-pub struct QueryText(pub String);
 
 /// A `QueryPlanner` that fills policy defaults, runs the guard on the optimized plan,
 /// prices it, plans physically, and puts a [`BudgetGateExec`] at the root of every plan
@@ -315,6 +314,13 @@ impl PrivacyPlanner {
         // TRY_CAST and integer division to its total form.
         let plan = expressions::make_total(plan)?;
         let charges = shape::check_and_price(&plan, &defaults.keys)?;
+        if charges.len() > MAX_PRIVATE_CALLS {
+            return plan_err!(
+                "the query makes {} private calls and partition selections; at most {MAX_PRIVATE_CALLS} are allowed \
+                 in one query (each is logged in the ledger): split it into several queries",
+                charges.len()
+            );
+        }
         self.check_memory(&calls, &group_counts(&plan, &defaults.keys)?, partitions)?;
         if self.ledger.is_none() {
             return Ok(Checked { plan, charges, slots: Vec::new(), stages: Vec::new() });
@@ -382,9 +388,10 @@ impl QueryPlanner for PrivacyPlanner {
         };
         // The gate runs every release before the rest of the plan (no paid result lost).
         let physical = prefetch::prefetch_releases(physical)?;
-        let query = session.config().get_extension::<QueryText>().map(|q| q.0.clone()).unwrap_or_default();
+        // The statement's record (bounded head, length, hash; the session attaches it).
+        let query = session.config().get_extension::<QueryRecord>().unwrap_or_else(|| Arc::new(QueryRecord::of("")));
         Ok(Arc::new(
-            BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, &query)
+            BudgetGateExec::new(physical, Arc::clone(ledger), charges, slots, query)
                 .with_stages(stages)
                 .with_analyst(self.analyst.clone()),
         ))

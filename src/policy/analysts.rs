@@ -84,7 +84,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -146,12 +146,7 @@ pub(super) fn debit_share(tx: &Transaction<'_>, analyst: &str, table: &str, cost
         .optional()
         .map_err(storage)?;
     let Some((et, dt, es, ds)) = row else {
-        return Err(PolicyError::BudgetExhausted {
-            table: table.to_string(),
-            analyst: Some(analyst.to_string()),
-            cost,
-            remaining: Budget::ZERO,
-        });
+        return Err(PolicyError::NoShare { table: table.to_string(), analyst: analyst.to_string() });
     };
     let grant = Grant {
         table: table.to_string(),

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
+use super::query_log::QueryRecord;
 use crate::mechanism::budget::Budget;
 
 /// The catalog format this version reads and writes.
-pub const FORMAT_VERSION: i64 = 4;
+pub const FORMAT_VERSION: i64 = 5;
 
 /// Most public keys one column may declare.
 pub const MAX_KEYS: usize = 100_000;
@@ -53,6 +54,13 @@ pub enum PolicyError {
         /// What is left on that table.
         remaining: Budget,
     },
+    /// The analyst was granted no share of the table; nothing was debited.
+    NoShare {
+        /// The table.
+        table: String,
+        /// The analyst.
+        analyst: String,
+    },
     /// SQLite failed (I/O, locking).
     Storage(String),
     /// A bearer token or analyst that does not authenticate (the message never says which part
@@ -73,6 +81,11 @@ impl fmt::Display for PolicyError {
                 f,
                 "analyst '{a}' has exhausted their share of table '{table}': this query costs {cost} but only \
                  {remaining} remains of the share; nothing was read (the data owner can grant more)"
+            ),
+            PolicyError::NoShare { table, analyst } => write!(
+                f,
+                "analyst '{analyst}' has no share of table '{table}': nothing was read (the data owner grants one \
+                 with `dpcurve admin grant {analyst} {table} --epsilon E --delta D`)"
             ),
             PolicyError::Storage(m) => write!(f, "catalog storage error: {m}"),
             PolicyError::Unauthenticated(m) => f.write_str(m),
@@ -200,6 +213,25 @@ pub struct Catalog {
     store: Mutex<Option<Connection>>,
 }
 
+/// The queries whose executions were charged (format 5, [`super::query_log`]): each statement's
+/// bounded head, once per execution, in the schema and in the upgrade from format 4.
+macro_rules! queries_table {
+    () => {
+        "
+CREATE TABLE queries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    analyst TEXT,
+    head TEXT NOT NULL,
+    length INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    ticket BLOB
+);
+CREATE INDEX queries_ticket ON queries(ticket) WHERE ticket IS NOT NULL;
+"
+    };
+}
+
 /// The stored releases' table (format 3), in the schema and in the upgrade from format 2.
 macro_rules! stored_releases_table {
     () => {
@@ -275,15 +307,17 @@ CREATE TABLE group_keys (
     value TEXT NOT NULL,
     PRIMARY KEY (table_name, column_name, value)
 );
-CREATE TABLE releases (
+",
+    queries_table!(),
+    "CREATE TABLE releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at TEXT NOT NULL,
     table_name TEXT NOT NULL,
     function TEXT NOT NULL,
     epsilon INTEGER NOT NULL,
     delta INTEGER NOT NULL,
-    query TEXT NOT NULL,
-    analyst TEXT
+    analyst TEXT,
+    query_id INTEGER REFERENCES queries(id)
 );
 ",
     stored_releases_table!(),
@@ -296,6 +330,19 @@ const UPGRADE_3_TO_4: &str = concat!(
     "ALTER TABLE releases ADD COLUMN analyst TEXT;\n",
     analysts_tables!(),
     "UPDATE meta SET value = '4' WHERE key = 'version';\n"
+);
+
+/// Upgrades a format-4 catalog (whole statement text in every release row) to format 5: each
+/// old row's text moves to a `queries` row of its own, whole (it was written whole).
+const UPGRADE_4_TO_5: &str = concat!(
+    queries_table!(),
+    "ALTER TABLE releases ADD COLUMN query_id INTEGER REFERENCES queries(id);
+INSERT INTO queries (id, at, analyst, head, length, sha256)
+    SELECT id, at, analyst, query, length(CAST(query AS BLOB)), '' FROM releases;
+UPDATE releases SET query_id = id;
+ALTER TABLE releases DROP COLUMN query;
+UPDATE meta SET value = '5' WHERE key = 'version';
+"
 );
 
 /// Upgrades a format-2 catalog (before stored releases) to format 3.
@@ -394,6 +441,14 @@ pub fn reached_files(location: &str) -> BTreeSet<FileId> {
         }
     }
     files
+}
+
+/// The release log's text of a query from its (head, length, sha256) columns at `at`.
+fn query_text(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<String> {
+    let head: String = row.get(at)?;
+    let length: i64 = row.get(at + 1)?;
+    let sha256: String = row.get(at + 2)?;
+    Ok(super::query_log::display(&head, u64::try_from(length).unwrap_or(0), &sha256))
 }
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
@@ -548,7 +603,10 @@ impl Catalog {
             if old <= 2 {
                 tx.execute_batch(UPGRADE_2_TO_3).map_err(storage)?;
             }
-            tx.execute_batch(UPGRADE_3_TO_4).map_err(storage)?;
+            if old <= 3 {
+                tx.execute_batch(UPGRADE_3_TO_4).map_err(storage)?;
+            }
+            tx.execute_batch(UPGRADE_4_TO_5).map_err(storage)?;
             tx.commit().map_err(storage)?;
             return Self::validate(&conn, false);
         }
@@ -956,8 +1014,10 @@ impl Catalog {
         let conn = self.conn.lock().expect("catalog lock");
         let mut stmt = conn
             .prepare(
-                "SELECT id, at, table_name, function, epsilon, delta, query, analyst FROM releases
-                 WHERE ?1 IS NULL OR table_name = ?1 ORDER BY id",
+                "SELECT r.id, r.at, r.table_name, r.function, r.epsilon, r.delta, q.head, q.length, q.sha256,
+                        r.analyst
+                 FROM releases r JOIN queries q ON q.id = r.query_id
+                 WHERE ?1 IS NULL OR r.table_name = ?1 ORDER BY r.id",
             )
             .map_err(storage)?;
         stmt.query_map([table], |r| {
@@ -967,8 +1027,8 @@ impl Catalog {
                 table: r.get(2)?,
                 function: r.get(3)?,
                 cost: Budget { epsilon_units: r.get(4)?, delta_units: r.get(5)? },
-                query: r.get(6)?,
-                analyst: r.get(7)?,
+                query: query_text(r, 6)?,
+                analyst: r.get(9)?,
             })
         })
         .map_err(storage)?
@@ -999,7 +1059,7 @@ impl Catalog {
     /// or nothing changes and the first table without room is reported. Returns the release
     /// log's id of each charge, in order.
     pub fn charge_as(&self, charges: &[Charge], query: &str, analyst: Option<&str>) -> Result<Vec<i64>, PolicyError> {
-        self.charge_reserving(charges, query, analyst, 0).map(|(ids, _)| ids)
+        self.charge_reserving(charges, &QueryRecord::of(query), analyst, 0).map(|(ids, _)| ids)
     }
 
     /// [`Catalog::charge_as`], and in the same transaction reserves `releases` consecutive
@@ -1010,7 +1070,7 @@ impl Catalog {
     pub fn charge_reserving(
         &self,
         charges: &[Charge],
-        query: &str,
+        query: &QueryRecord,
         analyst: Option<&str>,
         releases: u64,
     ) -> Result<(Vec<i64>, i64), PolicyError> {
@@ -1056,14 +1116,25 @@ impl Catalog {
                 )
                 .map_err(storage)?;
             }
+            // The statement once per execution, bounded (query_log): its charges point at it.
+            let (head, length, sha256, ticket) = query.columns();
+            tx.execute(
+                &format!(
+                    "INSERT INTO queries (at, analyst, head, length, sha256, ticket) \
+                     VALUES ({NOW}, ?1, ?2, ?3, ?4, ?5)"
+                ),
+                params![analyst, head, length, sha256, ticket],
+            )
+            .map_err(storage)?;
+            let query_id = tx.last_insert_rowid();
             let mut ids = Vec::with_capacity(charges.len());
             for c in charges {
                 tx.execute(
                     &format!(
-                        "INSERT INTO releases (at, table_name, function, epsilon, delta, query, analyst) \
+                        "INSERT INTO releases (at, table_name, function, epsilon, delta, analyst, query_id) \
                          VALUES ({NOW}, ?1, ?2, ?3, ?4, ?5, ?6)"
                     ),
-                    params![c.table, c.function, c.cost.epsilon_units, c.cost.delta_units, query, analyst],
+                    params![c.table, c.function, c.cost.epsilon_units, c.cost.delta_units, analyst, query_id],
                 )
                 .map_err(storage)?;
                 ids.push(tx.last_insert_rowid());
@@ -1140,6 +1211,25 @@ impl Catalog {
         self.stored_releases_of(table, None)
     }
 
+    /// The stored releases of the executions `analyst` paid for with the server ticket whose
+    /// handle is `handle` (none: that ticket never ran a paid query of theirs).
+    pub fn releases_of_ticket(&self, analyst: &str, handle: &[u8]) -> Result<Vec<String>, PolicyError> {
+        let ticket = super::query_log::ticket_hash(handle);
+        let conn = self.conn.lock().expect("catalog lock");
+        let mut stmt = conn
+            .prepare(
+                "SELECT s.id FROM queries q JOIN releases r ON r.query_id = q.id
+                 JOIN stored_releases s ON s.charge_id = r.id
+                 WHERE q.ticket = ?1 AND q.analyst = ?2 ORDER BY s.id",
+            )
+            .map_err(storage)?;
+        stmt.query_map(params![ticket.as_slice(), analyst], |r| {
+            Ok(format!("{RELEASE_ID_PREFIX}{}", r.get::<_, i64>(0)?))
+        })
+        .map_err(storage)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(storage)
+    }
     /// [`Catalog::stored_releases`] as seen by a session: an analyst's session lists only that
     /// analyst's releases (None: all).
     pub fn stored_releases_of(
@@ -1150,9 +1240,9 @@ impl Catalog {
         let conn = self.conn.lock().expect("catalog lock");
         let mut stmt = conn
             .prepare(
-                "SELECT s.id, s.at, s.table_name, s.function, s.parameters, r.epsilon, r.delta, s.charge_id, r.query,
-                        r.analyst
-                 FROM stored_releases s JOIN releases r ON r.id = s.charge_id
+                "SELECT s.id, s.at, s.table_name, s.function, s.parameters, r.epsilon, r.delta, s.charge_id, q.head,
+                        q.length, q.sha256, r.analyst
+                 FROM stored_releases s JOIN releases r ON r.id = s.charge_id JOIN queries q ON q.id = r.query_id
                  WHERE (?1 IS NULL OR s.table_name = ?1) AND (?2 IS NULL OR r.analyst = ?2) ORDER BY s.id",
             )
             .map_err(storage)?;
@@ -1165,8 +1255,8 @@ impl Catalog {
                 parameters: r.get(4)?,
                 cost: Budget { epsilon_units: r.get(5)?, delta_units: r.get(6)? },
                 charge: r.get(7)?,
-                query: r.get(8)?,
-                analyst: r.get(9)?,
+                query: query_text(r, 8)?,
+                analyst: r.get(11)?,
             })
         })
         .map_err(storage)?
@@ -1192,6 +1282,28 @@ fn validate_name(name: &str) -> Result<(), PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The release log of formats 1–4 (the whole statement in every row).
+    const V4_RELEASES: &str = "CREATE TABLE releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    function TEXT NOT NULL,
+    epsilon INTEGER NOT NULL,
+    delta INTEGER NOT NULL,
+    query TEXT NOT NULL,
+    analyst TEXT
+);
+";
+
+    /// Turns a format-5 catalog into the format-4 layout (with foreign keys off).
+    const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
+        table_name TEXT NOT NULL, function TEXT NOT NULL, epsilon INTEGER NOT NULL, delta INTEGER NOT NULL, \
+        query TEXT NOT NULL, analyst TEXT); \
+        INSERT INTO r4 SELECT r.id, r.at, r.table_name, r.function, r.epsilon, r.delta, q.head, r.analyst \
+        FROM releases r JOIN queries q ON q.id = r.query_id; \
+        DROP TABLE releases; DROP TABLE queries; ALTER TABLE r4 RENAME TO releases; \
+        UPDATE meta SET value = '4' WHERE key = 'version';";
 
     fn temp(name: &str) -> PathBuf {
         let p = std::env::temp_dir().join(format!("dpcurve-cat-{name}-{}.db", std::process::id()));
@@ -1325,8 +1437,8 @@ mod tests {
                     "CREATE TABLE group_keys (\n    table_name TEXT NOT NULL REFERENCES tables(name),\n    column_name TEXT NOT NULL,\n    value TEXT NOT NULL,\n    PRIMARY KEY (table_name, column_name, value)\n);\n",
                     "",
                 );
-            let v1_schema = v1_schema[..v1_schema.find("CREATE TABLE stored_releases").unwrap()]
-                .replace(",\n    analyst TEXT\n", "\n");
+            let v1_schema = v1_schema[..v1_schema.find("CREATE TABLE queries").unwrap()].to_string()
+                + &V4_RELEASES.replace(",\n    analyst TEXT\n", "\n");
             assert!(!v1_schema.contains("unit_column") && !v1_schema.contains("group_keys"));
             conn.execute_batch(&v1_schema).unwrap();
             conn.execute("INSERT INTO meta VALUES ('format', ?1), ('version', '1')", [FORMAT_NAME]).unwrap();
@@ -1349,13 +1461,13 @@ mod tests {
         drop(Catalog::create_or_open(&v2).unwrap());
         Connection::open(&v2)
             .unwrap()
-            .execute_batch(
-                "DROP TABLE stored_releases; DROP TABLE grants; DROP TABLE analysts; \
-                 ALTER TABLE releases DROP COLUMN analyst; UPDATE meta SET value = '2' WHERE key = 'version';",
-            )
+            .execute_batch(&format!(
+                "{TO_FORMAT_4} DROP TABLE stored_releases; DROP TABLE grants; DROP TABLE analysts; \
+                     ALTER TABLE releases DROP COLUMN analyst; UPDATE meta SET value = '2' WHERE key = 'version';"
+            ))
             .unwrap();
         let e = Catalog::open(&v2).unwrap_err().to_string();
-        assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 4"), "{e}");
+        assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 5"), "{e}");
         let c = Catalog::create_or_open(&v2).unwrap();
         c.register_table("p", "/data/p.parquet").unwrap();
         c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -1380,19 +1492,40 @@ mod tests {
         }
         Connection::open(&v3)
             .unwrap()
-            .execute_batch(
-                "DROP TABLE grants; DROP TABLE analysts; ALTER TABLE releases DROP COLUMN analyst; \
-                 UPDATE meta SET value = '3' WHERE key = 'version';",
-            )
+            .execute_batch(&format!(
+                "{TO_FORMAT_4} DROP TABLE grants; DROP TABLE analysts; ALTER TABLE releases DROP COLUMN \
+                     analyst; UPDATE meta SET value = '3' WHERE key = 'version';"
+            ))
             .unwrap();
         let e = Catalog::open(&v3).unwrap_err().to_string();
-        assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 4"), "{e}");
+        assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 5"), "{e}");
         let c = Catalog::create_or_open(&v3).unwrap();
         c.add_analyst("alice").unwrap();
         c.grant("alice", "p", Budget::total(1.0, 0.0).unwrap()).unwrap();
         c.charge_as(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "q", Some("alice")).unwrap();
         let who: Vec<Option<String>> = c.release_log(None).unwrap().into_iter().map(|r| r.analyst).collect();
         assert_eq!(who, vec![None, Some("alice".to_string())]);
+
+        // Format 4 (the whole statement in every release row): each row's text moves to `queries`.
+        let v4 = temp("v4");
+        {
+            let c = Catalog::create_or_open(&v4).unwrap();
+            c.register_table("p", "/data/p.parquet").unwrap();
+            c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+            let kde = Charge { table: "p".into(), function: "private_kde".into(), cost };
+            let ids = c.charge(&[kde.clone(), kde], "SELECT old").unwrap();
+            c.store_release(None, ids[1], "p", "private_kde", "{}", &[7]).unwrap();
+        }
+        Connection::open(&v4).unwrap().execute_batch(TO_FORMAT_4).unwrap();
+        let e = Catalog::open(&v4).unwrap_err().to_string();
+        assert!(e.contains("catalog format 4") && e.contains("upgrades it to format 5"), "{e}");
+        let c = Catalog::create_or_open(&v4).unwrap();
+        let log = c.release_log(None).unwrap();
+        assert_eq!(log.iter().map(|r| r.query.as_str()).collect::<Vec<_>>(), ["SELECT old", "SELECT old"]);
+        assert_eq!(c.stored_releases(None).unwrap()[0].query, "SELECT old");
+        c.raise_budget("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        c.charge(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "SELECT new").unwrap();
+        assert_eq!(c.release_log(None).unwrap().last().unwrap().query, "SELECT new");
 
         // A valid catalog whose pages were damaged.
         let damaged = temp("damaged");

@@ -3,8 +3,10 @@
 
 pub mod analysts;
 pub mod catalog;
+pub mod query_log;
 pub mod table;
 
 pub use analysts::{AnalystInfo, Grant};
 pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, TableInfo};
+pub use query_log::QueryRecord;
 pub use table::{BudgetsTable, PrivateTable, ReleasesTable};

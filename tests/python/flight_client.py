@@ -8,6 +8,7 @@ Every check raises on failure; the process exits non-zero then.
 
 import os
 import sys
+import warnings
 
 import adbc_driver_flightsql.dbapi as flightsql
 import adbc_driver_manager
@@ -22,18 +23,29 @@ KDE = (
 ROWS = "SELECT unnest(kde.x) AS x, unnest(kde.density) AS density FROM (" + KDE + ")"
 
 
+Status = adbc_driver_manager.AdbcStatusCode
+
+
 def connect(token):
     kwargs = {} if token is None else {"adbc.flight.sql.authorization_header": "Bearer " + token}
-    return flightsql.connect(URI, db_kwargs=kwargs)
+    # autocommit=True: dpcurve sessions are read-only (no transactions), and ADBC warns without it.
+    return flightsql.connect(URI, db_kwargs=kwargs, autocommit=True)
 
 
-def expect_error(fn, *needles):
+def expect_error(fn, *needles, status=None, kind=None):
+    """Runs fn, which must fail with every needle in its message, ADBC status `status`, and
+    the server's `dpcurve-error` kind `kind` (in the error's details)."""
     try:
         fn()
-    except (adbc_driver_manager.Error, adbc_driver_manager.ProgrammingError) as e:
+    except adbc_driver_manager.Error as e:
         text = str(e)
         for n in needles:
             assert n in text, f"expected {n!r} in the error, got: {text}"
+        if status is not None:
+            assert e.status_code == status, f"expected {status}, got {e.status_code} ({type(e).__name__}): {text}"
+        if kind is not None:
+            details = {(k.decode() if isinstance(k, bytes) else k): v for k, v in (e.details or [])}
+            assert details.get("dpcurve-error") == kind.encode(), f"expected kind {kind}, got {e.details}"
         return text
     raise AssertionError(f"expected an error containing {needles}")
 
@@ -53,8 +65,18 @@ def basic_credentials():
             assert cur.fetch_arrow_table().column(0)[0].as_py() == 1, name
 
 
+def no_autocommit_warning():
+    # The README's connect line (autocommit=True) connects without a warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with connect(os.environ["DPCURVE_ALICE"]) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1 AS one")
+            cur.fetch_arrow_table()
+
+
 def main():
     basic_credentials()
+    no_autocommit_warning()
     # 1. Alice: a private curve into pyarrow and pandas, charged once.
     with connect(os.environ["DPCURVE_ALICE"]) as conn, conn.cursor() as cur:
         spent0, share0 = budgets(cur)
@@ -84,8 +106,17 @@ def main():
         assert budgets(cur) == before
 
         # A guard refusal: the message says why; nothing charged.
-        text = expect_error(lambda: cur.execute("SELECT avg(x) FROM mixture"), "private")
+        text = expect_error(lambda: cur.execute("SELECT avg(x) FROM mixture"), "private", status=Status.INVALID_ARGUMENT)
         assert "mixture" in text or "private" in text
+        assert budgets(cur) == before
+        # Placeholders, bound or not, reach the documented message.
+        expect_error(lambda: cur.execute("SELECT ? AS p"), "bound parameters are not supported")
+        expect_error(lambda: cur.adbc_prepare("SELECT x FROM mixture WHERE x > ?"), "bound parameters are not supported")
+        # An unknown release id is the caller's mistake, not the server's.
+        expect_error(
+            lambda: cur.execute("SELECT * FROM release('r999')"), "no stored release 'r999'",
+            status=Status.INVALID_ARGUMENT,
+        )
         assert budgets(cur) == before
 
         # Metadata: the private table is listed with its columns (public metadata).
@@ -107,7 +138,11 @@ def main():
             cur.execute(KDE)
             cur.fetch_arrow_table()
 
-        expect_error(over_budget, "analyst 'alice' has exhausted their share of table 'mixture'", "nothing was read")
+        # An exhausted budget or share: ADBC status UNAUTHORIZED (gRPC PermissionDenied), kind budget-exhausted.
+        expect_error(
+            over_budget, "analyst 'alice' has exhausted their share of table 'mixture'", "nothing was read",
+            status=Status.UNAUTHORIZED, kind="budget-exhausted",
+        )
         assert budgets(cur) == (spent2, share2), "a refused query was charged"
 
     # 2. Bob's share is exhausted: refused with his own message.
@@ -116,7 +151,15 @@ def main():
             cur.execute(KDE)
             cur.fetch_arrow_table()
 
-        expect_error(bob, "analyst 'bob' has exhausted their share of table 'mixture'")
+        expect_error(bob, "analyst 'bob' has exhausted their share of table 'mixture'", status=Status.UNAUTHORIZED, kind="budget-exhausted")
+
+    # 2b. Carol has no share of `mixture` at all: ADBC status UNAUTHORIZED, kind no-share.
+    with connect(os.environ["DPCURVE_CAROL"]) as conn, conn.cursor() as cur:
+        def carol():
+            cur.execute(KDE)
+            cur.fetch_arrow_table()
+
+        expect_error(carol, "analyst 'carol' has no share of table 'mixture'", status=Status.UNAUTHORIZED, kind="no-share")
 
     # 3. Without a token, and with a made-up one: refused before anything runs.
     for token in (None, "dpc1.alice." + "0" * 64):
@@ -125,7 +168,7 @@ def main():
                 cur.execute(KDE)
                 cur.fetch_arrow_table()
 
-        expect_error(anon, "token")
+        expect_error(anon, "token", status=Status.UNAUTHENTICATED)
 
     # 4. Over TLS, trusting the server's self-signed certificate.
     tls_uri, ca = os.environ.get("DPCURVE_TLS_URI"), os.environ.get("DPCURVE_TLS_CA")

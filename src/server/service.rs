@@ -1,37 +1,13 @@
-//! `dpcurve serve`: an Arrow Flight SQL server for analysts (issue 14).
-//!
-//! Every request carries an analyst's bearer token (`authorization: Bearer dpc1.…`), or
-//! basic credentials (name, token) that the handshake exchanges for the same bearer token.
-//! Each authenticated analyst gets the same read-only catalog session and planner guard as
-//! the CLI, charged on the tables' totals *and* on the analyst's shares
-//! ([`crate::AnalystSession::with_principal`]).
-//!
-//! What happens when:
-//! * **GetFlightInfo** (a statement, or an execution of a prepared statement) parses, guards
-//!   and prices the query — a refusal comes here and costs nothing — and returns its schema
-//!   with one ticket. Nothing is charged.
-//! * **DoGet** on a ticket runs the query once: the budget gate debits the ledger durably
-//!   before any row is read. The result is kept with the ticket, so fetching the same ticket
-//!   again returns the very same result (the same stored release) without a second charge.
-//! * Tickets are random 128-bit server-side handles bound to the analyst who planned them:
-//!   another analyst's, a forged or an expired ticket gets the same "unknown ticket" error.
-//! * The FlightInfo's schema is the physical plan's output schema, which is exactly the
-//!   schema of the batches DoGet sends (ADBC drivers reject any difference, nullability
-//!   included).
-//!
-//! Errors are the session's messages (the guard's and the gate's, which never carry data)
-//! with a gRPC code by kind: a refusal at planning is `InvalidArgument`, an exhausted budget
-//! `ResourceExhausted`, a missing or wrong token `Unauthenticated`.
+//! The Flight SQL service: authentication, tickets, prepared statements and metadata.
 
-use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
-use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
@@ -45,117 +21,30 @@ use arrow_flight::{
 };
 use base64::Engine as _;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::writer::IpcWriteOptions;
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::{Stream, StreamExt, TryStreamExt};
+use prost::Message;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::registry::{Handle, Limits, Registry, Ticket as TicketEntry, TicketState};
+use super::work::{Outcome, Slot, Workers};
+use super::{policy_status, status_of};
+use crate::policy::Catalog;
+use crate::session::{AnalystSession, SessionOptions};
 
 /// Basic credentials' base64: the standard alphabet, with or without padding.
 const BASIC: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::ipc::writer::IpcWriteOptions;
-use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::DataFusionError;
-use futures::{Stream, StreamExt, TryStreamExt};
-use prost::Message;
-use rand::{Rng, SeedableRng};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::metadata::MetadataValue;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
-use tonic::{Request, Response, Status, Streaming};
 
-use crate::policy::{Catalog, PolicyError};
-use crate::session::{AnalystSession, PlannedQuery, SessionOptions};
-
-/// Queries one analyst may run at once unless `--max-queries-per-analyst` says otherwise.
-pub const DEFAULT_MAX_QUERIES_PER_ANALYST: usize = 4;
-/// Tickets (planned or fetched queries) the server keeps; the oldest are forgotten first.
-pub const MAX_TICKETS: usize = 10_000;
-/// How long a ticket can be fetched (and re-fetched) after it was issued.
-pub const TICKET_LIFETIME: Duration = Duration::from_secs(3600);
-/// Prepared statements the server keeps open; the oldest are closed first.
-pub const MAX_PREPARED: usize = 10_000;
-
-/// How `dpcurve serve` is set up.
-#[derive(Debug, Clone)]
-pub struct ServeOptions {
-    /// The catalog (and ledger) file.
-    pub catalog: PathBuf,
-    /// Address to listen on (port 0: any free port, reported to `on_listening`).
-    pub listen: SocketAddr,
-    /// PEM certificate chain and private key: serve over TLS.
-    pub tls: Option<(PathBuf, PathBuf)>,
-    /// Concurrent queries per analyst (planning or running); more are refused at once.
-    pub max_queries_per_analyst: usize,
-    /// Partitions of each query (None: number of cores).
-    pub target_partitions: Option<usize>,
-    /// Cluster mode: `df://HOST:PORT` of a Ballista scheduler (issue 15).
-    pub cluster: Option<String>,
-}
-
-impl ServeOptions {
-    /// Options with the defaults for `catalog` and `listen`.
-    pub fn new(catalog: PathBuf, listen: SocketAddr) -> Self {
-        Self {
-            catalog,
-            listen,
-            tls: None,
-            max_queries_per_analyst: DEFAULT_MAX_QUERIES_PER_ANALYST,
-            target_partitions: None,
-            cluster: None,
-        }
-    }
-}
-
-type HandleBytes = [u8; 16];
-
-/// One ticket: a planned query, or its result once fetched.
-struct TicketEntry {
-    analyst: String,
-    issued: Instant,
-    state: Arc<tokio::sync::Mutex<TicketState>>,
-}
-
-enum TicketState {
-    Planned(Arc<AnalystSession>, PlannedQuery),
-    Done(SchemaRef, Arc<Vec<RecordBatch>>),
-    Failed(tonic::Code, String),
-}
-
-struct PreparedEntry {
-    analyst: String,
-    sql: String,
-}
-
-/// Bounded maps in insertion order: the oldest entries are dropped first.
-struct Bounded<V> {
-    map: HashMap<HandleBytes, V>,
-    order: VecDeque<HandleBytes>,
-    cap: usize,
-}
-
-impl<V> Bounded<V> {
-    fn new(cap: usize) -> Self {
-        Self { map: HashMap::new(), order: VecDeque::new(), cap }
-    }
-
-    fn insert(&mut self, k: HandleBytes, v: V) {
-        while self.map.len() >= self.cap {
-            match self.order.pop_front() {
-                Some(old) => {
-                    self.map.remove(&old);
-                }
-                None => break,
-            }
-        }
-        self.order.push_back(k);
-        self.map.insert(k, v);
-    }
-
-    fn remove(&mut self, k: &HandleBytes) -> Option<V> {
-        self.order.retain(|x| x != k);
-        self.map.remove(k)
-    }
-}
+/// Stored releases a "ticket is gone" message lists at most.
+const LISTED_RELEASES: usize = 20;
 
 /// The analyst's cached session and the registrations it was opened with.
 struct CachedSession {
@@ -169,10 +58,10 @@ pub struct DpFlightSql {
     options: SessionOptions,
     max_queries: usize,
     sessions: tokio::sync::Mutex<HashMap<String, CachedSession>>,
-    tickets: Mutex<Bounded<Arc<TicketEntry>>>,
-    prepared: Mutex<Bounded<PreparedEntry>>,
-    limits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    registry: Arc<Registry>,
+    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
     handles: Mutex<rand::rngs::ChaCha20Rng>,
+    workers: Workers,
 }
 
 fn sql_info() -> &'static SqlInfoData {
@@ -195,59 +84,51 @@ fn sql_info() -> &'static SqlInfoData {
     })
 }
 
-/// The gRPC status of a session error: the session's message, a code by kind.
-pub fn status_of(e: &DataFusionError) -> Status {
-    let message = e.to_string();
-    match e.find_root() {
-        DataFusionError::ResourcesExhausted(m) if m.contains("was removed or does not exist") => {
-            Status::unauthenticated(message)
-        }
-        DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(message),
-        DataFusionError::Plan(_)
-        | DataFusionError::SQL(..)
-        | DataFusionError::SchemaError(..)
-        | DataFusionError::NotImplemented(_) => Status::invalid_argument(message),
-        _ => Status::internal(message),
-    }
-}
-
-fn policy_status(e: PolicyError) -> Status {
-    match e {
-        PolicyError::Unauthenticated(m) => Status::unauthenticated(m),
-        other => Status::internal(other.to_string()),
-    }
-}
-
 fn unknown_ticket() -> Status {
     Status::not_found(
         "unknown or expired ticket: tickets are issued by GetFlightInfo to the analyst who asked, and kept for an hour",
     )
 }
 
-fn handle_of(bytes: &[u8]) -> Option<HandleBytes> {
+fn unknown_prepared() -> Status {
+    Status::not_found("unknown or closed prepared statement")
+}
+
+fn handle_of(bytes: &[u8]) -> Option<Handle> {
     bytes.try_into().ok()
 }
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static>>;
 
 /// The Flight data of `batches` with `schema` (dictionaries sent as they are, so the schema
-/// message is exactly `schema`), holding `permit` until the stream ends.
-fn flight_stream(schema: SchemaRef, batches: Vec<RecordBatch>, permit: Option<OwnedSemaphorePermit>) -> DoGetStream {
+/// message is exactly `schema`).
+fn flight_stream(
+    schema: SchemaRef,
+    batches: impl Stream<Item = Result<RecordBatch, Status>> + Send + 'static,
+) -> DoGetStream {
+    let batches = batches.map(|b| b.map_err(|s| FlightError::Tonic(Box::new(s))));
     let stream = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .with_dictionary_handling(DictionaryHandling::Resend)
-        .build(futures::stream::iter(batches.into_iter().map(Ok)))
-        .map_err(Status::from)
-        .map(move |item| {
-            let _held = &permit;
-            item
-        });
+        .build(batches)
+        .map(|item| item.map_err(Status::from));
     Box::pin(stream)
 }
 
+/// The batches a query task sends, as a stream.
+fn received(rx: mpsc::Receiver<Result<RecordBatch, Status>>) -> impl Stream<Item = Result<RecordBatch, Status>> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+}
+
 impl DpFlightSql {
-    /// The service over an opened catalog.
-    pub fn new(catalog: Arc<Catalog>, options: SessionOptions, max_queries: usize) -> Result<Self, String> {
+    /// The service over an opened catalog, running queries on `queries`.
+    pub fn new(
+        catalog: Arc<Catalog>,
+        options: SessionOptions,
+        max_queries: usize,
+        limits: Limits,
+        queries: tokio::runtime::Handle,
+    ) -> Result<Self, String> {
         let rng = rand::rngs::ChaCha20Rng::try_from_rng(&mut rand::rngs::SysRng)
             .map_err(|e| format!("the operating system's random source failed: {e}"))?;
         Ok(Self {
@@ -255,14 +136,14 @@ impl DpFlightSql {
             options,
             max_queries: max_queries.max(1),
             sessions: tokio::sync::Mutex::new(HashMap::new()),
-            tickets: Mutex::new(Bounded::new(MAX_TICKETS)),
-            prepared: Mutex::new(Bounded::new(MAX_PREPARED)),
-            limits: Mutex::new(HashMap::new()),
+            registry: Arc::new(Registry::new(limits)),
+            slots: Mutex::new(HashMap::new()),
             handles: Mutex::new(rng),
+            workers: Workers::new(queries),
         })
     }
 
-    fn new_handle(&self) -> HandleBytes {
+    fn new_handle(&self) -> Handle {
         let mut h = [0u8; 16];
         self.handles.lock().expect("handle generator").fill_bytes(&mut h);
         h
@@ -298,29 +179,31 @@ impl DpFlightSql {
         let name = tokio::task::spawn_blocking(move || catalog.authenticate(&token))
             .await
             .map_err(|e| Status::internal(format!("authentication task failed: {e}")))?
-            .map_err(policy_status)?;
+            .map_err(|e| policy_status(&e))?;
         if claimed.is_some_and(|c| c != name) {
             return Err(Status::unauthenticated(crate::policy::analysts::BAD_TOKEN));
         }
         Ok(name)
     }
 
-    /// One of the analyst's concurrent-query slots, or a refusal.
-    fn slot(&self, analyst: &str) -> Result<OwnedSemaphorePermit, Status> {
+    /// One of the analyst's query slots, or a refusal. It is held by the planning and the
+    /// query task it is given to until they end.
+    fn slot(&self, analyst: &str) -> Result<Slot, Status> {
         let sem = Arc::clone(
-            self.limits
+            self.slots
                 .lock()
-                .expect("limits")
+                .expect("slots")
                 .entry(analyst.to_string())
                 .or_insert_with(|| Arc::new(Semaphore::new(self.max_queries))),
         );
-        sem.try_acquire_owned().map_err(|_| {
+        let permit: OwnedSemaphorePermit = sem.try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "analyst '{analyst}' already runs {} queries on this server (its limit per analyst); nothing was \
                  planned or charged — retry when one has finished",
                 self.max_queries
             ))
-        })
+        })?;
+        Ok(Arc::new(permit))
     }
 
     /// The analyst's session, reopened when the data owner registered, removed or made
@@ -330,7 +213,7 @@ impl DpFlightSql {
         let registrations = tokio::task::spawn_blocking(move || catalog.tables())
             .await
             .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(policy_status)?
+            .map_err(|e| policy_status(&e))?
             .into_iter()
             .map(|t| (t.name, t.location, t.policy.is_some()))
             .collect::<Vec<_>>();
@@ -346,24 +229,26 @@ impl DpFlightSql {
         Ok(session)
     }
 
-    /// Plans `sql` for `analyst` and issues a ticket for one execution.
+    /// Plans `sql` for `analyst` (a refusal comes here, free) and issues a ticket that keeps
+    /// only the statement's text.
     async fn plan_ticket(
         &self,
         analyst: String,
-        sql: &str,
+        sql: Arc<str>,
         descriptor: FlightDescriptor,
     ) -> Result<Response<FlightInfo>, Status> {
-        let _slot = self.slot(&analyst)?;
+        self.registry.check_statement(&sql)?;
+        let slot = self.slot(&analyst)?;
         let session = self.session(&analyst).await?;
-        let planned = session.plan(sql).await.map_err(|e| status_of(&e))?;
-        let schema = planned.schema();
         let handle = self.new_handle();
+        let schema = self.workers.plan(session, Arc::clone(&sql), Some(handle), slot).await?.schema();
         let entry = TicketEntry {
-            analyst,
             issued: Instant::now(),
-            state: Arc::new(tokio::sync::Mutex::new(TicketState::Planned(session, planned))),
+            sql,
+            schema: Arc::clone(&schema),
+            state: Arc::new(tokio::sync::Mutex::new(TicketState::Planned)),
         };
-        self.tickets.lock().expect("tickets").insert(handle, Arc::new(entry));
+        self.registry.add_ticket(&analyst, handle, entry)?;
         let ticket = TicketStatementQuery { statement_handle: handle.to_vec().into() };
         let ticket = Ticket::new(ticket.as_any().encode_to_vec());
         let info = FlightInfo::new()
@@ -373,6 +258,92 @@ impl DpFlightSql {
             .with_descriptor(descriptor)
             .with_ordered(true);
         Ok(Response::new(info))
+    }
+
+    /// The answer to a ticket the server does not hold: the stored releases its query paid
+    /// for, if it was one of `analyst`'s paid tickets, else "unknown ticket".
+    async fn gone(&self, analyst: &str, handle: Option<Handle>) -> Status {
+        let Some(handle) = handle else { return unknown_ticket() };
+        let catalog = Arc::clone(&self.catalog);
+        let who = analyst.to_string();
+        let ids = tokio::task::spawn_blocking(move || catalog.releases_of_ticket(&who, &handle)).await;
+        let ids = match ids {
+            Ok(Ok(ids)) if !ids.is_empty() => ids,
+            Ok(Err(e)) => return policy_status(&e),
+            _ => return unknown_ticket(),
+        };
+        let mut reads: Vec<String> = ids.iter().take(LISTED_RELEASES).map(|id| format!("release('{id}')")).collect();
+        if ids.len() > LISTED_RELEASES {
+            reads.push(format!("… ({} in all; SELECT * FROM dpcurve.releases lists them)", ids.len()));
+        }
+        Status::not_found(format!(
+            "this ticket's result is no longer kept here (tickets expire after an hour, an analyst's oldest are \
+             forgotten past their limits, a restart forgets them all), but its query was paid for and its releases \
+             are stored: read them for free with SELECT * FROM {}",
+            reads.join(", ")
+        ))
+    }
+
+    /// Runs a ticket's statement (planned again, for this fetch) and streams its result.
+    async fn run_ticket(
+        &self,
+        analyst: &str,
+        handle: Handle,
+        entry: Arc<TicketEntry>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let mut state = Arc::clone(&entry.state).lock_owned().await;
+        match &*state {
+            TicketState::Kept(batches) => {
+                let batches = batches.as_ref().clone();
+                return Ok(Response::new(flight_stream(
+                    Arc::clone(&entry.schema),
+                    futures::stream::iter(batches.into_iter().map(Ok)),
+                )));
+            }
+            TicketState::NotKept => return Err(self.gone(analyst, Some(handle)).await),
+            TicketState::Failed(code, message) => return Err(Status::new(*code, message.clone())),
+            TicketState::Planned => {}
+        }
+        let slot = self.slot(analyst)?;
+        let session = self.session(analyst).await?;
+        let planned =
+            self.workers.plan(Arc::clone(&session), Arc::clone(&entry.sql), Some(handle), Arc::clone(&slot)).await?;
+        if planned.schema() != entry.schema {
+            return Err(Status::failed_precondition(
+                "the catalog changed since this ticket was issued (its result schema differs): plan the statement again",
+            ));
+        }
+        let keep = self.registry.limits().bytes;
+        let rx = if planned.is_charged() {
+            // Paid: the task holds the ticket until its result is kept, so a re-fetch waits for it
+            // and a client that leaves after the charge does not lose the release.
+            let registry = Arc::clone(&self.registry);
+            let who = analyst.to_string();
+            let done = move |outcome: Outcome| {
+                *state = match outcome {
+                    Outcome::Done(Some(batches), bytes) if registry.keep_result(&who, &handle, bytes) => {
+                        TicketState::Kept(Arc::new(batches))
+                    }
+                    Outcome::Done(..) => TicketState::NotKept,
+                    Outcome::Failed(s) => TicketState::Failed(s.code(), s.message().to_string()),
+                };
+            };
+            self.workers.run(session, planned, slot, keep, Some(Box::new(done)))
+        } else {
+            drop(state);
+            self.workers.run(session, planned, slot, 0, None)
+        };
+        // The first batch (or the error) before the response, so a refusal at the debit comes as
+        // the call's status.
+        let mut rx = rx;
+        let first = rx.recv().await;
+        let first = match first {
+            Some(Err(s)) => return Err(s),
+            Some(Ok(b)) => Some(Ok(b)),
+            None => None,
+        };
+        let batches = futures::stream::iter(first).chain(received(rx));
+        Ok(Response::new(flight_stream(Arc::clone(&entry.schema), batches)))
     }
 
     fn schema_bytes(schema: &datafusion::arrow::datatypes::Schema) -> Result<prost::bytes::Bytes, Status> {
@@ -409,7 +380,7 @@ impl DpFlightSql {
 
     fn one_batch<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<Response<DoGetStream>, Status> {
         let batch = batch.map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(flight_stream(batch.schema(), vec![batch], None)))
+        Ok(Response::new(flight_stream(batch.schema(), futures::stream::iter([Ok(batch)]))))
     }
 }
 
@@ -438,7 +409,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let analyst = self.analyst(&request).await?;
-        self.plan_ticket(analyst, &query.query, request.into_inner()).await
+        self.plan_ticket(analyst, Arc::from(query.query), request.into_inner()).await
     }
 
     async fn get_flight_info_prepared_statement(
@@ -448,13 +419,10 @@ impl FlightSqlService for DpFlightSql {
     ) -> Result<Response<FlightInfo>, Status> {
         let analyst = self.analyst(&request).await?;
         let sql = handle_of(&cmd.prepared_statement_handle)
-            .and_then(|h| {
-                let prepared = self.prepared.lock().expect("prepared");
-                prepared.map.get(&h).filter(|p| p.analyst == analyst).map(|p| p.sql.clone())
-            })
-            .ok_or_else(|| Status::not_found("unknown or closed prepared statement"))?;
+            .and_then(|h| self.registry.prepared(&analyst, &h))
+            .ok_or_else(unknown_prepared)?;
         // Each execution of a prepared statement is a new query: a new plan, a new ticket.
-        self.plan_ticket(analyst, &sql, request.into_inner()).await
+        self.plan_ticket(analyst, sql, request.into_inner()).await
     }
 
     async fn do_get_statement(
@@ -463,39 +431,10 @@ impl FlightSqlService for DpFlightSql {
         request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let analyst = self.analyst(&request).await?;
-        let entry = handle_of(&ticket.statement_handle)
-            .and_then(|h| self.tickets.lock().expect("tickets").map.get(&h).cloned())
-            .filter(|e| e.analyst == analyst && e.issued.elapsed() < TICKET_LIFETIME)
-            .ok_or_else(unknown_ticket)?;
-        let permit = self.slot(&analyst)?;
-        let mut state = Arc::clone(&entry.state).lock_owned().await;
-        if let TicketState::Planned(..) = &*state {
-            // The query runs in its own task, which holds the ticket until its result is kept:
-            // a client that goes away after the charge does not lose the release — fetching
-            // the ticket again returns it.
-            let run = tokio::spawn(async move {
-                let placeholder =
-                    TicketState::Failed(tonic::Code::Internal, "the ticket's query did not finish".into());
-                if let TicketState::Planned(session, planned) = std::mem::replace(&mut *state, placeholder) {
-                    let schema = planned.schema();
-                    *state = match session.execute(planned).await {
-                        Ok(batches) => TicketState::Done(schema, Arc::new(batches)),
-                        Err(e) => {
-                            let s = status_of(&e);
-                            TicketState::Failed(s.code(), s.message().to_string())
-                        }
-                    };
-                }
-                state
-            });
-            state = run.await.map_err(|_| Status::internal("the ticket's query did not finish"))?;
-        }
-        match &*state {
-            TicketState::Done(schema, batches) => {
-                Ok(Response::new(flight_stream(Arc::clone(schema), batches.as_ref().clone(), Some(permit))))
-            }
-            TicketState::Failed(code, message) => Err(Status::new(*code, message.clone())),
-            TicketState::Planned(..) => Err(Status::internal("the ticket was not run")),
+        let handle = handle_of(&ticket.statement_handle);
+        match handle.and_then(|h| self.registry.ticket(&analyst, &h)) {
+            Some(entry) => self.run_ticket(&analyst, handle.expect("known"), entry).await,
+            None => Err(self.gone(&analyst, handle).await),
         }
     }
 
@@ -518,14 +457,14 @@ impl FlightSqlService for DpFlightSql {
         if query.transaction_id.is_some() {
             return Err(Status::invalid_argument("dpcurve sessions are read-only and have no transactions"));
         }
+        let sql: Arc<str> = Arc::from(query.query);
+        self.registry.check_statement(&sql)?;
         // Planned now so that a refusal comes at prepare time; each execution plans again.
-        let schema = {
-            let _slot = self.slot(&analyst)?;
-            let session = self.session(&analyst).await?;
-            session.plan(&query.query).await.map_err(|e| status_of(&e))?.schema()
-        };
+        let slot = self.slot(&analyst)?;
+        let session = self.session(&analyst).await?;
+        let schema = self.workers.plan(session, Arc::clone(&sql), None, slot).await?.schema();
         let handle = self.new_handle();
-        self.prepared.lock().expect("prepared").insert(handle, PreparedEntry { analyst, sql: query.query });
+        self.registry.add_prepared(&analyst, handle, sql)?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.to_vec().into(),
             dataset_schema: Self::schema_bytes(&schema)?,
@@ -539,10 +478,10 @@ impl FlightSqlService for DpFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let analyst = self.analyst(&request).await?;
-        let known = handle_of(&query.prepared_statement_handle)
-            .is_some_and(|h| self.prepared.lock().expect("prepared").map.get(&h).is_some_and(|p| p.analyst == analyst));
+        let known =
+            handle_of(&query.prepared_statement_handle).is_some_and(|h| self.registry.prepared(&analyst, &h).is_some());
         if !known {
-            return Err(Status::not_found("unknown or closed prepared statement"));
+            return Err(unknown_prepared());
         }
         // Parameters are not supported (dpcurve's privacy parameters must be literals); an
         // empty parameter set — what some drivers send before every execution — is accepted.
@@ -553,10 +492,7 @@ impl FlightSqlService for DpFlightSql {
         while let Some(b) = batches.next().await {
             let b = b.map_err(|e| Status::invalid_argument(e.to_string()))?;
             if b.num_rows() > 0 || b.num_columns() > 0 {
-                return Err(Status::invalid_argument(
-                    "bound parameters are not supported: write values as SQL literals (dpcurve's privacy \
-                     parameters must be literals, checked at planning)",
-                ));
+                return Err(Status::invalid_argument(crate::statements::NO_PARAMETERS));
             }
         }
         Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(query.prepared_statement_handle) })
@@ -569,10 +505,7 @@ impl FlightSqlService for DpFlightSql {
     ) -> Result<(), Status> {
         let analyst = self.analyst(&request).await?;
         if let Some(h) = handle_of(&query.prepared_statement_handle) {
-            let mut prepared = self.prepared.lock().expect("prepared");
-            if prepared.map.get(&h).is_some_and(|p| p.analyst == analyst) {
-                prepared.remove(&h);
-            }
+            self.registry.close_prepared(&analyst, &h);
         }
         Ok(())
     }
@@ -679,60 +612,9 @@ impl FlightSqlService for DpFlightSql {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
-/// Runs the server until `shutdown` completes, then stops accepting connections and lets
-/// the requests in flight finish. `on_listening` gets the bound address (useful with port 0).
-pub async fn serve(
-    opts: ServeOptions,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-    on_listening: impl FnOnce(SocketAddr),
-) -> Result<(), String> {
-    let catalog = Arc::new(Catalog::open(&opts.catalog).map_err(|e| e.to_string())?);
-    // Fail at start, not at the first query, when the catalog's locations are not usable.
-    catalog.check_locations().map_err(|e| e.to_string())?;
-    let session_options = SessionOptions {
-        target_partitions: opts.target_partitions,
-        noise: crate::NoiseSource::Os,
-        allow_statements: false,
-        cluster: opts.cluster.clone(),
-    };
-    let service = DpFlightSql::new(catalog, session_options, opts.max_queries_per_analyst)?;
-    let mut builder = Server::builder();
-    if let Some((cert, key)) = &opts.tls {
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
-        let identity = Identity::from_pem(read(cert)?, read(key)?);
-        builder = builder
-            .tls_config(ServerTlsConfig::new().identity(identity))
-            .map_err(|e| format!("TLS configuration: {e}"))?;
-    }
-    let listener = tokio::net::TcpListener::bind(opts.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    on_listening(addr);
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    builder
-        .add_service(FlightServiceServer::new(service).max_decoding_message_size(64 << 20))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(|e| format!("server error: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bounded_maps_forget_the_oldest_first() {
-        let mut b = Bounded::new(3);
-        for i in 0u8..5 {
-            b.insert([i; 16], i);
-        }
-        assert_eq!(b.map.len(), 3);
-        assert!(!b.map.contains_key(&[0; 16]) && !b.map.contains_key(&[1; 16]));
-        assert_eq!(b.remove(&[3; 16]), Some(3));
-        b.insert([9; 16], 9);
-        assert!(b.map.contains_key(&[2; 16]), "removal made room: nothing else was dropped");
-    }
 
     #[test]
     fn credentials_are_bearer_or_basic() {
