@@ -43,6 +43,9 @@ const BASIC: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
+/// Largest descriptor a FlightInfo echoes back.
+const ECHOED_DESCRIPTOR: usize = 64 << 10;
+
 /// Stored releases a "ticket is gone" message lists at most.
 const LISTED_RELEASES: usize = 20;
 
@@ -241,7 +244,7 @@ impl DpFlightSql {
         let slot = self.slot(&analyst)?;
         let session = self.session(&analyst).await?;
         let handle = self.new_handle();
-        let schema = self.workers.plan(session, Arc::clone(&sql), Some(handle), slot).await?.schema();
+        let schema = self.workers.plan(&analyst, session, Arc::clone(&sql), Some(handle), slot).await?.schema();
         let entry = TicketEntry {
             issued: Instant::now(),
             sql,
@@ -255,8 +258,9 @@ impl DpFlightSql {
             .try_with_schema(&schema)
             .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))?
             .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
-            .with_descriptor(descriptor)
             .with_ordered(true);
+        // The descriptor echoes the statement: not megabytes of it (clients read 4 MiB by default).
+        let info = if descriptor.cmd.len() <= ECHOED_DESCRIPTOR { info.with_descriptor(descriptor) } else { info };
         Ok(Response::new(info))
     }
 
@@ -306,8 +310,10 @@ impl DpFlightSql {
         }
         let slot = self.slot(analyst)?;
         let session = self.session(analyst).await?;
-        let planned =
-            self.workers.plan(Arc::clone(&session), Arc::clone(&entry.sql), Some(handle), Arc::clone(&slot)).await?;
+        let planned = self
+            .workers
+            .plan(analyst, Arc::clone(&session), Arc::clone(&entry.sql), Some(handle), Arc::clone(&slot))
+            .await?;
         if planned.schema() != entry.schema {
             return Err(Status::failed_precondition(
                 "the catalog changed since this ticket was issued (its result schema differs): plan the statement again",
@@ -462,7 +468,7 @@ impl FlightSqlService for DpFlightSql {
         // Planned now so that a refusal comes at prepare time; each execution plans again.
         let slot = self.slot(&analyst)?;
         let session = self.session(&analyst).await?;
-        let schema = self.workers.plan(session, Arc::clone(&sql), None, slot).await?.schema();
+        let schema = self.workers.plan(&analyst, session, Arc::clone(&sql), None, slot).await?.schema();
         let handle = self.new_handle();
         self.registry.add_prepared(&analyst, handle, sql)?;
         Ok(ActionCreatePreparedStatementResult {

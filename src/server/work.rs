@@ -19,7 +19,7 @@ use tonic::Status;
 use super::status_of;
 use crate::session::{AnalystSession, PlannedQuery};
 
-/// Plannings that run at once on the whole server (each analyst is also held to their slots).
+/// Plannings that run at once on the whole server.
 pub const MAX_PLANNING_THREADS: usize = 64;
 
 /// Stack of a planning thread: room for any statement the parser lets through (virtual memory,
@@ -43,24 +43,44 @@ pub enum Outcome {
 /// The planning threads and the query runtime.
 pub struct Workers {
     planners: Arc<Semaphore>,
+    /// Plannings one analyst runs at once (the rest of their slots wait): half the cores, so
+    /// one analyst's long statements leave the other half to everyone else.
+    per_analyst: usize,
+    analysts: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
     queries: tokio::runtime::Handle,
 }
 
 impl Workers {
     /// Workers running queries on `queries`.
     pub fn new(queries: tokio::runtime::Handle) -> Self {
-        Self { planners: Arc::new(Semaphore::new(MAX_PLANNING_THREADS)), queries }
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self {
+            planners: Arc::new(Semaphore::new(MAX_PLANNING_THREADS)),
+            per_analyst: (cores / 2).max(1),
+            analysts: Default::default(),
+            queries,
+        }
     }
 
-    /// Plans `sql` in `session` (for the server ticket `ticket`, if given) on a planning thread
-    /// that holds `slot` until it ends (also when the request is cancelled meanwhile).
+    /// Plans `sql` in `analyst`'s `session` (for the server ticket `ticket`, if given) on a
+    /// planning thread that holds `slot` until it ends (also when the request is cancelled
+    /// meanwhile), after the analyst's earlier plannings beyond their share of the cores.
     pub async fn plan(
         &self,
+        analyst: &str,
         session: Arc<AnalystSession>,
         sql: Arc<str>,
         ticket: Option<[u8; 16]>,
         slot: Slot,
     ) -> Result<PlannedQuery, Status> {
+        let own = Arc::clone(
+            self.analysts
+                .lock()
+                .expect("planning shares")
+                .entry(analyst.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.per_analyst))),
+        );
+        let own = own.acquire_owned().await.map_err(|_| Status::unavailable("the server is shutting down"))?;
         let permit = Arc::clone(&self.planners)
             .acquire_owned()
             .await
@@ -70,7 +90,7 @@ impl Workers {
             .name("dpcurve-plan".into())
             .stack_size(PLAN_STACK)
             .spawn(move || {
-                let held = (permit, slot);
+                let held = (permit, own, slot);
                 let out = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt
                         .block_on(async {
