@@ -6,7 +6,14 @@
 //! ```text
 //! cargo bench --bench flight                       # 400 queries, 1 and 8 clients
 //! cargo bench --bench flight -- --queries 2000 --clients 1,4,8 --rows 1e5
+//! cargo bench --bench flight -- --abuse --seconds 60   # another analyst attacks meanwhile
 //! ```
+//!
+//! `--abuse`: one analyst (bob) runs the private query over and over, first alone ("quiet"),
+//! then for `--seconds` while another (eve, with the default per-analyst limits) runs every
+//! attack of `tests/server_abuse.rs` in a loop: statements nested 10⁵ deep, `VALUES` lists that
+//! take seconds to plan, 400 MB public results abandoned after 0.3 s, 8 MiB statements, and
+//! floods of free GetFlightInfo and CreatePreparedStatement calls. Bob's p50/p99 both ways.
 //!
 //! Both paths pay the durable ledger debit (fsync) of every release; the ratio is what the
 //! network service adds on top.
@@ -31,10 +38,12 @@ struct Options {
     queries: usize,
     clients: Vec<usize>,
     rows: usize,
+    abuse: bool,
+    seconds: f64,
 }
 
 fn options() -> Options {
-    let mut o = Options { queries: 400, clients: vec![1, 8], rows: 10_000 };
+    let mut o = Options { queries: 400, clients: vec![1, 8], rows: 10_000, abuse: false, seconds: 60.0 };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -43,6 +52,8 @@ fn options() -> Options {
             "--queries" => o.queries = v().parse::<f64>().expect("--queries N") as usize,
             "--clients" => o.clients = v().split(',').map(|c| c.parse().expect("--clients LIST")).collect(),
             "--rows" => o.rows = v().parse::<f64>().expect("--rows N") as usize,
+            "--abuse" => o.abuse = true,
+            "--seconds" => o.seconds = v().parse().expect("--seconds S"),
             "--bench" => {}
             other => eprintln!("ignoring {other}"),
         }
@@ -108,12 +119,17 @@ async fn main() {
     admin.make_private("p", 1000.0, 0.0).unwrap();
     let token = admin.add_analyst("bench").unwrap();
     admin.grant("bench", "p", 1000.0, 0.0).unwrap();
+    let eve = admin.add_analyst("eve").unwrap();
+    admin.grant("eve", "p", 1000.0, 0.0).unwrap();
 
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut opts = ServeOptions::new(catalog_path.clone(), "127.0.0.1:0".parse().unwrap());
-    // One analyst runs all clients here: lift the per-analyst limit above the client count.
-    opts.max_queries_per_analyst = o.clients.iter().copied().max().unwrap_or(1);
+    // One analyst runs all clients here: lift the per-analyst limit above the client count (not
+    // under attack: eve has the defaults).
+    if !o.abuse {
+        opts.max_queries_per_analyst = o.clients.iter().copied().max().unwrap_or(1);
+    }
     let server = tokio::spawn(serve(
         opts,
         async move {
@@ -129,6 +145,12 @@ async fn main() {
     let session =
         Arc::new(AnalystSession::with_principal(catalog, SessionOptions::default(), Some("bench")).await.unwrap());
 
+    if o.abuse {
+        abuse(&addr, &token, &eve, o.seconds).await;
+        let _ = stop_tx.send(());
+        server.await.unwrap().unwrap();
+        return;
+    }
     println!("flight bench: {} queries of `{QUERY}` over {} rows", o.queries, o.rows);
     println!("{:<12} {:>8} {:>10} {:>9} {:>9}", "path", "clients", "queries/s", "p50 ms", "p99 ms");
     // Warm-up: both paths open their session and caches.
@@ -186,4 +208,85 @@ async fn main() {
     }
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
+}
+
+/// One private query through Flight SQL; its latency.
+async fn timed_query(c: &mut FlightSqlServiceClient<Channel>) -> Duration {
+    let t = Instant::now();
+    let info = c.execute(QUERY.into(), None).await.unwrap();
+    let _: Vec<RecordBatch> =
+        c.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
+    t.elapsed()
+}
+
+/// Bob's latencies for `seconds`.
+async fn bob_for(c: &mut FlightSqlServiceClient<Channel>, seconds: f64) -> Vec<Duration> {
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut v = Vec::new();
+    while Instant::now() < until {
+        v.push(timed_query(c).await);
+    }
+    v.sort();
+    v
+}
+
+/// Eve's attacks, each in a loop until `stop`; counts of requests made.
+async fn attack(addr: String, token: String, kind: usize, stop: Arc<std::sync::atomic::AtomicBool>) -> usize {
+    let mut c = flight_client(&addr, &token).await;
+    let deep = format!("SELECT {}", vec!["1"; 100_000].join(" + "));
+    let values: Vec<String> = (0..50_000).map(|i| format!("({i}.5)")).collect();
+    let heavy = format!("SELECT count(*) FROM (VALUES {}) AS v(a)", values.join(", "));
+    let long = format!("SELECT length('{}') AS n", "x".repeat(8 << 20));
+    let mut n = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        n += 1;
+        match kind {
+            0 => drop(c.execute(deep.clone(), None).await),
+            1 => drop(c.execute(heavy.clone(), None).await),
+            2 => {
+                if let Ok(info) = c.execute("SELECT * FROM generate_series(1, 50000000)".into(), None).await
+                    && let Ok(mut s) = c.do_get(info.endpoint[0].ticket.clone().unwrap()).await
+                {
+                    let until = Instant::now() + Duration::from_millis(300);
+                    while Instant::now() < until && matches!(s.try_next().await, Ok(Some(_))) {}
+                }
+                c = flight_client(&addr, &token).await; // abandon the stream with its connection
+            }
+            3 => drop(c.execute(long.clone(), None).await),
+            4 => drop(c.execute("SELECT 1".into(), None).await),
+            _ => drop(c.prepare("SELECT 2".into(), None).await),
+        }
+    }
+    n
+}
+
+/// Bob's private query alone, then while eve attacks (module docs).
+async fn abuse(addr: &str, bob_token: &str, eve_token: &str, seconds: f64) {
+    let mut bob = flight_client(addr, bob_token).await;
+    timed_query(&mut bob).await;
+    let quiet = bob_for(&mut bob, seconds.min(20.0)).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attackers: Vec<_> = (0..6)
+        .map(|kind| tokio::spawn(attack(addr.to_string(), eve_token.to_string(), kind, Arc::clone(&stop))))
+        .collect();
+    let loud = bob_for(&mut bob, seconds).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut made = Vec::new();
+    for a in attackers {
+        made.push(a.await.unwrap());
+    }
+    println!("flight abuse bench: bob's `{QUERY}` while eve attacks for {seconds} s");
+    println!(
+        "eve's requests: deep {}, heavy VALUES {}, 400 MB abandoned {}, 8 MiB {}, GetFlightInfo {}, prepare {}",
+        made[0], made[1], made[2], made[3], made[4], made[5]
+    );
+    println!("{:<8} {:>8} {:>9} {:>9} {:>9}", "bob", "queries", "p50 ms", "p99 ms", "max ms");
+    for (name, v) in [("quiet", &quiet), ("attacked", &loud)] {
+        println!("{name:<8} {:>8} {:>9.2} {:>9.2} {:>9.2}", v.len(), pct(v, 0.5), pct(v, 0.99), pct(v, 1.0));
+    }
+    println!(
+        "  ratio attacked/quiet: p50 {:.2}×, p99 {:.2}×",
+        pct(&loud, 0.5) / pct(&quiet, 0.5),
+        pct(&loud, 0.99) / pct(&quiet, 0.99)
+    );
 }
