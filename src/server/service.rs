@@ -323,6 +323,8 @@ impl DpFlightSql {
         let rx = if planned.is_charged() {
             // Paid: the task holds the ticket until its result is kept, so a re-fetch waits for it
             // and a client that leaves after the charge does not lose the release.
+            // Until it has ended, a ticket whose task vanished (a panic) is never run (charged) again.
+            *state = TicketState::Failed(tonic::Code::Internal, "the ticket's query did not finish".into());
             let registry = Arc::clone(&self.registry);
             let who = analyst.to_string();
             let done = move |outcome: Outcome| {
