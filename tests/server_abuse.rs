@@ -208,7 +208,7 @@ async fn memory_is_bounded_per_analyst_and_results_stream() {
     // stops growing with the number of tickets.
     let big = format!("SELECT length('{}') AS n", "x".repeat(2 << 20));
     let mut infos = Vec::new();
-    let mut plan = |n: usize| {
+    let plan = |n: usize| {
         let (mut eve, big) = (eve.clone(), big.clone());
         async move {
             let mut out = Vec::new();

@@ -18,6 +18,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use sha2::{Digest, Sha256};
 
 use super::catalog::{Catalog, PolicyError};
+use super::hex;
 use crate::mechanism::budget::Budget;
 
 /// What every token starts with (and its format version).
@@ -82,10 +83,6 @@ fn hash(salt: &[u8], secret: &[u8]) -> Vec<u8> {
 /// Equality of two byte strings in time that depends on their lengths only.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-pub(super) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {

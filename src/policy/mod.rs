@@ -10,3 +10,8 @@ pub use analysts::{AnalystInfo, Grant};
 pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, TableInfo};
 pub use query_log::QueryRecord;
 pub use table::{BudgetsTable, PrivateTable, ReleasesTable};
+
+/// Lower-case hexadecimal of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -47,14 +47,14 @@ impl QueryRecord {
 
     /// The text as the release log shows it: the statement, or its head and what was cut.
     pub fn display(&self) -> String {
-        display(&self.head, self.length, &super::analysts::hex(&self.sha256))
+        display(&self.head, self.length, &super::hex(&self.sha256))
     }
 
     pub(super) fn columns(&self) -> (&str, i64, String, Option<&[u8]>) {
         (
             &self.head,
             i64::try_from(self.length).unwrap_or(i64::MAX),
-            super::analysts::hex(&self.sha256),
+            super::hex(&self.sha256),
             self.ticket.as_ref().map(|t| t.as_slice()),
         )
     }

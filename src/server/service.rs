@@ -32,8 +32,8 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::registry::{Handle, Limits, Registry, Ticket as TicketEntry, TicketState};
+use super::status::{policy_status, status_of};
 use super::work::{Outcome, Slot, Workers};
-use super::{policy_status, status_of};
 use crate::policy::Catalog;
 use crate::session::{AnalystSession, SessionOptions};
 

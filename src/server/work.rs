@@ -16,7 +16,7 @@ use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tonic::Status;
 
-use super::status_of;
+use super::status::status_of;
 use crate::session::{AnalystSession, PlannedQuery};
 
 /// Plannings that run at once on the whole server.
