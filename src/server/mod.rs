@@ -9,9 +9,10 @@
 //! What happens when:
 //! * **GetFlightInfo** (a statement, or an execution of a prepared statement) parses, guards
 //!   and prices the query — a refusal comes here and costs nothing — and returns its schema
-//!   with one ticket. Nothing is charged, and the ticket keeps only the statement's text.
-//! * **DoGet** on a ticket plans the statement again and runs it, streaming its batches as they
-//!   come; the budget gate debits the ledger durably before any row is read. A paid query runs
+//!   with one ticket. Nothing is charged. The ticket keeps a short statement's plan for its first
+//!   fetch, and of a long statement only its text.
+//! * **DoGet** on a ticket runs its query (planning the statement again when no plan was kept),
+//!   streaming its batches as they come; the budget gate debits the ledger durably before any row is read. A paid query runs
 //!   to the end even when its client leaves, and its result is kept with the ticket (when it
 //!   fits the analyst's memory) so a re-fetch returns the very same result without a second
 //!   charge; a public query runs again at every fetch.

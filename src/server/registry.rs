@@ -31,10 +31,15 @@ pub struct Limits {
     pub lifetime: Duration,
 }
 
+/// Bytes a kept plan is counted for (see [`TicketState::Planned`]).
+pub const PLAN_BYTES: usize = 256 << 10;
+
 /// One ticket: a statement planned for one analyst, and what became of it.
 pub struct Ticket {
     pub issued: Instant,
     pub sql: Arc<str>,
+    /// Bytes it is counted for besides its text (a kept plan).
+    pub extra: usize,
     /// The schema its FlightInfo announced (DoGet sends exactly this schema).
     pub schema: SchemaRef,
     pub state: Arc<tokio::sync::Mutex<TicketState>>,
@@ -42,8 +47,9 @@ pub struct Ticket {
 
 /// What a ticket's query has become.
 pub enum TicketState {
-    /// Not run yet, or public (a public query runs again at every fetch: nothing is kept).
-    Planned,
+    /// Not run yet, or public (a public query runs again at every fetch: nothing is kept). The
+    /// plan made at GetFlightInfo is kept for the first fetch when the statement is short.
+    Planned(Option<crate::session::PlannedQuery>),
     /// Paid and run; its result is kept for a re-fetch.
     Kept(Arc<Vec<RecordBatch>>),
     /// Paid and run; its result was not kept (larger than the analyst's budget allows): its
@@ -149,7 +155,7 @@ impl Registry {
 
     /// Keeps a new ticket of `analyst`, forgetting their own oldest entries to make room.
     pub fn add_ticket(&self, analyst: &str, h: Handle, ticket: Ticket) -> Result<(), Status> {
-        let bytes = ticket.sql.len();
+        let bytes = ticket.sql.len() + ticket.extra;
         self.check_statement(&ticket.sql)?;
         let mut all = self.analysts.lock().expect("registry");
         let a = all.entry(analyst.to_string()).or_default();
@@ -241,8 +247,9 @@ mod tests {
         Ticket {
             issued: Instant::now(),
             sql: Arc::from(sql),
+            extra: 0,
             schema: Arc::new(Schema::empty()),
-            state: Arc::new(tokio::sync::Mutex::new(TicketState::Planned)),
+            state: Arc::new(tokio::sync::Mutex::new(TicketState::Planned(None))),
         }
     }
 

@@ -31,7 +31,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::registry::{Handle, Limits, Registry, Ticket as TicketEntry, TicketState};
+use super::registry::{Handle, Limits, PLAN_BYTES, Registry, Ticket as TicketEntry, TicketState};
 use super::status::{policy_status, status_of};
 use super::work::{Outcome, Slot, Workers};
 use crate::policy::Catalog;
@@ -42,6 +42,9 @@ const BASIC: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
+
+/// Longest statement whose plan a ticket keeps for its first fetch.
+const KEPT_PLAN_STATEMENT: usize = 16 << 10;
 
 /// Largest descriptor a FlightInfo echoes back.
 const ECHOED_DESCRIPTOR: usize = 64 << 10;
@@ -244,12 +247,17 @@ impl DpFlightSql {
         let slot = self.slot(&analyst)?;
         let session = self.session(&analyst).await?;
         let handle = self.new_handle();
-        let schema = self.workers.plan(&analyst, session, Arc::clone(&sql), Some(handle), slot).await?.schema();
+        let planned = self.workers.plan(&analyst, session, Arc::clone(&sql), Some(handle), slot).await?;
+        let schema = planned.schema();
+        // A short statement's plan is kept for the first fetch (counted as PLAN_BYTES); a long
+        // one's is planned again then, so a ticket holds no more than its text.
+        let (kept, extra) = if sql.len() <= KEPT_PLAN_STATEMENT { (Some(planned), PLAN_BYTES) } else { (None, 0) };
         let entry = TicketEntry {
             issued: Instant::now(),
             sql,
+            extra,
             schema: Arc::clone(&schema),
-            state: Arc::new(tokio::sync::Mutex::new(TicketState::Planned)),
+            state: Arc::new(tokio::sync::Mutex::new(TicketState::Planned(kept))),
         };
         self.registry.add_ticket(&analyst, handle, entry)?;
         let ticket = TicketStatementQuery { statement_handle: handle.to_vec().into() };
@@ -306,14 +314,22 @@ impl DpFlightSql {
             }
             TicketState::NotKept => return Err(self.gone(analyst, Some(handle)).await),
             TicketState::Failed(code, message) => return Err(Status::new(*code, message.clone())),
-            TicketState::Planned => {}
+            TicketState::Planned(_) => {}
         }
         let slot = self.slot(analyst)?;
         let session = self.session(analyst).await?;
-        let planned = self
-            .workers
-            .plan(analyst, Arc::clone(&session), Arc::clone(&entry.sql), Some(handle), Arc::clone(&slot))
-            .await?;
+        let kept = match &mut *state {
+            TicketState::Planned(kept) => kept.take(),
+            _ => None,
+        };
+        let planned = match kept {
+            Some(p) => p,
+            None => {
+                self.workers
+                    .plan(analyst, Arc::clone(&session), Arc::clone(&entry.sql), Some(handle), Arc::clone(&slot))
+                    .await?
+            }
+        };
         if planned.schema() != entry.schema {
             return Err(Status::failed_precondition(
                 "the catalog changed since this ticket was issued (its result schema differs): plan the statement again",

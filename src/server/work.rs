@@ -22,6 +22,10 @@ use crate::session::{AnalystSession, PlannedQuery};
 /// Plannings that run at once on the whole server.
 pub const MAX_PLANNING_THREADS: usize = 64;
 
+/// Statements up to this length plan without waiting for their analyst's share of the cores:
+/// planning time grows with a statement's length (its nesting is bounded at parsing).
+pub const SHORT_STATEMENT: usize = 16 << 10;
+
 /// Stack of a planning thread: room for any statement the parser lets through (virtual memory,
 /// touched only as deep as a planning goes).
 const PLAN_STACK: usize = 256 << 20;
@@ -43,7 +47,7 @@ pub enum Outcome {
 /// The planning threads and the query runtime.
 pub struct Workers {
     planners: Arc<Semaphore>,
-    /// Plannings one analyst runs at once (the rest of their slots wait): half the cores, so
+    /// Plannings of long statements one analyst runs at once (the rest wait): half the cores, so
     /// one analyst's long statements leave the other half to everyone else.
     per_analyst: usize,
     analysts: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
@@ -73,14 +77,20 @@ impl Workers {
         ticket: Option<[u8; 16]>,
         slot: Slot,
     ) -> Result<PlannedQuery, Status> {
-        let own = Arc::clone(
-            self.analysts
-                .lock()
-                .expect("planning shares")
-                .entry(analyst.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.per_analyst))),
-        );
-        let own = own.acquire_owned().await.map_err(|_| Status::unavailable("the server is shutting down"))?;
+        // Long statements (the ones that can take seconds to plan) wait for the analyst's share
+        // of the cores; short ones plan at once.
+        let own = if sql.len() > SHORT_STATEMENT {
+            let own = Arc::clone(
+                self.analysts
+                    .lock()
+                    .expect("planning shares")
+                    .entry(analyst.to_string())
+                    .or_insert_with(|| Arc::new(Semaphore::new(self.per_analyst))),
+            );
+            Some(own.acquire_owned().await.map_err(|_| Status::unavailable("the server is shutting down"))?)
+        } else {
+            None
+        };
         let permit = Arc::clone(&self.planners)
             .acquire_owned()
             .await
