@@ -1,4 +1,4 @@
-//! Cluster scaling (issue 15): one private KDE over `--rows` rows (default 10⁸) in process and
+//! Cluster scaling: one private KDE over `--rows` rows (default 10⁸) in process and
 //! on loopback Ballista clusters of 1 and 2 executors, all in the same run, with a plain scan
 //! (`sum(x)`, no privacy) as the baseline of what reading the files costs.
 //!

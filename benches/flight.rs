@@ -1,4 +1,4 @@
-//! Flight SQL serving cost (issue 14): queries/s and p50/p99 latency of one small private
+//! Flight SQL serving cost: queries/s and p50/p99 latency of one small private
 //! query through `dpcurve serve`'s service (a real loopback socket, arrow-flight's client,
 //! token check, planning at GetFlightInfo, the charge at DoGet) against the same query in
 //! process (`AnalystSession::query`, same catalog, same analyst share), in the same run.

@@ -40,13 +40,13 @@
 //! roughness of the released density — its mean squared second difference over the non-private
 //! KDE's at that h (1 = as smooth as the estimate).
 //!
-//! `--study kde2d` measures `private_kde2d` (issue 13): pairs (x from the mixture, y from the claw,
+//! `--study kde2d` measures `private_kde2d`: pairs (x from the mixture, y from the claw,
 //! independent, so the true density is the product), h = range/30 per axis, a 64 × 64 grid,
 //! (ε, 1e-6): the ISE against the non-private product-kernel KDE and against the truth, and the
 //! non-private KDE's own ISE to the truth (the sampling error the privacy noise adds to).
 //!
 //! `--study regression` measures `private_kernel_regression` and `private_kernel_classifier`
-//! (issue 13, Hall §4.3): x from the mixture on [0, 1], y = 0.8·sin(2πx) + 0.3x + N(0, 0.5²) clamped
+//! (Hall §4.3): x from the mixture on [0, 1], y = 0.8·sin(2πx) + 0.3x + N(0, 0.5²) clamped
 //! to [−2.5, 2.5], label = y > 0; bandwidth 0.05; for each penalty Λ in `--penalty` (default
 //! 10,100,1000,10000,auto): the mean squared error over the grid (x in [0.05, 0.95]) of the release
 //! (and `auto`, the plug-in rule; its "non-private fit" is at the rule's value for the exact count)

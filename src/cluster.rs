@@ -1,4 +1,4 @@
-//! Cluster mode on Ballista (issue 15): the rows are read and the exact partial statistics
+//! Cluster mode on Ballista: the rows are read and the exact partial statistics
 //! computed on a cluster's executors; the release — the only step that draws noise — runs on
 //! the client, under its budget gate.
 //!

@@ -43,7 +43,7 @@ pub struct SessionOptions {
     /// Allow DDL (CREATE EXTERNAL TABLE, CREATE VIEW …), DML and SET statements. Always
     /// off in analyst sessions.
     pub allow_statements: bool,
-    /// Cluster mode (issue 15): `df://HOST:PORT[?job_timeout=SECS]` of a Ballista scheduler
+    /// Cluster mode: `df://HOST:PORT[?job_timeout=SECS]` of a Ballista scheduler
     /// running dpcurve's executors (`dpcurve scheduler`, `dpcurve executor`). Partial aggregation runs there; the
     /// guard, the ledger and every release stay in this process. Needs the `cluster` feature.
     pub cluster: Option<String>,
@@ -314,7 +314,7 @@ impl AnalystSession {
         Self::with_principal(catalog, opts, None).await
     }
 
-    /// An analyst session for the authenticated analyst `analyst` (issue 14; None: the table
+    /// An analyst session for the authenticated analyst `analyst` (None: the table
     /// owner): releases are charged on the tables' totals and on the analyst's shares, the log
     /// records the analyst, and `dpcurve.budgets`, `dpcurve.releases` and `release(id)` show
     /// the analyst's own shares and releases.
@@ -337,7 +337,7 @@ impl AnalystSession {
         let who = analyst.map(str::to_string);
         schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog), who.clone())))?;
         schema.register_table("releases".into(), Arc::new(ReleasesTable::new(Arc::clone(&catalog), who.clone())))?;
-        // Stored releases: evaluated and re-read without data or budget (issue 12).
+        // Stored releases: evaluated and re-read without data or budget.
         let reader = crate::guard::ScopedReleases { catalog: Arc::clone(&catalog), analyst: who.clone() };
         let (eval, table) = crate::functions::releases::release_functions(Arc::new(reader));
         engine.ctx.register_udf(eval);
@@ -740,7 +740,7 @@ impl Admin {
         self.catalog.release_log(table)
     }
 
-    /// The stored releases, optionally of one table (issue 12).
+    /// The stored releases, optionally of one table.
     pub fn stored_releases(&self, table: Option<&str>) -> std::result::Result<Vec<StoredReleaseRecord>, PolicyError> {
         self.catalog.stored_releases(table)
     }

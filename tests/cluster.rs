@@ -1,4 +1,4 @@
-//! Cluster mode (issue 15) on a loopback Ballista cluster: a `dpcurve scheduler` and two
+//! Cluster mode on a loopback Ballista cluster: a `dpcurve scheduler` and two
 //! `dpcurve executor` processes started by the test. With the noise off (test hook) every
 //! release equals, bit for bit, the single-process release — ungrouped, grouped by declared
 //! keys, with privacy units, with partition selection; charges are exact and made on the

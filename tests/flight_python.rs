@@ -1,4 +1,4 @@
-//! The Python ADBC Flight SQL driver against `dpcurve serve` (issue 14): the test starts the
+//! The Python ADBC Flight SQL driver against `dpcurve serve`: the test starts the
 //! server on a fresh catalog and runs `tests/python/flight_client.py` with the virtual
 //! environment that `.ci/python-env` makes (the test runs it first: a fresh clone needs no set-up).
 #![cfg(feature = "server")]

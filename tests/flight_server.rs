@@ -1,4 +1,4 @@
-//! `dpcurve serve` through a real Flight SQL client over a real socket (issue 14): the server
+//! `dpcurve serve` through a real Flight SQL client over a real socket: the server
 //! is the shipped binary, started on a fresh catalog; the client is arrow-flight's
 //! `FlightSqlServiceClient`. The Python ADBC driver's tests are in `flight_python.rs`.
 #![cfg(feature = "server")]

@@ -1,4 +1,4 @@
-//! Hostile SQL from an analyst session (issue 10, SPEC §5, §5.1). Every attack is run on two
+//! Hostile SQL from an analyst session (SPEC §5, §5.1). Every attack is run on two
 //! neighbouring catalogs — the same table with and without the target row `alice`, whose
 //! values are chosen to make every non-total function fail — and must be either
 //! * **refused** at planning on both, with the same message and nothing charged, or
@@ -178,7 +178,7 @@ fn placements(pred: &str) -> [String; 3] {
     ]
 }
 
-/// The failure tricks of issue 10 and more; each guarded by alice's row, so that on the
+/// Failure tricks (casts, division, overflow and more); each guarded by alice's row, so that on the
 /// table without alice they all succeed.
 const TRICKS: &[(&str, &str, Outcome)] = &[
     // (label, predicate, expected outcome)

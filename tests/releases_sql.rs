@@ -1,4 +1,4 @@
-//! Releases as objects (issue 12): every paid release is kept in the catalog with its id in the
+//! Releases as objects: every paid release is kept in the catalog with its id in the
 //! result; `dpcurve.releases` lists them; `release(id)` re-reads one and `release_eval(id, x)`
 //! evaluates it at any point — through real SQL on real Parquet, without reading data or
 //! spending budget.

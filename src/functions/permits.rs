@@ -17,7 +17,7 @@ use datafusion::common::{Result, ScalarValue, exec_datafusion_err, exec_err};
 use crate::mechanism::budget::Budget;
 use crate::mechanism::stored::Recipe;
 
-/// Where paid releases are kept (the catalog, in catalog sessions; issue 12).
+/// Where paid releases are kept (the catalog, in catalog sessions).
 pub trait ReleaseStore: Send + Sync + std::fmt::Debug {
     /// Keeps `recipe` under the ledger entry `charge` of `table`, at the reserved id `id`;
     /// returns the release's id.

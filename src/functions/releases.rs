@@ -1,4 +1,4 @@
-//! Stored releases in SQL (issue 12): `release_eval(id, x)` evaluates a kept release at any
+//! Stored releases in SQL: `release_eval(id, x)` evaluates a kept release at any
 //! point and `release(id)` re-reads it whole — neither reads a table nor spends budget: a
 //! stored release holds only public parameters and released numbers
 //! ([`crate::mechanism::stored`]), so everything here is post-processing (SPEC §0).

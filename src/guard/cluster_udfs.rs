@@ -1,4 +1,4 @@
-//! dpcurve's scalar functions on a cluster's executors (issue 15): what each instance carries,
+//! dpcurve's scalar functions on a cluster's executors: what each instance carries,
 //! as bytes for the plan codec ([`crate::cluster::DpCodec`]).
 //!
 //! * the privacy-unit sampling order: its per-query key (executors read the unit's rows; the

@@ -30,7 +30,7 @@ impl crate::functions::releases::ReleaseReader for Catalog {
     }
 }
 
-/// The stored releases one session may read: an analyst's own (issue 14), or all of them in
+/// The stored releases one session may read: an analyst's own, or all of them in
 /// the table owner's sessions.
 #[derive(Debug)]
 pub struct ScopedReleases {
@@ -96,7 +96,7 @@ impl BudgetGateExec {
         }
     }
 
-    /// The same gate, charging `analyst`'s shares too (issue 14).
+    /// The same gate, charging `analyst`'s shares too.
     pub fn with_analyst(self, analyst: Option<Arc<str>>) -> Self {
         Self { analyst, ..self }
     }
@@ -207,7 +207,7 @@ impl ExecutionPlan for BudgetGateExec {
             .await
             .map_err(|e| DataFusionError::Execution(format!("budget ledger task failed: {e}")))?;
             let (entries, mut first_release) = debit.map_err(|e| DataFusionError::External(Box::new(e)))?;
-            // Each call's releases are kept under the ledger entry of its charge (issue 12):
+            // Each call's releases are kept under the ledger entry of its charge:
             // slots and charges are matched by (table, function, cost), each entry used once.
             let mut used = vec![false; charges_for_slots.len()];
             for slot in slots.iter() {

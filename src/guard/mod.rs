@@ -225,7 +225,7 @@ pub struct PrivacyPlanner {
     memory_limit: Option<u64>,
     /// The analyst whose releases these are (None: the table owner's session).
     analyst: Option<Arc<str>>,
-    /// Where partial aggregation runs (cluster mode, issue 15); None: in this process.
+    /// Where partial aggregation runs (cluster mode); None: in this process.
     #[cfg(feature = "cluster")]
     cluster: Option<crate::cluster::Cluster>,
 }

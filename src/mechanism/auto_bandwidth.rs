@@ -1,4 +1,4 @@
-//! `bandwidth => 'auto'` (Hall et al. §4.1.2; issue 12): a bandwidth chosen privately, for the
+//! `bandwidth => 'auto'` (Hall et al. §4.1.2): a bandwidth chosen privately, for the
 //! data, within the call's own ε.
 //!
 //! One fine binned statistic is accumulated (bins ≤ Δ/8 apart for the finest pilot, Δ = (hi −

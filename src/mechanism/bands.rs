@@ -1,4 +1,4 @@
-//! Simultaneous error bands (issue 12): public thresholds for the supremum of a release's noise
+//! Simultaneous error bands: public thresholds for the supremum of a release's noise
 //! over its grid, computed from the public parameters (σ, kernel, grid) alone — never from the
 //! data — so a band is post-processing and costs nothing.
 //!

@@ -1,4 +1,4 @@
-//! Analysts, their bearer tokens and their shares of private tables' budgets (issue 14).
+//! Analysts, their bearer tokens and their shares of private tables' budgets.
 //!
 //! An analyst is a name in the catalog with a bearer token. The token is shown once, when it
 //! is made (`dpcurve admin add-analyst` / `rotate-token`); the catalog keeps only a random

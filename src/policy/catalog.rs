@@ -168,7 +168,7 @@ pub struct ReleaseRecord {
 /// Prefix of stored release ids (`r1`, `r2`, …).
 pub const RELEASE_ID_PREFIX: &str = "r";
 
-/// One stored release (issue 12), without its numbers.
+/// One stored release, without its numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredReleaseRecord {
     /// Its id (`r<n>`), the `release` field of the result.
@@ -249,7 +249,7 @@ CREATE TABLE stored_releases (
     };
 }
 
-/// Analysts and their shares of private tables' budgets (format 4, issue 14), in the schema
+/// Analysts and their shares of private tables' budgets (format 4), in the schema
 /// and in the upgrade from format 3.
 macro_rules! analysts_tables {
     () => {

@@ -176,8 +176,8 @@ macro_rules! catalog_view {
 
 catalog_view!(BudgetsTable);
 
-/// `dpcurve.releases`: the stored releases of the catalog (issue 12; an analyst's session
-/// lists only that analyst's, issue 14) — id, table, function,
+/// `dpcurve.releases`: the stored releases of the catalog (an analyst's session
+/// lists only that analyst's) — id, table, function,
 /// public parameters, what the call cost, its ledger entry, time and query. Re-reading costs
 /// nothing: use `release(id)` or `release_eval(id, x)`.
 #[derive(Debug)]
