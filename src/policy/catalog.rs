@@ -9,14 +9,16 @@
 //! integrity check is refused with a clear message (fail closed).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
+pub use super::error::PolicyError;
+use super::error::storage;
 use super::query_log::QueryRecord;
+use super::shares::{debit_share, require_active};
 use crate::mechanism::budget::Budget;
 
 /// The catalog format this version reads and writes.
@@ -34,70 +36,6 @@ pub const MAX_MEMORY_LIMIT: u64 = 1 << 40;
 const FORMAT_NAME: &str = "dpcurve-catalog";
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Errors of the catalog and ledger. None carries private data: everything in them is
-/// table names, public parameters and budget amounts.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PolicyError {
-    /// The file cannot be used as a catalog (missing, corrupt, wrong format or version).
-    Catalog(String),
-    /// A request about tables or policies that cannot be carried out.
-    Invalid(String),
-    /// The budget does not cover a query; nothing was debited.
-    BudgetExhausted {
-        /// The table whose budget is too small.
-        table: String,
-        /// Set when it is this analyst's share of the table that is too small.
-        analyst: Option<String>,
-        /// What the query would cost on that table.
-        cost: Budget,
-        /// What is left on that table.
-        remaining: Budget,
-    },
-    /// The analyst was granted no share of the table; nothing was debited.
-    NoShare {
-        /// The table.
-        table: String,
-        /// The analyst.
-        analyst: String,
-    },
-    /// SQLite failed (I/O, locking).
-    Storage(String),
-    /// A bearer token or analyst that does not authenticate (the message never says which part
-    /// was wrong).
-    Unauthenticated(String),
-}
-
-impl fmt::Display for PolicyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PolicyError::Catalog(m) | PolicyError::Invalid(m) => f.write_str(m),
-            PolicyError::BudgetExhausted { table, analyst: None, cost, remaining } => write!(
-                f,
-                "privacy budget exhausted on table '{table}': this query costs {cost} but only {remaining} \
-                 remains; nothing was read (a data owner can raise the budget)"
-            ),
-            PolicyError::BudgetExhausted { table, analyst: Some(a), cost, remaining } => write!(
-                f,
-                "analyst '{a}' has exhausted their share of table '{table}': this query costs {cost} but only \
-                 {remaining} remains of the share; nothing was read (the data owner can grant more)"
-            ),
-            PolicyError::NoShare { table, analyst } => write!(
-                f,
-                "analyst '{analyst}' has no share of table '{table}': nothing was read (the data owner grants one \
-                 with `dpcurve admin grant {analyst} {table} --epsilon E --delta D`)"
-            ),
-            PolicyError::Storage(m) => write!(f, "catalog storage error: {m}"),
-            PolicyError::Unauthenticated(m) => f.write_str(m),
-        }
-    }
-}
-
-impl std::error::Error for PolicyError {}
-
-fn storage(e: rusqlite::Error) -> PolicyError {
-    PolicyError::Storage(e.to_string())
-}
 
 /// A private table's policy and spending.
 #[derive(Debug, Clone, PartialEq)]
@@ -1081,7 +1019,7 @@ impl Catalog {
         }
         self.with_tx(|tx| {
             if let Some(a) = analyst {
-                super::analysts::require_active(tx, a)?;
+                require_active(tx, a)?;
             }
             for (&table, &cost) in &per_table {
                 let row: Option<(i64, i64, i64, i64)> = tx
@@ -1107,7 +1045,7 @@ impl Catalog {
                     });
                 }
                 if let Some(a) = analyst {
-                    super::analysts::debit_share(tx, a, table, cost)?;
+                    debit_share(tx, a, table, cost)?;
                 }
                 let new = spent.checked_add(&cost).expect("fits within the total");
                 tx.execute(

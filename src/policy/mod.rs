@@ -3,12 +3,15 @@
 
 pub mod analysts;
 pub mod catalog;
+pub mod error;
 pub mod query_log;
+pub mod shares;
 pub mod table;
 
-pub use analysts::{AnalystInfo, Grant};
+pub use analysts::AnalystInfo;
 pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, TableInfo};
 pub use query_log::QueryRecord;
+pub use shares::Grant;
 pub use table::{BudgetsTable, PrivateTable, ReleasesTable};
 
 /// Lower-case hexadecimal of `bytes`.
