@@ -78,6 +78,21 @@ impl<V> Entries<V> {
         Some(out)
     }
 
+    /// Adds `v` (counted `bytes`) as the newest entry, first forgetting the oldest beyond `cap`;
+    /// the bytes the forgotten ones were counted.
+    fn push_capped(&mut self, h: Handle, v: V, bytes: usize, cap: usize) -> usize {
+        let mut freed = 0;
+        while self.map.len() >= cap {
+            match self.pop_oldest() {
+                Some((_, b)) => freed += b,
+                None => break,
+            }
+        }
+        self.order.push_back(h);
+        self.map.insert(h, (v, bytes));
+        freed
+    }
+
     fn pop_oldest(&mut self) -> Option<(V, usize)> {
         while let Some(h) = self.order.pop_front() {
             if let Some(v) = self.map.remove(&h) {
@@ -160,14 +175,7 @@ impl Registry {
         let mut all = self.analysts.lock().expect("registry");
         let a = all.entry(analyst.to_string()).or_default();
         a.make_room(bytes, &self.limits);
-        while a.tickets.map.len() >= self.limits.tickets {
-            match a.tickets.pop_oldest() {
-                Some((_, b)) => a.bytes -= b,
-                None => break,
-            }
-        }
-        a.tickets.order.push_back(h);
-        a.tickets.map.insert(h, (Arc::new(ticket), bytes));
+        a.bytes -= a.tickets.push_capped(h, Arc::new(ticket), bytes, self.limits.tickets);
         a.bytes += bytes;
         Ok(())
     }
@@ -190,8 +198,7 @@ impl Registry {
         let fits = total <= self.limits.bytes;
         let kept = if fits { total } else { old };
         a.make_room(kept, &self.limits);
-        a.tickets.order.push_back(*h);
-        a.tickets.map.insert(*h, (t, kept));
+        a.bytes -= a.tickets.push_capped(*h, t, kept, usize::MAX);
         a.bytes += kept;
         fits
     }
@@ -203,14 +210,7 @@ impl Registry {
         let mut all = self.analysts.lock().expect("registry");
         let a = all.entry(analyst.to_string()).or_default();
         a.make_room(bytes, &self.limits);
-        while a.prepared.map.len() >= self.limits.prepared {
-            match a.prepared.pop_oldest() {
-                Some((_, b)) => a.bytes -= b,
-                None => break,
-            }
-        }
-        a.prepared.order.push_back(h);
-        a.prepared.map.insert(h, (sql, bytes));
+        a.bytes -= a.prepared.push_capped(h, sql, bytes, self.limits.prepared);
         a.bytes += bytes;
         Ok(())
     }
