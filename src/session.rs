@@ -215,7 +215,7 @@ impl Engine {
 #[cfg(feature = "cluster")]
 fn with_cluster(planner: PrivacyPlanner, cluster: Option<&str>) -> Result<PrivacyPlanner> {
     let cluster = cluster.map(crate::cluster::Cluster::parse).transpose().map_err(DataFusionError::Plan)?;
-    Ok(planner.on_cluster(cluster))
+    Ok(planner.distributed(cluster.map(|c| Arc::new(c) as Arc<dyn crate::guard::Distributor>)))
 }
 
 /// Without the `cluster` feature a cluster cannot be used.

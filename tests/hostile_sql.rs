@@ -19,7 +19,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::parquet::arrow::ArrowWriter;
-use dpcurve::guard::expressions::FUNCTIONS;
+use dpcurve::guard::passes::expressions::FUNCTIONS;
 use dpcurve::mechanism::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 

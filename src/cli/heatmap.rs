@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 
 use datafusion::arrow::array::{Array, AsArray};
-use datafusion::arrow::datatypes::{DataType, Fields};
+use datafusion::arrow::datatypes::DataType;
 
-use super::plot::{Frame, PANEL_H, PANEL_W, escape, float_values, group_keys, short};
+use super::canvas::{Frame, PANEL_H, PANEL_W, escape, float_values, group_keys, is_float_list, is_surface, short};
 use crate::session::QueryOutput;
 
 /// One density on a product grid.
@@ -36,18 +36,6 @@ impl Surface {
         };
         self.z[near(&self.xs, x)][near(&self.ys, y)]
     }
-}
-
-fn is_float_list(t: &DataType) -> bool {
-    matches!(t, DataType::List(f) if f.data_type() == &DataType::Float64)
-}
-
-/// Whether a struct type is a 2-D result: `x` and `y` lists of numbers and a list of lists.
-pub fn is_surface(fields: &Fields) -> bool {
-    let has = |name: &str| fields.iter().any(|f| f.name() == name && is_float_list(f.data_type()));
-    has("x")
-        && has("y")
-        && fields.iter().any(|f| matches!(f.data_type(), DataType::List(i) if is_float_list(i.data_type())))
 }
 
 /// Finds the 2-D densities in a result (one per row of each such struct column).

@@ -1,6 +1,7 @@
 //! The `dpcurve` command line: `sql` (one-shot or REPL) and `demo`.
 
 pub mod admin;
+mod canvas;
 pub mod demo;
 pub mod format;
 pub mod heatmap;

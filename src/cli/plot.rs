@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{DataType, Float64Type};
 
+use super::canvas::{Frame, PANEL_H, PANEL_W, escape, float_values, group_keys, is_surface, short};
 use crate::session::QueryOutput;
 
 /// One curve to draw.
@@ -79,19 +80,6 @@ fn value_at(s: &Series, x: f64) -> Option<f64> {
     Some(if xb > xa { ya + (yb - ya) * (x - xa) / (xb - xa) } else { yb })
 }
 
-pub(super) fn short(v: f64) -> String {
-    if v == 0.0 {
-        return "0".into();
-    }
-    let a = v.abs();
-    if (1e-3..1e5).contains(&a) {
-        let s = format!("{v:.4}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        format!("{v:.2e}")
-    }
-}
-
 /// Renders the curves as a character plot of `width × height` plot cells.
 pub fn terminal(series: &[Series], width: usize, height: usize) -> String {
     let Some((x0, x1, y0, y1)) = bounds(series) else {
@@ -163,19 +151,6 @@ pub fn terminal(series: &[Series], width: usize, height: usize) -> String {
     out
 }
 
-pub(super) fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
-    let raw = (hi - lo) / n as f64;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
-    let first = (lo / step).ceil() as i64;
-    let last = (hi / step).floor() as i64;
-    (first..=last).map(|k| k as f64 * step).collect()
-}
-
-pub(super) fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
 /// One chart of an SVG document: a title and its curves.
 #[derive(Debug, Clone)]
 pub struct Panel {
@@ -188,9 +163,6 @@ pub struct Panel {
     /// Vertical axis label.
     pub y_label: String,
 }
-
-pub(super) const PANEL_W: f64 = 900.0;
-pub(super) const PANEL_H: f64 = 520.0;
 
 /// Renders the curves as a standalone SVG document with one chart.
 pub fn svg(series: &[Series], title: &str, x_label: &str, y_label: &str) -> String {
@@ -218,72 +190,6 @@ pub fn svg_panels(panels: &[Panel]) -> String {
     }
     s.push_str("</svg>\n");
     s
-}
-
-/// The plotting area of one chart: data bounds mapped to SVG coordinates.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Frame {
-    /// Data bounds (x0, x1, y0, y1).
-    pub bounds: (f64, f64, f64, f64),
-    /// Margins (left, right, top, bottom).
-    pub margins: (f64, f64, f64, f64),
-}
-
-impl Frame {
-    /// SVG x of a data x.
-    pub fn px(&self, x: f64) -> f64 {
-        let (x0, x1, _, _) = self.bounds;
-        let (ml, mr, _, _) = self.margins;
-        ml + (x - x0) / (x1 - x0) * (PANEL_W - ml - mr)
-    }
-
-    /// SVG y of a data y.
-    pub fn py(&self, y: f64) -> f64 {
-        let (_, _, y0, y1) = self.bounds;
-        let (_, _, mt, mb) = self.margins;
-        PANEL_H - mb - (y - y0) / (y1 - y0) * (PANEL_H - mt - mb)
-    }
-
-    /// Draws the title, grid lines with tick labels, the frame and the axis labels.
-    pub fn draw_axes(&self, s: &mut String, title: &str, x_label: &str, y_label: &str) {
-        let (w, h) = (PANEL_W, PANEL_H);
-        let (x0, x1, y0, y1) = self.bounds;
-        let (ml, mr, mt, mb) = self.margins;
-        let _ =
-            writeln!(s, r#"<text x="{}" y="28" text-anchor="middle" font-size="16">{}</text>"#, w / 2.0, escape(title));
-        for t in nice_ticks(x0, x1, 8) {
-            let x = self.px(t);
-            let _ =
-                writeln!(s, r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#e5e5e5"/>"##, mt, h - mb);
-            let _ =
-                writeln!(s, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, h - mb + 18.0, short(t));
-        }
-        for t in nice_ticks(y0, y1, 6) {
-            let y = self.py(t);
-            let _ = writeln!(s, r##"<line x1="{ml}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e5e5e5"/>"##, w - mr);
-            let _ =
-                writeln!(s, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, ml - 8.0, y + 4.0, short(t));
-        }
-        let _ = writeln!(
-            s,
-            r##"<rect x="{ml}" y="{mt}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##,
-            w - ml - mr,
-            h - mt - mb
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            (ml + w - mr) / 2.0,
-            h - 20.0,
-            escape(x_label)
-        );
-        let _ = writeln!(
-            s,
-            r#"<text transform="translate(20 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
-            (mt + h - mb) / 2.0,
-            escape(y_label)
-        );
-    }
 }
 
 fn chart(s: &mut String, series: &[Series], title: &str, x_label: &str, y_label: &str) {
@@ -335,32 +241,6 @@ fn chart(s: &mut String, series: &[Series], title: &str, x_label: &str, y_label:
     }
 }
 
-pub(super) fn float_values(array: &dyn Array, row: usize) -> Option<Vec<f64>> {
-    if array.is_null(row) {
-        return None;
-    }
-    let items = match array.data_type() {
-        DataType::List(f) if f.data_type() == &DataType::Float64 => array.as_list::<i32>().value(row),
-        DataType::LargeList(f) if f.data_type() == &DataType::Float64 => array.as_list::<i64>().value(row),
-        _ => return None,
-    };
-    Some(items.as_primitive::<Float64Type>().iter().map(|v| v.unwrap_or(f64::NAN)).collect())
-}
-
-/// A grouped result names each curve by its group: the row's scalar columns as `name=value`.
-pub(super) fn group_keys(result: &QueryOutput, b: &datafusion::arrow::array::RecordBatch, r: usize) -> Vec<String> {
-    result
-        .schema
-        .fields()
-        .iter()
-        .zip(b.columns())
-        .filter(|(f, _)| !f.data_type().is_nested())
-        .filter_map(|(f, c)| {
-            datafusion::arrow::util::display::array_value_to_string(c, r).ok().map(|v| format!("{}={v}", f.name()))
-        })
-        .collect()
-}
-
 /// Finds curves in a result: every struct cell with at least two `List<Float64>` fields
 /// (the first is x, the second y, as `private_kde` returns), or else, for a result whose
 /// first two columns are numbers, those columns as (x, y).
@@ -369,7 +249,7 @@ pub fn curves(result: &QueryOutput) -> Vec<Series> {
     for b in &result.batches {
         for (field, col) in result.schema.fields().iter().zip(b.columns()) {
             let DataType::Struct(fields) = field.data_type() else { continue };
-            if super::heatmap::is_surface(fields) {
+            if is_surface(fields) {
                 continue; // drawn as a heat map
             }
             let s = col.as_struct();

@@ -1,206 +1,70 @@
-//! The planner guard: checks every private aggregate call in the *optimized* logical plan
-//! before any physical plan exists, so parameter mistakes and forbidden uses fail at
-//! planning time, before a single row is read.
+//! The planner guard: every private aggregate call in the *optimized* logical plan is checked
+//! before any physical plan exists, so parameter mistakes and forbidden uses fail at planning
+//! time, before a single row is read; then the plan is priced, and a gate at the root of its
+//! physical plan debits the ledger before the first row is read.
 //!
-//! Rules enforced here (SPEC §0, §5):
-//! * parameters of private aggregates are literals in their allowed ranges;
-//! * no `DISTINCT` and no `ORDER BY` inside a private aggregate call;
-//! * no private aggregate used as a window function (`OVER (…)`).
+//! The guard is a pipeline of passes over one [`Checking`] state, in the order of [`CHECKS`]
+//! (always) and [`EXECUTION`] (plans that will run against the ledger). Each pass is one file of
+//! `passes/`, and imports only the ground: [`walk`] (plan walking), [`view`] (the policy as the
+//! guard sees it), [`checking`], and the functions and operators it puts into plans (`ops/`,
+//! `exec/`). A new rule is one new file and one line in a list below.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{DFSchema, DataFusionError, Result, internal_err, plan_err};
+use datafusion::common::{Result, internal_err};
 use datafusion::execution::context::QueryPlanner;
-use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
-use datafusion::logical_expr::{Aggregate, AggregateUDF, Expr, LogicalPlan, WindowFunctionDefinition};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
-use crate::functions::{PermitSlot, Permits, PrivateCall, is_private, plan_private_call, with_permits};
+use crate::functions::PermitSlot;
 use crate::policy::{Catalog, Charge, QueryRecord};
 
-pub mod bounds;
-pub mod canonical_groups;
-#[cfg(feature = "cluster")]
-pub(crate) mod cluster_udfs;
-pub mod eager;
-mod exec;
-pub mod expressions;
-pub mod gate;
-pub mod groups;
-pub mod prefetch;
-pub mod selection;
-pub mod shape;
-pub mod unit_bound;
-pub mod units;
+pub mod checking;
+pub mod exec;
+pub mod ops;
+pub mod passes;
+pub mod view;
+pub mod walk;
 
-use bounds::{PolicyDefaults, apply_default_bounds};
-pub use gate::{BudgetGateExec, ScopedReleases};
+use checking::{Checking, Limits, Pass};
+use exec::canonical_groups::canonical_final_phases;
+pub use exec::gate::{BudgetGateExec, ScopedReleases};
+use exec::prefetch::prefetch_releases;
+use exec::selection_stage::SelectionStage;
+pub use passes::limits::MAX_PRIVATE_CALLS;
+use view::{PolicyView, SELECTION_CHARGE};
 
-/// Finds and validates every private aggregate call in `plan` (including subqueries).
-pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
-    let mut calls = Vec::new();
-    plan.apply_with_subqueries(|node| {
-        let empty = DFSchema::empty();
-        let inputs = node.inputs();
-        let schema = inputs.first().map(|i| i.schema().as_ref()).unwrap_or(&empty);
-        node.apply_expressions(|e| {
-            e.apply(|e| {
-                match e {
-                    Expr::AggregateFunction(AggregateFunction { func, params }) => {
-                        if let Some(call) = plan_private_call(func, &params.args, schema) {
-                            if params.distinct {
-                                return plan_err!("{}: DISTINCT is not supported", func.name());
-                            }
-                            if !params.order_by.is_empty() {
-                                return plan_err!("{}: ORDER BY inside the call is not supported", func.name());
-                            }
-                            calls.push(call?);
-                        }
-                    }
-                    Expr::WindowFunction(w) => {
-                        let WindowFunction { fun, .. } = w.as_ref();
-                        if let WindowFunctionDefinition::AggregateUDF(f) = fun {
-                            if is_private(f) {
-                                return plan_err!(
-                                    "{}: cannot be used as a window function (OVER …); \
-                                     call it as an aggregate",
-                                    f.name()
-                                );
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-                Ok(TreeNodeRecursion::Continue)
-            })
-        })
-    })?;
-    Ok(calls)
+/// The passes every plan goes through, in order: what a query may do, and what it costs.
+pub const CHECKS: &[(&str, Pass)] = &[
+    ("fill parameters the policy supplies", passes::defaults::run),
+    ("set privacy units' sensitivity", passes::contributions::run),
+    ("validate private calls", passes::calls::run),
+    ("total, cheap expressions on private rows", passes::expressions::run),
+    ("shape rules and pricing", passes::shape::run),
+    ("calls and memory per query", passes::limits::run),
+];
+
+/// The passes a plan that runs against the ledger goes through next: how it is executed.
+pub const EXECUTION: &[(&str, Pass)] = &[
+    ("drop rows with undeclared group keys", passes::groups::run),
+    ("release permits", passes::permits::run),
+    ("partition selections", passes::selection::run),
+    ("bound each privacy unit's contribution", passes::units::run),
+];
+
+/// Where partial aggregation runs when it does not run in this process (a cluster's executors).
+/// The final phase — merge, permit, noise — always stays here, under the gate.
+#[async_trait]
+pub trait Distributor: std::fmt::Debug + Send + Sync {
+    /// The plan with every partial aggregate that reads files sent elsewhere.
+    fn distribute(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>>;
+    /// Whether `plan` sends anything elsewhere.
+    fn is_used_by(&self, plan: &Arc<dyn ExecutionPlan>) -> bool;
+    /// Fails (at planning, before any debit) when the executors cannot be reached.
+    async fn check_reachable(&self) -> Result<()>;
 }
-
-/// Gives every private aggregate call its release permits (SPEC §5.1): a fresh
-/// [`PermitSlot`] for each call over a private table (granted by the gate, one per paid
-/// execution), and no permit needed for calls over public tables. Returns the slots.
-pub fn assign_permits(plan: LogicalPlan, keys: &groups::KeysMap) -> Result<(LogicalPlan, Vec<Arc<PermitSlot>>)> {
-    let mut slots = Vec::new();
-    let plan = plan
-        .transform_up_with_subqueries(|node| {
-            let LogicalPlan::Aggregate(agg) = &node else { return Ok(Transformed::no(node)) };
-            if !agg.aggr_expr.iter().any(|e| shape::aggregate_call(e).is_some_and(|f| is_private(&f.func))) {
-                return Ok(Transformed::no(node));
-            }
-            let table = shape::find_private_scan(&agg.input);
-            let mode = match &table {
-                Some(t) => groups::group_mode(agg, keys, t)?,
-                None => groups::GroupMode::Ungrouped,
-            };
-            let selected = match mode {
-                groups::GroupMode::Private => selection::selection_args(agg)?.map(|a| a.max_groups),
-                _ => None,
-            };
-            let declared = match mode {
-                groups::GroupMode::Declared(cols) => Some(groups::product(&cols)),
-                _ => None,
-            };
-            map_private_calls(agg, |func, args| {
-                let permits = if let Some(table) = &table {
-                    let slot = match (&declared, selected) {
-                        (Some(g), _) => PermitSlot::for_groups(g.clone()),
-                        (None, Some(max)) => PermitSlot::for_selection(max),
-                        (None, None) => PermitSlot::new(),
-                    };
-                    // What the call is charged: the gate keeps its releases under that ledger entry.
-                    if let Some(call) = crate::functions::plan_private_call(func, args, agg.input.schema()) {
-                        let call = call?;
-                        slot.set_charge(crate::functions::SlotCharge {
-                            table: table.clone(),
-                            function: call.function.to_string(),
-                            cost: call.cost,
-                        });
-                    }
-                    slots.push(Arc::clone(&slot));
-                    Permits::Slot(slot)
-                } else {
-                    Permits::Free
-                };
-                with_permits(func, permits)
-                    .ok_or_else(|| DataFusionError::Internal(format!("{} is private but has no permits", func.name())))
-            })
-        })?
-        .data;
-    Ok((plan, slots))
-}
-
-/// The same aggregate with every private aggregate function instance replaced by `f(instance)`
-/// (same arguments, same output schema).
-pub(crate) fn map_private_calls(
-    agg: &Aggregate,
-    mut f: impl FnMut(&AggregateUDF, &[Expr]) -> Result<AggregateUDF>,
-) -> Result<Transformed<LogicalPlan>> {
-    let aggr_expr = agg
-        .aggr_expr
-        .iter()
-        .map(|e| {
-            e.clone()
-                .transform_up(|e| match e {
-                    Expr::AggregateFunction(AggregateFunction { func, params }) if is_private(&func) => {
-                        let func = Arc::new(f(&func, &params.args)?);
-                        Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction { func, params })))
-                    }
-                    other => Ok(Transformed::no(other)),
-                })
-                .map(|t| t.data)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    with_aggr_exprs(agg, aggr_expr)
-}
-
-/// The same aggregate over another input (same output schema).
-pub(crate) fn with_input(agg: &Aggregate, input: Arc<LogicalPlan>) -> Result<Transformed<LogicalPlan>> {
-    let rewritten =
-        Aggregate::try_new_with_schema(input, agg.group_expr.clone(), agg.aggr_expr.clone(), Arc::clone(&agg.schema))?;
-    Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
-}
-
-/// The same aggregate with new aggregate expressions (same output schema).
-pub(crate) fn with_aggr_exprs(agg: &Aggregate, aggr_expr: Vec<Expr>) -> Result<Transformed<LogicalPlan>> {
-    let rewritten = Aggregate::try_new_with_schema(
-        Arc::clone(&agg.input),
-        agg.group_expr.clone(),
-        aggr_expr,
-        Arc::clone(&agg.schema),
-    )?;
-    Ok(Transformed::yes(LogicalPlan::Aggregate(rewritten)))
-}
-
-/// The number of declared groups of each grouped private aggregate over a private table.
-fn group_counts(plan: &LogicalPlan, keys: &groups::KeysMap) -> Result<Vec<u64>> {
-    let mut counts = Vec::new();
-    plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::Aggregate(agg) = node {
-            if let Some(t) = shape::find_private_scan(&agg.input) {
-                match groups::group_mode(agg, keys, &t) {
-                    Ok(groups::GroupMode::Declared(cols)) => counts.push(cols.iter().map(|c| c.len() as u64).product()),
-                    Ok(groups::GroupMode::Private) => {
-                        if let Ok(Some(a)) = selection::selection_args(agg) {
-                            counts.push(a.max_groups);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    Ok(counts)
-}
-
-/// Private calls (and partition selections) one query may make: each is a row of the release
-/// log, so this bounds what one query adds to the catalog besides the releases it stores.
-pub const MAX_PRIVATE_CALLS: usize = 100;
 
 /// What the guard made of a plan: the plan to run, its charges, one release permit slot per
 /// priced call, and the partition selections the gate runs first.
@@ -212,7 +76,7 @@ pub struct Checked {
     /// One per priced call.
     pub slots: Vec<Arc<PermitSlot>>,
     /// Partition selections (GROUP BY over private keys).
-    pub stages: Vec<selection::SelectionStage>,
+    pub stages: Vec<SelectionStage>,
 }
 
 /// A `QueryPlanner` that fills policy defaults, runs the guard on the optimized plan,
@@ -225,9 +89,8 @@ pub struct PrivacyPlanner {
     memory_limit: Option<u64>,
     /// The analyst whose releases these are (None: the table owner's session).
     analyst: Option<Arc<str>>,
-    /// Where partial aggregation runs (cluster mode); None: in this process.
-    #[cfg(feature = "cluster")]
-    cluster: Option<crate::cluster::Cluster>,
+    /// Where partial aggregation runs; None: in this process.
+    distributor: Option<Arc<dyn Distributor>>,
 }
 
 impl PrivacyPlanner {
@@ -237,12 +100,10 @@ impl PrivacyPlanner {
         Self { ledger: Some(ledger), memory_limit: Some(memory_limit), ..Self::default() }
     }
 
-    /// The same planner, running the partial phase of every aggregate that reads files on
-    /// `cluster`'s executors; the final phase — merge, permit, noise — stays here, under the
-    /// gate (see [`crate::cluster`]).
-    #[cfg(feature = "cluster")]
-    pub fn on_cluster(self, cluster: Option<crate::cluster::Cluster>) -> Self {
-        Self { cluster, ..self }
+    /// The same planner, running the partial phase of every aggregate that reads files where
+    /// `distributor` sends it; the final phase — merge, permit, noise — stays here, under the gate.
+    pub fn distributed(self, distributor: Option<Arc<dyn Distributor>>) -> Self {
+        Self { distributor, ..self }
     }
 
     /// The same planner, charging `analyst`'s shares as well as the tables' totals.
@@ -250,96 +111,29 @@ impl PrivacyPlanner {
         Self { analyst: analyst.map(Arc::from), ..self }
     }
 
-    /// Refuses a plan whose private calls need more memory than the session may use
-    /// (SPEC §5.1): computed from the public parameters alone, at planning, before any debit.
-    fn check_memory(&self, calls: &[PrivateCall], groups: &[u64], partitions: usize) -> Result<()> {
-        let Some(limit) = self.memory_limit else { return Ok(()) };
-        // States are per group: a grouped aggregate holds one per declared group (SPEC §7).
-        let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
-        let need = calls.iter().fold(0u64, |a, c| {
-            let states = c.state_bytes.saturating_mul(most_groups).saturating_mul(partitions as u64 + 1);
-            a.saturating_add(states.saturating_add(c.work_bytes))
-        });
-        if need > limit {
-            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-            let parts: Vec<String> =
-                calls.iter().map(|c| format!("{} {:.1} MiB", c.function, mib(c.memory_bytes(partitions)))).collect();
-            return plan_err!(
-                "[rule memory-limit] the private calls of this query need {:.1} MiB (per group: {}; state × {} \
-                 accumulators × up to {most_groups} groups + release), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
-                 (points, bandwidth relative to hi − lo); the data owner sets the limit with \
-                 `dpcurve admin set-memory-limit`",
-                mib(need),
-                parts.join(", "),
-                partitions + 1,
-                mib(limit)
-            );
-        }
-        Ok(())
-    }
-
-    fn defaults(&self) -> Result<PolicyDefaults> {
-        let mut d = PolicyDefaults::default();
-        if let Some(ledger) = &self.ledger {
-            let tables = ledger.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
-            for t in tables {
-                let Some(policy) = t.policy else { continue };
-                if let Some(m) = policy.curve_length {
-                    d.curve_length.insert(t.name.clone(), m);
-                }
-                for (col, b) in policy.bounds {
-                    d.bounds.insert((t.name.clone(), col), b);
-                }
-                for (col, k) in policy.keys {
-                    d.keys.insert((t.name.clone(), col), k);
-                }
-                if let Some(u) = policy.unit {
-                    d.units.insert(t.name.clone(), u);
-                }
-            }
-        }
-        Ok(d)
-    }
-
-    /// Everything but the physical planning: the rewritten plan, its charges, and one release
-    /// permit slot per charge.
+    /// Everything but the physical planning: the passes of [`CHECKS`], then — with a ledger —
+    /// those of [`EXECUTION`]: the rewritten plan, its charges, one release permit slot per
+    /// priced call and the partition selections.
     pub fn check(&self, logical_plan: &LogicalPlan, partitions: usize) -> Result<Checked> {
-        let defaults = self.defaults()?;
-        let plan = apply_default_bounds(logical_plan.clone(), &defaults)?;
-        // A privacy unit's contribution bound sets the calls' sensitivity (SPEC §7) before
-        // they are validated and priced.
-        let plan = units::set_contributions(plan, &defaults.units, &defaults.keys)?;
-        let calls = private_calls(&plan)?;
-        // Only total, cheap expressions on private rows (SPEC §5.1); this rewrites CAST to
-        // TRY_CAST and integer division to its total form.
-        let plan = expressions::make_total(plan)?;
-        let charges = shape::check_and_price(&plan, &defaults.keys)?;
-        if charges.len() > MAX_PRIVATE_CALLS {
-            return plan_err!(
-                "the query makes {} private calls and partition selections; at most {MAX_PRIVATE_CALLS} are allowed \
-                 in one query (each is logged in the ledger): split it into several queries",
-                charges.len()
-            );
+        let view = PolicyView::of(self.ledger.as_deref())?;
+        let limits = Limits { memory: self.memory_limit, partitions };
+        let mut cx = Checking::new(logical_plan.clone(), &view, limits);
+        let passes = if self.ledger.is_some() { [CHECKS, EXECUTION].concat() } else { CHECKS.to_vec() };
+        for (_, pass) in passes {
+            pass(&mut cx)?;
         }
-        self.check_memory(&calls, &group_counts(&plan, &defaults.keys)?, partitions)?;
-        if self.ledger.is_none() {
-            return Ok(Checked { plan, charges, slots: Vec::new(), stages: Vec::new() });
-        }
-        let plan = groups::filter_to_declared_keys(plan, &defaults.keys)?;
-        let (plan, slots) = assign_permits(plan, &defaults.keys)?;
-        // A GROUP BY over private keys: a first pass for its partition selection, and its rows
-        // bounded per unit below a membership filter; then every other private aggregate bounded.
-        let (plan, stages) = selection::split_selections(plan, &defaults.units)?;
-        let plan = units::bound_contributions(plan, &defaults.units)?;
-        let calls = charges.iter().filter(|c| c.function != selection::SELECTION_CHARGE).count();
-        if slots.len() != calls || stages.len() != charges.len() - calls {
-            return internal_err!(
-                "{calls} private calls and {} selections were priced but {} got release permits and {} selections \
-                 were planned",
-                charges.len() - calls,
-                slots.len(),
-                stages.len()
-            );
+        let Checking { plan, charges, slots, stages, .. } = cx;
+        if self.ledger.is_some() {
+            let calls = charges.iter().filter(|c| c.function != SELECTION_CHARGE).count();
+            if slots.len() != calls || stages.len() != charges.len() - calls {
+                return internal_err!(
+                    "{calls} private calls and {} selections were priced but {} got release permits and {} \
+                     selections were planned",
+                    charges.len() - calls,
+                    slots.len(),
+                    stages.len()
+                );
+            }
         }
         Ok(Checked { plan, charges, slots, stages })
     }
@@ -359,19 +153,18 @@ impl QueryPlanner for PrivacyPlanner {
         for stage in &mut stages {
             stage.physical = Some(planner.create_physical_plan(&stage.plan, session).await?);
         }
-        // Cluster mode: partial aggregation on the executors, merge and release here.
-        #[cfg(feature = "cluster")]
-        let physical = match &self.cluster {
-            Some(cluster) => {
+        // Partial aggregation elsewhere (a cluster's executors), merge and release here.
+        let physical = match &self.distributor {
+            Some(d) => {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
-                        stage.physical = Some(crate::cluster::distribute(p, cluster)?);
+                        stage.physical = Some(d.distribute(p)?);
                     }
                 }
-                let physical = crate::cluster::distribute(physical, cluster)?;
-                let stage_uses = stages.iter().any(|s| s.physical.as_ref().is_some_and(crate::cluster::uses_cluster));
-                if stage_uses || crate::cluster::uses_cluster(&physical) {
-                    cluster.check_reachable().await?;
+                let physical = d.distribute(physical)?;
+                let stage_uses = stages.iter().any(|s| s.physical.as_ref().is_some_and(|p| d.is_used_by(p)));
+                if stage_uses || d.is_used_by(&physical) {
+                    d.check_reachable().await?;
                 }
                 physical
             }
@@ -379,15 +172,15 @@ impl QueryPlanner for PrivacyPlanner {
         };
         // Grouped private aggregates release every public group once, reached by rows or not,
         // in one canonical order (declared, or the selected keys sorted).
-        let physical = canonical_groups::canonical_final_phases(physical)?;
+        let physical = canonical_final_phases(physical)?;
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);
         }
         let Some(ledger) = &self.ledger else {
-            return datafusion::common::internal_err!("a private table was planned without a ledger");
+            return internal_err!("a private table was planned without a ledger");
         };
         // The gate runs every release before the rest of the plan (no paid result lost).
-        let physical = prefetch::prefetch_releases(physical)?;
+        let physical = prefetch_releases(physical)?;
         // The statement's record (bounded head, length, hash; the session attaches it).
         let query = session.config().get_extension::<QueryRecord>().unwrap_or_else(|| Arc::new(QueryRecord::of("")));
         Ok(Arc::new(

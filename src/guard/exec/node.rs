@@ -1,5 +1,4 @@
-//! What the guard's own physical operators share (the gate, the canonical final phase of grouped
-//! aggregates, the release prefetch). Imports nothing else from `guard/`.
+//! What the guard's physical operators share: one child, one final partition.
 
 use std::sync::Arc;
 

@@ -1,81 +1,22 @@
-//! Fills omitted parameters of private aggregates from the table policy, on the optimized
+//! Pass: fills omitted parameters of private aggregates from the table policy, on the optimized
 //! plan, before the guard checks it: `lo`/`hi` of `private_kde` from the value column's
 //! public bounds; the box of `private_kde2d` from the bounds of its x and y columns; `clip` of `private_mean_curve` from the curve column's bounds (a curve
 //! whose values lie in [lower, upper] has norm ≤ max(|lower|, |upper|)) and `points` from
 //! the table's public curve length.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{Column, Result, ScalarValue};
+use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use crate::functions::{
     private_kde, private_kde2d, private_kernel_classifier, private_kernel_regression, private_mean_curve,
 };
-use crate::policy::table::as_private;
-
-/// Public bounds per (private table, column).
-pub type BoundsMap = BTreeMap<(String, String), (f64, f64)>;
-
-/// What the policies of the catalog's private tables supply.
-#[derive(Debug, Clone, Default)]
-pub struct PolicyDefaults {
-    /// Column bounds.
-    pub bounds: BoundsMap,
-    /// Public curve length per table.
-    pub curve_length: BTreeMap<String, i64>,
-    /// Declared public group keys per (table, column).
-    pub keys: super::groups::KeysMap,
-    /// Private tables with a privacy unit.
-    pub units: super::units::UnitsMap,
-}
-
-/// The private table and column a value expression reads directly (through casts,
-/// aliases, projections, filters and subquery aliases), if any.
-pub(crate) fn trace_column(expr: &Expr, plan: &LogicalPlan) -> Option<(String, String)> {
-    let mut col: Column = match expr {
-        Expr::Column(c) => c.clone(),
-        Expr::Cast(c) => return trace_column(&c.expr, plan),
-        Expr::TryCast(c) => return trace_column(&c.expr, plan),
-        Expr::Alias(a) => return trace_column(&a.expr, plan),
-        _ => return None,
-    };
-    let mut node = plan;
-    loop {
-        match node {
-            LogicalPlan::Projection(p) => {
-                let i = p.schema.index_of_column(&col).ok()?;
-                let mut e = &p.expr[i];
-                while let Expr::Alias(a) = e {
-                    e = &a.expr;
-                }
-                match e {
-                    Expr::Column(c) => col = c.clone(),
-                    _ => return None,
-                }
-                node = &p.input;
-            }
-            LogicalPlan::Filter(f) => node = &f.input,
-            LogicalPlan::SubqueryAlias(a) => {
-                let i = a.schema.index_of_column(&col).ok()?;
-                let (q, f) = a.input.schema().qualified_field(i);
-                col = Column::new(q.cloned(), f.name());
-                node = &a.input;
-            }
-            LogicalPlan::TableScan(scan) => {
-                scan.projected_schema.index_of_column(&col).ok()?;
-                let provider = source_as_provider(&scan.source).ok()?;
-                let table = as_private(provider.as_ref())?;
-                return Some((table.name().to_string(), col.name));
-            }
-            _ => return None,
-        }
-    }
-}
+use crate::guard::checking::Checking;
+use crate::guard::view::PolicyView;
+use crate::guard::walk::{trace_column, with_aggr_exprs};
 
 fn is_null_literal(e: Option<&Expr>) -> bool {
     match e {
@@ -106,7 +47,7 @@ fn box_args(func: &datafusion::logical_expr::AggregateUDF) -> Option<&'static [(
 }
 
 /// The call with omitted policy parameters filled in (keeping the output name), or None.
-fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyDefaults) -> Option<Expr> {
+fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyView) -> Option<Expr> {
     let (inner, name) = match e {
         Expr::Alias(a) => (a.expr.as_ref(), a.name.clone()),
         other => (other, other.schema_name().to_string()),
@@ -164,8 +105,14 @@ fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyDefaults) -> Option<Expr
     Some(call.alias(name))
 }
 
+/// The pass: fills omitted policy parameters of every private call.
+pub fn run(cx: &mut Checking<'_>) -> Result<()> {
+    let view = cx.view;
+    cx.rewrite(|plan| apply_default_bounds(plan, view))
+}
+
 /// Rewrites every aggregate (also in subqueries) whose private calls omit their bounds.
-pub fn apply_default_bounds(plan: LogicalPlan, defaults: &PolicyDefaults) -> Result<LogicalPlan> {
+pub fn apply_default_bounds(plan: LogicalPlan, defaults: &PolicyView) -> Result<LogicalPlan> {
     if defaults.bounds.is_empty() && defaults.curve_length.is_empty() {
         return Ok(plan);
     }
@@ -176,7 +123,7 @@ pub fn apply_default_bounds(plan: LogicalPlan, defaults: &PolicyDefaults) -> Res
             return Ok(Transformed::no(node));
         }
         let aggr_expr = new.into_iter().zip(&agg.aggr_expr).map(|(n, old)| n.unwrap_or_else(|| old.clone())).collect();
-        super::with_aggr_exprs(agg, aggr_expr)
+        with_aggr_exprs(agg, aggr_expr)
     })
     .map(|t| t.data)
 }

@@ -15,8 +15,8 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
-use super::exec::only_child;
-use super::selection::SelectionStage;
+use super::node::only_child;
+use super::selection_stage::SelectionStage;
 use crate::functions::{PermitSlot, ReleaseStore};
 use crate::mechanism::stored::Recipe;
 use crate::policy::{Catalog, Charge, QueryRecord};

@@ -5,7 +5,7 @@
 //! groups — those with the smallest `group_order` — and in each of them at most `K` rows — those
 //! with the smallest `row_order` — and returns them as a list of structs `{c0, c1, …}` (the
 //! guard unnests it back into rows). Both orders are keyed 128-bit hashes
-//! ([`super::units::SampleOrder`]), so the kept rows are a uniformly random sample of the unit's
+//! ([`super::sample_order::SampleOrder`]), so the kept rows are a uniformly random sample of the unit's
 //! rows and a function of the unit's own rows only.
 //!
 //! Its state is `O(K·L)` rows per unit whatever the unit's size: a unit of 10⁷ rows costs the

@@ -1,5 +1,5 @@
 //! dpcurve's scalar functions on a cluster's executors: what each instance carries,
-//! as bytes for the plan codec ([`crate::cluster::DpCodec`]).
+//! as bytes for the plan codec ([`super::codec::DpCodec`]).
 //!
 //! * the privacy-unit sampling order: its per-query key (executors read the unit's rows; the
 //!   key only makes the kept rows a uniform sample, it protects nothing from them);
@@ -11,10 +11,10 @@
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::ScalarUDF;
 
-use super::eager::{EagerForm, Form};
-use super::expressions::TotalIntDiv;
-use super::selection::SelectedFilter;
-use super::units::SampleOrder;
+use crate::guard::ops::eager::{EagerForm, Form};
+use crate::guard::ops::sample_order::SampleOrder;
+use crate::guard::ops::selected::SelectedFilter;
+use crate::guard::ops::total_div::TotalIntDiv;
 
 const TAG_ORDER: u8 = 1;
 const TAG_SELECTED: u8 = 2;

@@ -1,4 +1,4 @@
-//! What a private table may be read by (SPEC §5), checked on the optimized logical plan,
+//! Pass: what a private table may be read by (SPEC §5), checked on the optimized logical plan,
 //! and what the plan costs (SPEC §4).
 //!
 //! A private table may appear only as
@@ -20,46 +20,21 @@
 //! private table it reads: a CTE referenced twice is two calls; a call the optimizer
 //! removed costs nothing.
 
-use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::format::ExplainFormat;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, plan_err};
-use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, TableScan};
+use datafusion::logical_expr::{Aggregate, LogicalPlan};
 
-use super::groups::{GroupMode, KeysMap};
-use crate::functions::{is_private, plan_private_call};
+use crate::functions::plan_private_call;
+use crate::guard::checking::Checking;
+use crate::guard::view::{GroupMode, KeysMap, SELECTION_CHARGE, group_mode, selection_args};
+use crate::guard::walk::{find_private_scan, has_private_call, private_table_of};
 use crate::policy::Charge;
-use crate::policy::table::as_private;
 
-/// The catalog name of the private table a scan reads, if it is private.
-pub fn private_table_of(scan: &TableScan) -> Option<String> {
-    let provider = source_as_provider(&scan.source).ok()?;
-    as_private(provider.as_ref()).map(|t| t.name().to_string())
-}
-
-/// The first private table read anywhere in `plan`, including its subqueries.
-pub fn find_private_scan(plan: &LogicalPlan) -> Option<String> {
-    let mut found = None;
-    let _ = plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::TableScan(scan) = node {
-            if let Some(t) = private_table_of(scan) {
-                found = Some(t);
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
-/// The aggregate function call inside an aggregate expression (looking through aliases).
-pub fn aggregate_call(e: &Expr) -> Option<&AggregateFunction> {
-    match e {
-        Expr::AggregateFunction(f) => Some(f),
-        Expr::Alias(a) => aggregate_call(&a.expr),
-        _ => None,
-    }
+/// The pass: the shape rules, and the charges.
+pub fn run(cx: &mut Checking<'_>) -> Result<()> {
+    cx.charges = check_and_price(&cx.plan, &cx.view.keys)?;
+    Ok(())
 }
 
 /// Checks the shape rules and returns one charge per private aggregate call that reads
@@ -89,7 +64,7 @@ fn visit(plan: &LogicalPlan, charges: &mut Cx<'_>) -> Result<()> {
     visit_subqueries(plan, charges)?;
     match plan {
         LogicalPlan::Aggregate(agg) => {
-            if agg.aggr_expr.iter().any(|e| aggregate_call(e).is_some_and(|f| is_private(&f.func))) {
+            if has_private_call(agg) {
                 return check_private_aggregate(agg, charges);
             }
             if let Some(t) = find_private_scan(&agg.input) {
@@ -189,7 +164,8 @@ fn check_private_aggregate(agg: &Aggregate, charges: &mut Cx<'_>) -> Result<()> 
         return Ok(()); // private aggregates over public data cost nothing
     };
     for e in &agg.aggr_expr {
-        let call = aggregate_call(e).and_then(|f| plan_private_call(&f.func, &f.params.args, agg.input.schema()));
+        let call = crate::guard::walk::aggregate_call(e)
+            .and_then(|f| plan_private_call(&f.func, &f.params.args, agg.input.schema()));
         match call {
             Some(call) => {
                 let call = call?;
@@ -211,11 +187,11 @@ fn check_private_aggregate(agg: &Aggregate, charges: &mut Cx<'_>) -> Result<()> 
     // GROUP BY over declared public keys (SPEC §7): one release per declared group, one charge
     // per call (the groups are disjoint). Over private keys: only through a partition
     // selection, charged in addition.
-    let mode = super::groups::group_mode(agg, charges.keys, &table)?;
-    let selection = super::selection::selection_args(agg)?;
+    let mode = group_mode(agg, charges.keys, &table)?;
+    let selection = selection_args(agg)?;
     match (mode, selection) {
         (GroupMode::Private, Some(args)) => {
-            charges.list.push(Charge { table, function: super::selection::SELECTION_CHARGE.into(), cost: args.cost })
+            charges.list.push(Charge { table, function: SELECTION_CHARGE.into(), cost: args.cost })
         }
         (GroupMode::Private, None) => {
             let cols: Vec<String> = agg.group_expr.iter().map(|g| g.schema_name().to_string()).collect();

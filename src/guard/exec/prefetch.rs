@@ -22,7 +22,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 
 use super::canonical_groups::CanonicalGroupsExec;
-use super::exec::{only_child, single_final_partition};
+use super::node::{only_child, single_final_partition};
 use crate::functions::{Permits, permits_of};
 
 /// Wraps the releasing node of every private aggregate over a private table (an ungrouped

@@ -1,4 +1,4 @@
-//! Total, cheap expressions only on private rows (SPEC §5.1, rule `total-expressions-only`).
+//! Pass: total, cheap expressions only on private rows (SPEC §5.1, rule `total-expressions-only`).
 //!
 //! Everything evaluated on a private row before its release — filters (also those pushed into
 //! the scan), projections, the arguments and `FILTER (WHERE …)` of a private aggregate, grouping
@@ -24,19 +24,22 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, Scalar, StringArray};
-use datafusion::arrow::datatypes::{self as adt, ArrowNativeTypeOp, DataType};
+use datafusion::arrow::array::{Scalar, StringArray};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, Result, ScalarValue, plan_err};
 use datafusion::logical_expr::expr::{AggregateFunction, Alias, ScalarFunction};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
     BinaryExpr, Cast, ColumnarValue, Expr, ExprSchemable, Like, LogicalPlan, Operator, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature, TryCast, Volatility,
+    TryCast,
 };
 
-use super::shape::find_private_scan;
 use crate::functions::is_private;
+use crate::guard::checking::Checking;
+use crate::guard::ops::eager::eager;
+use crate::guard::ops::total_div::TotalIntDiv;
+use crate::guard::walk::private_aggregate;
 
 /// Most units (one per value of a row, one per KiB of literal) the expressions evaluated on
 /// one private row may cost.
@@ -211,74 +214,9 @@ fn refuse<T>(table: &str, what: &str, why: &str) -> Result<T> {
     )
 }
 
-/// Integer `/` or `%` that is total: NULL when the divisor is 0, and wrapping (like `+ − *`)
-/// for `MIN / -1`. The guard substitutes it for integer division on private rows.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct TotalIntDiv {
-    modulo: bool,
-    signature: Signature,
-}
-
-impl TotalIntDiv {
-    /// The division (`modulo` false) or remainder function.
-    pub fn new(modulo: bool) -> Self {
-        Self { modulo, signature: Signature::any(2, Volatility::Immutable) }
-    }
-
-    #[cfg(feature = "cluster")]
-    /// Whether this is the remainder.
-    pub(crate) fn is_modulo(&self) -> bool {
-        self.modulo
-    }
-}
-
-fn divide<T: ArrowPrimitiveType>(a: &ArrayRef, b: &ArrayRef, modulo: bool) -> ArrayRef {
-    let a = a.as_any().downcast_ref::<PrimitiveArray<T>>().expect("checked type");
-    let b = b.as_any().downcast_ref::<PrimitiveArray<T>>().expect("checked type");
-    let out: PrimitiveArray<T> = a
-        .iter()
-        .zip(b.iter())
-        .map(|(x, y)| match (x, y) {
-            (Some(x), Some(y)) if !y.is_zero() => Some(if modulo { x.mod_wrapping(y) } else { x.div_wrapping(y) }),
-            _ => None,
-        })
-        .collect();
-    Arc::new(out)
-}
-
-impl ScalarUDFImpl for TotalIntDiv {
-    fn name(&self) -> &str {
-        if self.modulo { "total_int_mod" } else { "total_int_div" }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        match arg_types {
-            [a, b] if a == b && a.is_integer() => Ok(a.clone()),
-            _ => plan_err!("{} takes two integers of the same type, got {arg_types:?}", self.name()),
-        }
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let (a, b) = (&arrays[0], &arrays[1]);
-        let m = self.modulo;
-        let out = match a.data_type() {
-            DataType::Int8 => divide::<adt::Int8Type>(a, b, m),
-            DataType::Int16 => divide::<adt::Int16Type>(a, b, m),
-            DataType::Int32 => divide::<adt::Int32Type>(a, b, m),
-            DataType::Int64 => divide::<adt::Int64Type>(a, b, m),
-            DataType::UInt8 => divide::<adt::UInt8Type>(a, b, m),
-            DataType::UInt16 => divide::<adt::UInt16Type>(a, b, m),
-            DataType::UInt32 => divide::<adt::UInt32Type>(a, b, m),
-            DataType::UInt64 => divide::<adt::UInt64Type>(a, b, m),
-            other => return plan_err!("{}: not an integer type: {other}", self.name()),
-        };
-        Ok(ColumnarValue::Array(out))
-    }
+/// The pass: every expression on private rows checked and rewritten to its total form.
+pub fn run(cx: &mut Checking<'_>) -> Result<()> {
+    cx.rewrite(make_total)
 }
 
 /// Rewrites one expression to its total form (see the module documentation).
@@ -751,12 +689,7 @@ impl Checker<'_> {
 /// aggregate in `plan` (and its subqueries).
 pub fn make_total(plan: LogicalPlan) -> Result<LogicalPlan> {
     plan.transform_down_with_subqueries(|node| {
-        let LogicalPlan::Aggregate(agg) = &node else { return Ok(Transformed::no(node)) };
-        let private_call =
-            agg.aggr_expr.iter().any(|e| super::shape::aggregate_call(e).is_some_and(|f| is_private(&f.func)));
-        let Some(table) = private_call.then(|| find_private_scan(&agg.input)).flatten() else {
-            return Ok(Transformed::no(node));
-        };
+        let Some((_, table)) = private_aggregate(&node) else { return Ok(Transformed::no(node)) };
         let mut checker = Checker { table: &table, sizes: HashMap::new(), cost: 0 };
         let new = chain(node, &mut checker)?;
         Ok(Transformed::new(new, true, TreeNodeRecursion::Jump))
@@ -808,7 +741,7 @@ fn chain(node: LogicalPlan, checker: &mut Checker) -> Result<LogicalPlan> {
     let node = node
         .map_expressions(|e| {
             let saved = preserver.save(&e);
-            let rewritten = super::eager::eager(e, &schema)?;
+            let rewritten = eager(e, &schema)?;
             Ok(rewritten.update_data(|e| saved.restore(e)))
         })?
         .data;

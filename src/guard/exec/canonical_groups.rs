@@ -35,7 +35,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::StreamExt;
 
-use super::exec::{only_child, single_final_partition};
+use super::node::{only_child, single_final_partition};
 use crate::functions::{PermitSlot, permits_of};
 
 /// The public groups of a grouped private aggregate.

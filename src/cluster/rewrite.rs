@@ -1,0 +1,187 @@
+//! The client's rewrite: every partial aggregate that reads files becomes a [`ClusterExec`]
+//! leaf that submits that subtree to the scheduler when first polled (below the gate: after the
+//! debit) and streams the partial states back.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ballista_core::config::BallistaConfig;
+use ballista_core::execution_plans::execute_physical_plan;
+use ballista_core::extension::SessionConfigExt;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionConfig;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties, SendableRecordBatchStream,
+};
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use futures::{StreamExt, TryStreamExt};
+
+use super::address::Cluster;
+use super::codec::DpCodec;
+
+/// Whether a plan sends work to a cluster.
+pub fn uses_cluster(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    contains(plan, "ClusterExec")
+}
+
+/// Whether the subtree reads any file (a scan of a table).
+fn reads_files(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    contains(plan, "DataSourceExec")
+}
+
+/// Whether a node named `name` is in the subtree.
+fn contains(plan: &Arc<dyn ExecutionPlan>, name: &str) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        found = node.name() == name;
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    found
+}
+
+/// Sends the partial phase of every aggregate that reads files to `cluster`: an
+/// `AggregateExec(Partial)` becomes a [`ClusterExec`] of itself; a single-phase aggregate
+/// (DataFusion combines the phases when nothing lies between them) is split into a partial
+/// phase on the cluster and a final phase here. The final phases — merge and release — stay on
+/// the client.
+pub fn distribute(plan: Arc<dyn ExecutionPlan>, cluster: &Cluster) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
+        if !reads_files(agg.input()) {
+            return Ok(Transformed::no(node));
+        }
+        let replaced: Arc<dyn ExecutionPlan> = match agg.mode() {
+            AggregateMode::Partial => Arc::new(ClusterExec::new(Arc::clone(&node), cluster.clone())),
+            AggregateMode::Single | AggregateMode::SinglePartitioned => {
+                let partial = Arc::new(AggregateExec::try_new(
+                    AggregateMode::Partial,
+                    agg.group_expr().clone(),
+                    agg.aggr_expr().to_vec(),
+                    agg.filter_expr().to_vec(),
+                    Arc::clone(agg.input()),
+                    agg.input_schema(),
+                )?);
+                let remote: Arc<dyn ExecutionPlan> = Arc::new(ClusterExec::new(partial, cluster.clone()));
+                let input_schema = remote.schema();
+                Arc::new(AggregateExec::try_new(
+                    AggregateMode::Final,
+                    agg.group_expr().as_final(),
+                    agg.aggr_expr().to_vec(),
+                    agg.filter_expr().to_vec(),
+                    remote,
+                    input_schema,
+                )?)
+            }
+            // A final phase: its partial phase is further down.
+            _ => return Ok(Transformed::no(node)),
+        };
+        Ok(Transformed::new(replaced, true, TreeNodeRecursion::Jump))
+    })
+    .map(|t| t.data)
+}
+
+/// A partial aggregate run on the cluster: a leaf that, when first polled, submits its
+/// subtree to the scheduler and streams the partial states back (one partition).
+#[derive(Debug)]
+pub struct ClusterExec {
+    remote: Arc<dyn ExecutionPlan>,
+    cluster: Cluster,
+    properties: Arc<PlanProperties>,
+}
+
+impl ClusterExec {
+    fn new(remote: Arc<dyn ExecutionPlan>, cluster: Cluster) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(remote.schema()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self { remote, cluster, properties }
+    }
+}
+
+impl DisplayAs for ClusterExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterExec: {}", self.cluster)
+    }
+}
+
+impl ExecutionPlan for ClusterExec {
+    fn name(&self) -> &str {
+        "ClusterExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() { Ok(self) } else { plan_err!("ClusterExec has no children") }
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return datafusion::common::internal_err!("ClusterExec has one partition, asked for {partition}");
+        }
+        let remote = Arc::clone(&self.remote);
+        let url = self.cluster.scheduler_url.clone();
+        let partitions = context.session_config().target_partitions();
+        let schema = remote.schema();
+        let deadline = tokio::time::Instant::now() + self.cluster.job_timeout;
+        let timeout = self.cluster.job_timeout.as_secs();
+        // The job is submitted on the first poll: below the gate, that is after the debit.
+        let submit = async move {
+            let config = SessionConfig::new_with_ballista().with_target_partitions(partitions);
+            let session_id = format!("dpcurve-{}", uuid_like());
+            execute_physical_plan::<PhysicalPlanNode>(
+                url,
+                &BallistaConfig::default(),
+                remote,
+                &DpCodec::default(),
+                session_id,
+                config,
+            )
+            .await
+        };
+        let results = futures::stream::once(submit).try_flatten().boxed();
+        // Every batch must arrive before the deadline; past it the query fails (and, below the
+        // gate, the analyst sees the withheld error: the budget was spent).
+        let bounded = futures::stream::unfold(Some(results), move |state| async move {
+            let mut results = state?;
+            match tokio::time::timeout_at(deadline, results.next()).await {
+                Ok(Some(item)) => Some((item, Some(results))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(DataFusionError::Execution(format!("the cluster did not finish the job within {timeout} s"))),
+                    None,
+                )),
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, bounded)))
+    }
+}
+
+/// A session id for the scheduler (not secret: it names the job there).
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}

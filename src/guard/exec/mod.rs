@@ -1,0 +1,9 @@
+//! The gate and its execution stages: the budget gate at the root of every plan that reads a
+//! private table, the release prefetch, the canonical final phase of grouped aggregates, and the
+//! partition selections the gate runs first.
+
+pub mod canonical_groups;
+pub mod gate;
+pub(crate) mod node;
+pub mod prefetch;
+pub mod selection_stage;

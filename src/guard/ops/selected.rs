@@ -1,0 +1,124 @@
+//! `dpcurve_selected(g, …)`: the membership filter of a partition selection (SPEC §7). It holds
+//! the key hashes the gate selected in this execution (none before the gate ran: a plan run
+//! below the gate selects nothing) and keeps the rows of those groups only.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use datafusion::arrow::array::{AsArray, BooleanArray};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility};
+
+use super::sample_order::SampleOrder;
+
+/// The selected keys of one execution, shared by the gate (which fills it) and the membership
+/// filter (which reads it). Empty until the gate has run the selection: a plan run below the
+/// gate selects nothing.
+#[derive(Debug, Default)]
+pub struct SelectedKeys {
+    keys: Mutex<Option<HashSet<Vec<u8>>>>,
+}
+
+impl SelectedKeys {
+    fn lock(&self) -> Result<MutexGuard<'_, Option<HashSet<Vec<u8>>>>> {
+        self.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))
+    }
+
+    /// Hands the selected key hashes to the filter.
+    pub fn set(&self, keys: HashSet<Vec<u8>>) -> Result<()> {
+        *self.lock()? = Some(keys);
+        Ok(())
+    }
+}
+
+/// `dpcurve_selected(g, …)`: whether the row's group was selected in this execution.
+pub struct SelectedFilter {
+    signature: Signature,
+    keys: Arc<SelectedKeys>,
+    /// The key of the keyed hash the first pass grouped by.
+    hash_key: (u64, u64),
+}
+
+impl SelectedFilter {
+    pub fn new(keys: Arc<SelectedKeys>, hash_key: (u64, u64)) -> Self {
+        Self { signature: Signature::variadic_any(Volatility::Volatile), keys, hash_key }
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The key of the group hash (shipped with the filter).
+    pub(crate) fn hash_key(&self) -> (u64, u64) {
+        self.hash_key
+    }
+
+    #[cfg(feature = "cluster")]
+    /// The keys selected so far (None: the selection has not run), to ship the filter to a
+    /// cluster's executors after the client's gate selected them.
+    pub(crate) fn selected(&self) -> Result<Option<Vec<Vec<u8>>>> {
+        let guard = self.keys.lock()?;
+        Ok(guard.as_ref().map(|set| {
+            let mut keys: Vec<Vec<u8>> = set.iter().cloned().collect();
+            keys.sort();
+            keys
+        }))
+    }
+
+    #[cfg(feature = "cluster")]
+    /// A filter holding `selected` (the copy decoded on an executor).
+    pub(crate) fn holding(selected: Option<Vec<Vec<u8>>>, hash_key: (u64, u64)) -> Self {
+        let keys = SelectedKeys { keys: Mutex::new(selected.map(|k| k.into_iter().collect())) };
+        Self::new(Arc::new(keys), hash_key)
+    }
+}
+
+impl fmt::Debug for SelectedFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SelectedFilter")
+    }
+}
+
+impl PartialEq for SelectedFilter {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.keys, &other.keys)
+    }
+}
+
+impl Eq for SelectedFilter {}
+
+impl Hash for SelectedFilter {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (Arc::as_ptr(&self.keys) as usize).hash(state)
+    }
+}
+
+impl ScalarUDFImpl for SelectedFilter {
+    fn name(&self) -> &str {
+        "dpcurve_selected"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let columns = args.args.iter().map(|a| a.to_array(n)).collect::<Result<Vec<_>>>()?;
+        let guard = self.keys.lock()?;
+        let out: BooleanArray = match guard.as_ref() {
+            None => BooleanArray::from(vec![false; n]),
+            Some(selected) => {
+                let hashes = SampleOrder::with_key(self.hash_key).keys(&columns)?;
+                let hashes = hashes.as_fixed_size_binary();
+                (0..n).map(|i| Some(selected.contains(hashes.value(i)))).collect()
+            }
+        };
+        debug_assert_eq!(out.len(), n);
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}

@@ -1,0 +1,74 @@
+//! Pass: what one query may hold (SPEC §5.1). At most [`MAX_PRIVATE_CALLS`] private calls and
+//! partition selections, and no more memory for their states than the session's limit —
+//! computed from the public parameters alone, at planning, before any debit.
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, plan_err};
+use datafusion::logical_expr::LogicalPlan;
+
+use crate::functions::PrivateCall;
+use crate::guard::checking::Checking;
+use crate::guard::view::{GroupMode, KeysMap, group_mode};
+use crate::guard::walk::find_private_scan;
+
+/// Private calls (and partition selections) one query may make: each is a row of the release
+/// log, so this bounds what one query adds to the catalog besides the releases it stores.
+pub const MAX_PRIVATE_CALLS: usize = 100;
+
+/// The pass.
+pub fn run(cx: &mut Checking<'_>) -> Result<()> {
+    if cx.charges.len() > MAX_PRIVATE_CALLS {
+        return plan_err!(
+            "the query makes {} private calls and partition selections; at most {MAX_PRIVATE_CALLS} are allowed \
+             in one query (each is logged in the ledger): split it into several queries",
+            cx.charges.len()
+        );
+    }
+    let Some(limit) = cx.limits.memory else { return Ok(()) };
+    check_memory(&cx.calls, &group_counts(&cx.plan, &cx.view.keys)?, cx.limits.partitions, limit)
+}
+
+/// The number of groups of each grouped private aggregate over a private table: its declared
+/// groups, or its partition selection's cap.
+fn group_counts(plan: &LogicalPlan, keys: &KeysMap) -> Result<Vec<u64>> {
+    let mut counts = Vec::new();
+    plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::Aggregate(agg) = node {
+            if let Some(t) = find_private_scan(&agg.input) {
+                if let Ok(mode @ (GroupMode::Declared(_) | GroupMode::Private)) = group_mode(agg, keys, &t) {
+                    if let Ok(Some(n)) = mode.most_groups(agg) {
+                        counts.push(n);
+                    }
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(counts)
+}
+
+/// Refuses calls whose states (per group, per accumulator) and release work exceed `limit` bytes.
+fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit: u64) -> Result<()> {
+    // States are per group: a grouped aggregate holds one per declared group (SPEC §7).
+    let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
+    let need = calls.iter().fold(0u64, |a, c| {
+        let states = c.state_bytes.saturating_mul(most_groups).saturating_mul(partitions as u64 + 1);
+        a.saturating_add(states.saturating_add(c.work_bytes))
+    });
+    if need > limit {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let parts: Vec<String> =
+            calls.iter().map(|c| format!("{} {:.1} MiB", c.function, mib(c.memory_bytes(partitions)))).collect();
+        return plan_err!(
+            "[rule memory-limit] the private calls of this query need {:.1} MiB (per group: {}; state × {} \
+             accumulators × up to {most_groups} groups + release), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
+             (points, bandwidth relative to hi − lo); the data owner sets the limit with \
+             `dpcurve admin set-memory-limit`",
+            mib(need),
+            parts.join(", "),
+            partitions + 1,
+            mib(limit)
+        );
+    }
+    Ok(())
+}
