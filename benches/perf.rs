@@ -39,11 +39,11 @@ use std::time::Instant;
 use datafusion::arrow::array::{ArrayRef, FixedSizeListBuilder, Float64Array, Float64Builder, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
-use dpcurve::mechanism::calibration::Calibration;
-use dpcurve::mechanism::kde::{Grid, KdeAccumulation, KdeLayout};
-use dpcurve::mechanism::kde_release::{KdeMechanism, KdeSpec};
-use dpcurve::mechanism::lattice::LatticeMechanism;
-use dpcurve::mechanism::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec};
+use dpcurve::mechanism::curves::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec};
+use dpcurve::mechanism::density::kde::{Grid, KdeLayout};
+use dpcurve::mechanism::density::release::{KdeMechanism, KdeSpec};
+use dpcurve::mechanism::noise::calibration::Calibration;
+use dpcurve::mechanism::noise::lattice::LatticeMechanism;
 use dpcurve::policy::Catalog;
 use dpcurve::{Admin, AnalystSession, SessionOptions};
 use rand::SeedableRng;
@@ -302,8 +302,8 @@ fn binning(report: &mut Report, reps: usize) {
         counts
     });
     let bin = time_ms(reps, || {
-        let mut acc = KdeAccumulation::new(&layout);
-        acc.add_all(&layout, &xs);
+        let mut acc = layout.accumulation();
+        layout.accumulate(&mut acc, &xs);
         acc
     });
     for (name, t) in [("sum of f64", &sum), ("histogram, one add per row", &histogram), ("private_kde binning", &bin)] {
@@ -411,7 +411,11 @@ async fn eigen(o: &Options, report: &mut Report) {
             warm.push(time(MEAN_SQL, false).await);
             cold.push(time(MEAN_SQL, true).await);
             let t = Instant::now();
-            std::hint::black_box(Eigenbasis::compute(dpcurve::mechanism::mean_curve::CovKernel::Matern32, 0.2, m));
+            std::hint::black_box(Eigenbasis::compute(
+                dpcurve::mechanism::curves::mean_curve::CovKernel::Matern32,
+                0.2,
+                m,
+            ));
             decomposition.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let names = ["SELECT count(c)", "private_mean_curve warm", "private_mean_curve cold"];

@@ -12,7 +12,7 @@ use dpcurve::cli::plot::{Panel, Series, svg_panels};
 use dpcurve::datagen::{karhunen_loeve_curves, true_mean};
 use dpcurve::mechanism::Calibration;
 use dpcurve::mechanism::Contribution;
-use dpcurve::mechanism::mean_curve::{
+use dpcurve::mechanism::curves::mean_curve::{
     CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec, auto_penalty, auto_tuning, inner,
 };
 use rand::SeedableRng;

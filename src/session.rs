@@ -27,7 +27,7 @@ use datafusion::prelude::ParquetReadOptions;
 use crate::functions::{Permits, private_udafs};
 use crate::guard::PrivacyPlanner;
 use crate::mechanism::NoiseSource;
-use crate::mechanism::budget::Budget;
+use crate::mechanism::noise::budget::Budget;
 use crate::policy::{
     BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, StoredReleaseRecord,
     TableInfo,

@@ -184,17 +184,25 @@ fn demo_writes_data_and_image_and_draws_both_curves() {
     let out_dir = dir.str("demo");
     let (code, out, err) = dpcurve(&["demo", "--dir", &out_dir], None);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("σ = 8.6766"), "{out}");
-    assert!(out.contains("* private") && out.contains("o non-private KDE"), "{out}");
+    // The product at its best: the automatic bandwidth and the default mechanism.
+    assert!(out.contains("private_kde(x, bandwidth => 'auto', epsilon => 0.5, delta => 0)"), "{out}");
+    assert!(!out.contains("mechanism =>"), "the default mechanism: {out}");
+    assert!(out.contains("* private_kde   o true density   (# = overlap, . = band)"), "{out}");
     assert!(dir.path("demo/mixture.parquet").exists());
     let svg = std::fs::read_to_string(dir.path("demo/kde.svg")).unwrap();
-    assert_eq!(svg.matches("<polyline").count(), 6, "three panels of two curves");
+    // Four panels: two densities with the truth, one curve per component, the mean curve with the
+    // sample mean; every release drawn with its band shaded.
+    assert_eq!(svg.matches("<polyline").count(), 8, "{svg}");
+    assert_eq!(svg.matches(r#"class="band""#).count(), 5, "one band per release: {svg}");
+    // One grouped curve per declared key, in declared order.
+    assert!(out.contains("GROUP BY component") && out.contains("* component=left   o component=right"), "{out}");
     assert!(
         out.contains("private_mean_curve") && out.contains("budget of 'curves': spent ε = 1, δ = 0.00001"),
         "{out}"
     );
     assert!(out.contains("n = 1000 rows"), "{out}");
-    assert!(out.contains("remaining ε = 1, δ = 0.000008"), "{out}");
+    // Three pure-ε releases of ε = 0.5 (the grouped one is one charge: its groups are disjoint).
+    assert!(out.contains("remaining ε = 0.5, δ = 0.00001"), "{out}");
     assert!(dir.path("demo/catalog.db").exists());
 }
 

@@ -21,7 +21,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{Field, Fields, Schema};
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::record_batch::RecordBatch;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 /// Four files of 1 500 rows: region a/b/c/z (z undeclared), city (3 big, many tiny), person

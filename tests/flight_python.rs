@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::{Server, TempDir, mixture, self_signed, write_x};
 use dpcurve::Admin;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::policy::Catalog;
 
 /// The virtual environment's Python, made (or checked) first by `.ci/python-env`: idempotent,

@@ -16,7 +16,7 @@ use common::{Server, TempDir, mixture, self_signed, write_columns, write_x};
 use datafusion::arrow::array::{AsArray, Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{Float64Type, SchemaRef};
 use dpcurve::Admin;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::policy::Catalog;
 use futures::TryStreamExt;
 use prost::Message;

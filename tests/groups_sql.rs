@@ -13,7 +13,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 /// 3 000 rows: region in a/b/c/z (z undeclared), weekday 0..7, x in [0, 1], a curve of 8 points.

@@ -20,7 +20,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::parquet::arrow::ArrowWriter;
 use dpcurve::guard::passes::expressions::FUNCTIONS;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 /// One row of the target table.

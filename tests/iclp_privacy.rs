@@ -6,8 +6,8 @@
 
 mod common;
 
-use dpcurve::mechanism::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
-use dpcurve::mechanism::lattice::DD;
+use dpcurve::mechanism::fits::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
+use dpcurve::mechanism::noise::lattice::DD;
 use dpcurve::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, Normalise};
 
 fn kde(bandwidth: f64, epsilon: f64) -> KdeMechanism {

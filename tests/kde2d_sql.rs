@@ -10,8 +10,8 @@ use std::sync::Arc;
 use common::{TempDir, floats, write_columns};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray, StructArray};
 use datafusion::arrow::datatypes::Float64Type;
-use dpcurve::mechanism::budget::Budget;
-use dpcurve::mechanism::kde::gaussian_kernel;
+use dpcurve::mechanism::density::kde::gaussian_kernel;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 const N: usize = 3_000;

@@ -7,8 +7,8 @@
 mod common;
 
 use dpcurve::datagen::mixture;
-use dpcurve::mechanism::kde::gaussian_kernel;
-use dpcurve::mechanism::lattice::DD;
+use dpcurve::mechanism::density::kde::gaussian_kernel;
+use dpcurve::mechanism::noise::lattice::DD;
 use dpcurve::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;

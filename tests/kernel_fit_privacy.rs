@@ -6,8 +6,8 @@
 
 mod common;
 
-use dpcurve::mechanism::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
-use dpcurve::mechanism::lattice::DD;
+use dpcurve::mechanism::fits::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
+use dpcurve::mechanism::noise::lattice::DD;
 use dpcurve::mechanism::{Calibration, Contribution, Grid};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;
@@ -299,7 +299,7 @@ fn the_smallest_accepted_huber_scale_certifies_and_the_counterexample_is_refused
     let unit = 1i128 << 40;
     for (penalty, bandwidth) in [(1e-6, 0.1), (1e-4, 0.1), (1e-4, 0.05)] {
         let m = KernelFitMechanism::new(
-            fit(dpcurve::mechanism::kernel_fit::MIN_HUBER_FRACTION, penalty, bandwidth),
+            fit(dpcurve::mechanism::fits::kernel_fit::MIN_HUBER_FRACTION, penalty, bandwidth),
             Contribution::ROW,
         )
         .unwrap();

@@ -11,8 +11,8 @@ use common::{TempDir, floats, write_columns};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::Float64Type;
 use dpcurve::mechanism::Grid;
-use dpcurve::mechanism::budget::Budget;
-use dpcurve::mechanism::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
+use dpcurve::mechanism::fits::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::mechanism::{Calibration, Contribution};
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
@@ -355,7 +355,7 @@ async fn penalty_auto_is_the_rule_at_the_released_count_and_costs_the_call() {
     let s = b[0].column(0).as_struct();
     let chosen = s.column_by_name("penalty").unwrap().as_primitive::<Float64Type>().value(0);
     let fit_spec = FitSpec { epsilon: 0.95, ..spec(FitLoss::Huber(2.0), 21, 0.05, 100.0) };
-    let want = dpcurve::mechanism::kernel_fit::auto_penalty(&fit_spec, N as i64);
+    let want = dpcurve::mechanism::fits::kernel_fit::auto_penalty(&fit_spec, N as i64);
     assert!((chosen - want).abs() <= 1e-12 * want, "chose {chosen}, the rule at n = {N} gives {want}");
     assert!(chosen > 150.0 && chosen < 400.0, "Λ = {chosen} for n = {N}");
     let auto = one(&b);

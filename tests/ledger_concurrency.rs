@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{TempDir, mixture, write_x};
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::policy::Catalog;
 use dpcurve::{Admin, AnalystSession, SessionOptions};
 

@@ -6,9 +6,9 @@
 
 use dpcurve::datagen::karhunen_loeve_curves;
 use dpcurve::mechanism::Calibration;
-use dpcurve::mechanism::calibration::epsilon_for_mu;
-use dpcurve::mechanism::lattice::DD;
-use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanState};
+use dpcurve::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanState};
+use dpcurve::mechanism::noise::calibration::epsilon_for_mu;
+use dpcurve::mechanism::noise::lattice::DD;
 use rand::rngs::ChaCha20Rng;
 use rand::{Rng, SeedableRng};
 

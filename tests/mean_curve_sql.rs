@@ -5,7 +5,7 @@ mod common;
 use common::{ListKind, TempDir, mean_result, write_curves};
 use datafusion::common::DataFusionError;
 use dpcurve::datagen::{karhunen_loeve_curves, true_mean};
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, DpSession, NoiseSource, SessionOptions};
 
 fn session(noise: NoiseSource, partitions: usize) -> DpSession {
@@ -223,7 +223,7 @@ async fn private_tables_are_charged_and_policy_supplies_clip_and_length() {
 /// count), and the release equals the one at that φ. More curves, a smaller φ.
 #[tokio::test]
 async fn penalty_auto_is_the_rule_at_the_released_count() {
-    use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveSpec, auto_penalty};
+    use dpcurve::mechanism::curves::mean_curve::{CovKernel, MeanCurveSpec, auto_penalty};
     use dpcurve::mechanism::{Calibration, Contribution};
     let dir = TempDir::new("mc-auto");
     let s = table(&dir, "a", &curves(2_000, 50, 12), ListKind::List, NoiseSource::Off).await;

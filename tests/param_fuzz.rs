@@ -9,7 +9,7 @@
 mod common;
 
 use common::{TempDir, write_x};
-use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec};
+use dpcurve::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec};
 use dpcurve::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec};
 use dpcurve::{DpSession, NoiseSource, SessionOptions};
 use rand::rngs::ChaCha20Rng;
@@ -119,7 +119,7 @@ fn kde_privacy_map_and_release_never_panic() {
 #[test]
 fn kde2d_and_sobolev_privacy_maps_and_releases_never_panic() {
     use dpcurve::mechanism::Contribution;
-    use dpcurve::mechanism::kde2d::{Kde2dMechanism, Kde2dSpec};
+    use dpcurve::mechanism::density::kde2d::{Kde2dMechanism, Kde2dSpec};
     let mut rng = ChaCha20Rng::seed_from_u64(0xF025);
     let (mut released_2d, mut released_sobolev) = (0, 0);
     let points = [0usize, 1, 2, 3, 9, 64, 1024, 1025, 1 << 20];
@@ -190,7 +190,7 @@ fn kde2d_and_sobolev_privacy_maps_and_releases_never_panic() {
 #[test]
 fn kernel_fit_and_iclp_privacy_maps_and_releases_never_panic() {
     use dpcurve::mechanism::Contribution;
-    use dpcurve::mechanism::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
+    use dpcurve::mechanism::fits::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
     let mut rng = ChaCha20Rng::seed_from_u64(0xF027);
     let (mut fits, mut iclp) = (0, 0);
     for i in 0..700 {

@@ -9,7 +9,7 @@ use common::{TempDir, mixture, write_x};
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 struct Fixture {

@@ -6,7 +6,7 @@ mod common;
 use common::{TempDir, write_x};
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::Float64Type;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 #[tokio::test]

@@ -8,8 +8,8 @@
 //! non-finite value appears. Negative control: the same checks against half the sensitivity fail
 //! for some draw of each mechanism, so they are not vacuous. Seeded; `DPCURVE_FUZZ_CASES` runs more.
 
-use dpcurve::mechanism::lattice::{DD, LatticeMechanism};
-use dpcurve::mechanism::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec};
+use dpcurve::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec};
+use dpcurve::mechanism::noise::lattice::{DD, LatticeMechanism};
 use dpcurve::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec};
 use rand::Rng;
 use rand::rngs::ChaCha20Rng;
@@ -218,7 +218,7 @@ fn the_lattice_is_finite_and_calibrated_wherever_it_is_accepted() {
 #[test]
 fn kde2d_lifted_differences_stay_within_the_calibrated_sensitivity() {
     use dpcurve::mechanism::Contribution;
-    use dpcurve::mechanism::kde2d::{Kde2dMechanism, Kde2dSpec};
+    use dpcurve::mechanism::density::kde2d::{Kde2dMechanism, Kde2dSpec};
     let mut rng = ChaCha20Rng::seed_from_u64(0x9f_0004);
     let mut seen = Seen::default();
     for i in 0..cases(20) {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{ListKind, TempDir, floats, write_columns, write_curves, write_x};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StringArray};
 use datafusion::arrow::datatypes::{Float64Type, Int64Type};
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 fn list(s: &datafusion::arrow::array::StructArray, name: &str) -> Option<Vec<f64>> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::TempDir;
 use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, StringArray};
 use datafusion::arrow::datatypes::Float64Type;
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 /// Cities: big1 (500 rows), big2 (300), small (3), lone (1), spam (1 000 rows of one person).

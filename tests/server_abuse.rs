@@ -365,7 +365,7 @@ async fn long_statements_cannot_fill_the_disk() {
     let kde = |_| dpcurve::policy::Charge {
         table: "mixture".into(),
         function: "private_kde".into(),
-        cost: dpcurve::mechanism::budget::Budget::charge(1e-6, 0.0).unwrap(),
+        cost: dpcurve::mechanism::noise::budget::Budget::charge(1e-6, 0.0).unwrap(),
     };
     let charges: Vec<_> = (0..2).map(kde).collect();
     let before = disk_size(&f.catalog);

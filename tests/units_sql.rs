@@ -12,7 +12,7 @@ use datafusion::arrow::array::{
     ArrayRef, AsArray, Float64Array, Float64Builder, ListBuilder, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
-use dpcurve::mechanism::budget::Budget;
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 /// K and L of the policy.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use datafusion::common::{DataFusionError, Result};
 
-use crate::mechanism::budget::Budget;
+use crate::mechanism::noise::budget::Budget;
 use crate::session::Admin;
 
 /// One admin command.

@@ -1,90 +1,80 @@
 //! What `private_kernel_regression` and `private_kernel_classifier` share: their literal
-//! parameters, the accumulator (the exact binned statistic between partitions, one release in
-//! the final `evaluate`) and the result struct. The mechanism is
-//! [`crate::mechanism::kernel_fit`].
+//! parameters, the call (the exact binned statistic between partitions, one release in the
+//! final `evaluate`) and the result struct. Each function is a [`FitFunction`]: its kind, its
+//! declared parameters and its documentation. The mechanism is
+//! [`crate::mechanism::fits::kernel_fit`].
 
-use std::mem::size_of_val;
+use std::fmt;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, StringArray, StructArray};
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
-use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
-use datafusion::logical_expr::function::StateFieldsArgs;
-use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{Accumulator, Expr};
+use datafusion::arrow::datatypes::{DataType, Field, Fields};
+use datafusion::common::{Result, ScalarValue};
+use datafusion::logical_expr::Documentation;
+use rand::rngs::ChaCha20Rng;
 
+use super::aggregate::{PrivateSpec, Release};
+use super::arrays::{float_list, for_each_valid_pair};
+use super::call::CallContext;
 use super::params::FunctionParams;
-use super::{
-    PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row, for_each_valid_pair,
-};
-use crate::functions::CallContext;
-use crate::mechanism::budget::Budget;
-use crate::mechanism::kernel_fit::{
-    self, AUTO_COUNT_SHARE, FitAccumulation, FitLoss, FitRelease, FitSpec, KernelFitMechanism,
-};
-use crate::mechanism::lattice::{DD, LatticeMechanism};
+use crate::mechanism::fits::kernel_fit::{self, AUTO_COUNT_SHARE, FitLoss, FitRelease, FitSpec, KernelFitMechanism};
+use crate::mechanism::noise::budget::Budget;
+use crate::mechanism::noise::lattice::{DD, LatticeMechanism};
 use crate::mechanism::stored::Recipe;
+use crate::mechanism::sums::BufferedSums;
 use crate::mechanism::{Contribution, Grid};
 
-/// Declares one of the two kernel-fit UDAFs (they differ only in their [`Kind`]): the struct via
-/// `private_aggregate!` and its `AggregateUDFImpl`. The module must have `NAME`, `PARAMS` and
-/// `DOCUMENTATION`.
-macro_rules! kernel_fit_udaf {
-    ($(#[$doc:meta])* $ty:ident, $kind:expr) => {
-        private_aggregate!(
-            $(#[$doc])*
-            $ty,
-            |args, _, contribution| $crate::functions::kernel_fit::plan_call($kind, args, contribution)
-        );
-
-        impl datafusion::logical_expr::AggregateUDFImpl for $ty {
-            fn name(&self) -> &str {
-                NAME
-            }
-
-            fn signature(&self) -> &datafusion::logical_expr::Signature {
-                &self.signature
-            }
-
-            fn coerce_types(
-                &self,
-                arg_types: &[datafusion::arrow::datatypes::DataType],
-            ) -> datafusion::common::Result<Vec<datafusion::arrow::datatypes::DataType>> {
-                $crate::functions::kernel_fit::coerce_types($kind, arg_types)
-            }
-
-            fn return_type(
-                &self,
-                _arg_types: &[datafusion::arrow::datatypes::DataType],
-            ) -> datafusion::common::Result<datafusion::arrow::datatypes::DataType> {
-                Ok(datafusion::arrow::datatypes::DataType::Struct($crate::functions::kernel_fit::result_fields($kind)))
-            }
-
-            fn state_fields(
-                &self,
-                args: datafusion::logical_expr::function::StateFieldsArgs,
-            ) -> datafusion::common::Result<Vec<datafusion::arrow::datatypes::FieldRef>> {
-                $crate::functions::kernel_fit::state_fields(args)
-            }
-
-            fn accumulator(
-                &self,
-                args: datafusion::logical_expr::function::AccumulatorArgs,
-            ) -> datafusion::common::Result<Box<dyn datafusion::logical_expr::Accumulator>> {
-                use $crate::functions::kernel_fit::{FitAccumulator, mechanism_from_literals};
-                PARAMS.check_accumulator_args(&args)?;
-                let values = PARAMS.literals_from_physical(args.exprs)?;
-                let (mechanism, _, count) = mechanism_from_literals($kind, &values, self.cx.contribution)?;
-                Ok(Box::new(FitAccumulator::new($kind, mechanism, self.cx.clone()).with_auto_count(count)))
-            }
-
-            fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-                Some(&DOCUMENTATION)
-            }
-        }
-    };
+/// One of the two kernel-fit functions: everything else they share.
+pub trait FitFunction: fmt::Debug + Default + PartialEq + Eq + Hash + Send + Sync + 'static {
+    /// Regression or classifier.
+    const KIND: Kind;
+    /// The declared parameters.
+    fn params() -> &'static FunctionParams;
+    /// The reference documentation.
+    fn documentation() -> &'static Documentation;
 }
-pub(crate) use kernel_fit_udaf;
+
+impl<F: FitFunction> PrivateSpec for F {
+    type Call = FitRun;
+
+    fn params(&self) -> &'static FunctionParams {
+        F::params()
+    }
+
+    fn documentation(&self) -> &'static Documentation {
+        F::documentation()
+    }
+
+    fn coerce(&self, i: usize, t: &DataType) -> Result<DataType> {
+        let (p, classifier) = (F::params(), F::KIND == Kind::Classifier);
+        // Both data arguments are numbers (a label may also be a boolean: true is the positive class).
+        if t.is_numeric() || t == &DataType::Null || (i == 0 && classifier && t == &DataType::Boolean) {
+            Ok(DataType::Float64)
+        } else {
+            let what = if i == 0 && classifier { "boolean or numeric" } else { "numeric" };
+            Err(p.error(format!("argument '{}' must be {what}, got type {t}", p.data[i])))
+        }
+    }
+
+    fn result_fields(&self) -> Fields {
+        result_fields(F::KIND)
+    }
+
+    fn state_name(&self) -> &'static str {
+        "fit_statistic"
+    }
+
+    fn call(
+        &self,
+        values: &[Option<ScalarValue>],
+        _: &[DataType],
+        contribution: Contribution,
+    ) -> Result<(FitRun, Budget)> {
+        let (mechanism, cost, auto_count) = mechanism_from_literals(F::KIND, F::params(), values, contribution)?;
+        Ok((FitRun { kind: F::KIND, mechanism, auto_count }, cost))
+    }
+}
 
 /// Default number of grid points of the fitted function.
 pub const DEFAULT_POINTS: usize = 101;
@@ -107,26 +97,11 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The SQL name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Regression => super::private_kernel_regression::NAME,
-            Kind::Classifier => super::private_kernel_classifier::NAME,
-        }
-    }
-
     /// The name of the fitted values' field.
     pub fn values_field(self) -> &'static str {
         match self {
             Kind::Regression => "fit",
             Kind::Classifier => "score",
-        }
-    }
-
-    fn params(self) -> &'static FunctionParams {
-        match self {
-            Kind::Regression => &super::private_kernel_regression::PARAMS,
-            Kind::Classifier => &super::private_kernel_classifier::PARAMS,
         }
     }
 
@@ -143,10 +118,10 @@ impl Kind {
 /// costs (planning time; again when an accumulator is created).
 pub fn mechanism_from_literals(
     kind: Kind,
+    p: &FunctionParams,
     values: &[Option<ScalarValue>],
     contribution: Contribution,
 ) -> Result<(KernelFitMechanism, Budget, Option<LatticeMechanism>)> {
-    let p = kind.params();
     let epsilon = p.epsilon(values)?;
     let delta = p.required_float(values, "delta")?;
     if !(0.0..1.0).contains(&delta) {
@@ -201,31 +176,6 @@ pub fn mechanism_from_literals(
     Ok((KernelFitMechanism::new(spec, contribution).map_err(|e| p.error(e))?, cost, count))
 }
 
-/// Validates a logical call at planning time and returns what it costs.
-pub fn plan_call(kind: Kind, args: &[Expr], contribution: Contribution) -> Result<PrivateCall> {
-    let values = kind.params().literals_from_logical(args)?;
-    let (mechanism, cost, _) = mechanism_from_literals(kind, &values, contribution)?;
-    let (state_bytes, work_bytes) = mechanism.memory_bytes();
-    Ok(PrivateCall { function: kind.name(), cost, state_bytes, work_bytes })
-}
-
-/// Both data arguments are numbers (a label may also be a boolean: true is the positive class).
-pub fn coerce_types(kind: Kind, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-    let p = kind.params();
-    p.coerce(
-        |i, t| {
-            if t.is_numeric() || t == &DataType::Null || (i == 0 && kind == Kind::Classifier && t == &DataType::Boolean)
-            {
-                Ok(DataType::Float64)
-            } else {
-                let what = if i == 0 && kind == Kind::Classifier { "boolean or numeric" } else { "numeric" };
-                Err(p.error(format!("argument '{}' must be {what}, got type {t}", p.data[i])))
-            }
-        },
-        arg_types,
-    )
-}
-
 /// The fields of the result struct.
 pub fn result_fields(kind: Kind) -> Fields {
     Fields::from(vec![
@@ -247,113 +197,91 @@ pub fn result_value(kind: Kind, release: &FitRelease, penalty: f64, id: Option<S
     Ok(ScalarValue::Struct(Arc::new(StructArray::try_new(result_fields(kind), columns, None)?)))
 }
 
-/// The accumulator state: the exact statistic as one fixed-point list.
-pub fn state_fields(args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-    Ok(vec![Arc::new(Field::new_list(
-        format_state_name(args.name, "fit_statistic"),
-        Field::new_list_field(fixed_point_type(), true),
-        true,
-    ))])
-}
-
-/// Accumulates the exact statistic; releases once.
+/// A validated kernel-fit call.
 #[derive(Debug)]
-pub struct FitAccumulator {
+pub struct FitRun {
     kind: Kind,
     mechanism: KernelFitMechanism,
     /// `penalty => 'auto'`: the noisy count's mechanism.
     auto_count: Option<LatticeMechanism>,
-    state: FitAccumulation,
-    cx: CallContext,
-    released: Option<ScalarValue>,
 }
 
-impl FitAccumulator {
-    /// A fresh accumulator for a validated call.
-    pub fn new(kind: Kind, mechanism: KernelFitMechanism, cx: CallContext) -> Self {
-        let state = mechanism.accumulation();
-        Self { kind, mechanism, auto_count: None, state, cx, released: None }
+impl FitRun {
+    /// A call with a fixed penalty (tests).
+    pub fn new(kind: Kind, mechanism: KernelFitMechanism) -> Self {
+        Self { kind, mechanism, auto_count: None }
+    }
+}
+
+impl Release for FitRun {
+    type Statistic = BufferedSums;
+    type Output = (FitRelease, f64);
+
+    fn statistic(&self) -> BufferedSums {
+        self.mechanism.accumulation()
     }
 
-    /// With `penalty => 'auto'`: the count's mechanism.
-    pub fn with_auto_count(self, count: Option<LatticeMechanism>) -> Self {
-        Self { auto_count: count, ..self }
+    fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
+        for_each_valid_pair(values, |y, x| self.mechanism.add_all(state, y, x));
+        Ok(())
     }
 
-    fn release(&mut self) -> Result<ScalarValue> {
-        let name = self.kind.name();
-        // One paid execution, one release: the permit is taken before any noise is drawn.
-        self.cx.permits.take(name)?;
-        let state = self.state.totals();
-        let mut rng = self.cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
+    fn memory_bytes(&self) -> (u64, u64) {
+        self.mechanism.memory_bytes()
+    }
+
+    fn release(
+        &self,
+        state: &mut BufferedSums,
+        mut rng: Option<&mut ChaCha20Rng>,
+        cx: &CallContext,
+    ) -> Result<(Self::Output, Recipe)> {
+        let state = state.totals();
         let mechanism = match &self.auto_count {
             None => std::borrow::Cow::Borrowed(&self.mechanism),
             Some(count) => {
                 // The count first; the penalty is post-processing of it; then the fit.
-                let n = count.release(&[DD::from_i128(kernel_fit::row_count(state))], rng.as_mut())[0] as i64;
+                let n = count.release(&[DD::from_i128(kernel_fit::row_count(state))], rng.as_deref_mut())[0] as i64;
                 let spec = FitSpec {
                     penalty: kernel_fit::auto_penalty(self.mechanism.spec(), n),
                     ..self.mechanism.spec().clone()
                 };
                 // Larger counts give larger penalties (less noise), which always build; fall back anyway.
                 std::borrow::Cow::Owned(
-                    KernelFitMechanism::new(spec, self.cx.contribution).unwrap_or_else(|_| self.mechanism.clone()),
+                    KernelFitMechanism::new(spec, cx.contribution).unwrap_or_else(|_| self.mechanism.clone()),
                 )
             }
         };
-        let coefficients = mechanism.noisy_coefficients(state, rng.as_mut());
+        let coefficients = mechanism.noisy_coefficients(state, rng);
         // Everything from here on is post-processing of the released coefficients.
         let release = mechanism.post_process(&coefficients);
         let penalty = mechanism.spec().penalty;
         let recipe = Recipe::KernelFit {
             spec: mechanism.spec().clone(),
-            contribution: self.cx.contribution,
+            contribution: cx.contribution,
             coefficients,
             count_epsilon: self
                 .auto_count
                 .as_ref()
                 .map(|_| self.mechanism.spec().epsilon / (1.0 - AUTO_COUNT_SHARE) * AUTO_COUNT_SHARE),
         };
-        let id = self.cx.permits.keep(name, &recipe)?;
+        Ok(((release, penalty), recipe))
+    }
+
+    fn result(&self, (release, penalty): Self::Output, id: Option<String>) -> Result<ScalarValue> {
         result_value(self.kind, &release, penalty, id)
-    }
-}
-
-impl Accumulator for FitAccumulator {
-    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let (mechanism, state) = (&self.mechanism, &mut self.state);
-        for_each_valid_pair(values, |y, x| mechanism.add_all(state, y, x));
-        Ok(())
-    }
-
-    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let state = &mut self.state;
-        for_each_fixed_point_row(self.kind.name(), &states[0], self.mechanism.state_len(), |_, part| state.merge(part))
-    }
-
-    fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![fixed_point_state(self.state.totals())?])
-    }
-
-    fn evaluate(&mut self) -> Result<ScalarValue> {
-        if self.released.is_none() {
-            self.released = Some(self.release()?);
-        }
-        Ok(self.released.clone().expect("set above"))
-    }
-
-    fn size(&self) -> usize {
-        size_of_val(self) + self.state.heap_size()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::functions::aggregate::PrivateAccumulator;
     use crate::mechanism::{Calibration, NoiseSource};
     use datafusion::arrow::array::AsArray;
+    use datafusion::logical_expr::Accumulator;
 
-    fn accumulator(kind: Kind) -> FitAccumulator {
+    fn accumulator(kind: Kind) -> PrivateAccumulator<FitRun> {
         let loss = if kind == Kind::Regression { FitLoss::Huber(1.0) } else { FitLoss::Hinge(0.1) };
         let spec = FitSpec {
             grid: Grid { lo: 0.0, hi: 1.0, points: 11 },
@@ -366,7 +294,8 @@ mod tests {
             calibration: Calibration::Analytic,
         };
         let cx = CallContext { noise: NoiseSource::TestSeed(5), ..CallContext::default() };
-        FitAccumulator::new(kind, KernelFitMechanism::new(spec, Contribution::ROW).unwrap(), cx)
+        let run = FitRun::new(kind, KernelFitMechanism::new(spec, Contribution::ROW).unwrap());
+        PrivateAccumulator::new("private_kernel_fit", run, cx)
     }
 
     fn batch(ys: Vec<Option<f64>>, xs: Vec<Option<f64>>) -> [ArrayRef; 2] {
@@ -389,8 +318,8 @@ mod tests {
                 let state: Vec<ArrayRef> = acc.state().unwrap().iter().map(|s| s.to_array().unwrap()).collect();
                 merged.merge_batch(&state).unwrap();
             }
-            assert_eq!(merged.state.totals(), whole.state.totals());
-            let mass: i128 = whole.state.totals().iter().sum();
+            assert_eq!(merged.statistic().totals(), whole.statistic().totals());
+            let mass: i128 = whole.statistic().totals().iter().sum();
             assert_eq!(mass, 3 << 40);
             assert_eq!(merged.evaluate().unwrap(), whole.evaluate().unwrap());
             let ScalarValue::Struct(s) = whole.evaluate().unwrap() else { panic!("a struct") };

@@ -195,7 +195,7 @@ impl FunctionParams {
     /// The level α of the result's simultaneous bands (`band_alpha`, default 0.05).
     pub fn band_alpha(&self, values: &[Option<ScalarValue>]) -> Result<f64> {
         match self.float(values, "band_alpha")? {
-            None => Ok(crate::mechanism::bands::DEFAULT_ALPHA),
+            None => Ok(crate::mechanism::noise::bands::DEFAULT_ALPHA),
             Some(a) if a > 0.0 && a < 1.0 => Ok(a),
             Some(a) => Err(self.error(format!("argument 'band_alpha' must be in the open interval (0, 1), got {a}"))),
         }
@@ -258,7 +258,7 @@ impl FunctionParams {
 
     /// The required `epsilon` of a release: from one budget unit to the per-release maximum.
     pub fn epsilon(&self, values: &[Option<ScalarValue>]) -> Result<f64> {
-        use crate::mechanism::budget::{MAX_EPSILON, MIN_EPSILON};
+        use crate::mechanism::noise::budget::{MAX_EPSILON, MIN_EPSILON};
         let epsilon = self.required_float(values, "epsilon")?;
         if !(epsilon.is_finite() && (MIN_EPSILON..=MAX_EPSILON).contains(&epsilon)) {
             return Err(self.error(format!(
@@ -279,7 +279,9 @@ impl FunctionParams {
             })?,
         };
         if calibration == Calibration::Classic && epsilon > 1.0 {
-            return Err(self.error(crate::mechanism::calibration::CalibrationError::ClassicNeedsSmallEpsilon(epsilon)));
+            return Err(
+                self.error(crate::mechanism::noise::calibration::CalibrationError::ClassicNeedsSmallEpsilon(epsilon))
+            );
         }
         Ok(calibration)
     }

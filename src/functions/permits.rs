@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::common::{Result, ScalarValue, exec_datafusion_err, exec_err};
 
-use crate::mechanism::budget::Budget;
+use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::stored::Recipe;
 
 /// Where paid releases are kept (the catalog, in catalog sessions).

@@ -11,25 +11,25 @@
 //! partitions; the Gaussian-process noise is added once, in the final `evaluate`, and the
 //! release is memoised so a repeated `evaluate` returns the same curve.
 
-use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, StringArray, StructArray};
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type};
-use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Expr, Signature};
+use datafusion::arrow::datatypes::{DataType, Field, Fields, Float64Type};
+use datafusion::common::{Result, ScalarValue};
+use datafusion::logical_expr::Documentation;
+use rand::rngs::ChaCha20Rng;
 
+use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
+use super::arrays::float_list;
+use super::call::CallContext;
 use super::params::{FunctionParams, ParamDef, ParamKind};
-use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::functions::Permits;
-use crate::mechanism::auto_bandwidth::AutoKde;
-use crate::mechanism::budget::Budget;
-use crate::mechanism::kde::{KdeAccumulation, MAX_POINTS};
-use crate::mechanism::kde_release::{KdeBands, KdeRelease, Normalise};
+use crate::mechanism::density::auto_bandwidth::AutoKde;
+use crate::mechanism::density::kde::MAX_POINTS;
+use crate::mechanism::density::release::{KdeBands, KdeRelease, Normalise};
+use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::stored::Recipe;
-use crate::mechanism::{Contribution, Grid, KdeLayout, KdeMechanism, KdeSpec, NoiseSource};
+use crate::mechanism::sums::BufferedSums;
+use crate::mechanism::{Contribution, Grid, KdeLayout, KdeMechanism, KdeSpec};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_kde";
@@ -227,15 +227,6 @@ enum Mechanism {
     Iclp,
 }
 
-/// Validates a logical call at planning time and returns what it costs.
-pub fn plan_call(args: &[Expr], contribution: Contribution) -> Result<PrivateCall> {
-    let values = PARAMS.literals_from_logical(args)?;
-    PARAMS.band_alpha(&values)?;
-    let (mechanism, cost) = mechanism_from_literals(&values, contribution)?;
-    let (state_bytes, work_bytes) = mechanism.memory_bytes();
-    Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
-}
-
 /// The fields of the result struct.
 pub fn result_fields() -> Fields {
     Fields::from(vec![
@@ -297,104 +288,99 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-private_aggregate!(
-    /// The `private_kde` aggregate UDF.
-    PrivateKde,
-    |args, _, contribution| plan_call(args, contribution)
-);
+/// The `private_kde` function (module docs).
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct Kde;
 
-impl AggregateUDFImpl for PrivateKde {
-    fn name(&self) -> &str {
-        NAME
+/// The `private_kde` aggregate UDF.
+pub type PrivateKde = PrivateUdaf<Kde>;
+
+impl PrivateSpec for Kde {
+    type Call = KdeRun;
+
+    fn params(&self) -> &'static FunctionParams {
+        &PARAMS
     }
 
-    fn signature(&self) -> &Signature {
-        &self.signature
+    fn documentation(&self) -> &'static Documentation {
+        &DOCUMENTATION
     }
 
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        PARAMS.coerce(
-            |_, t| {
-                if t.is_numeric() || t == &DataType::Null {
-                    Ok(DataType::Float64)
-                } else {
-                    Err(PARAMS.error(format!("argument 'value' must be numeric, got type {t}")))
-                }
-            },
-            arg_types,
-        )
-    }
-
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Struct(result_fields()))
-    }
-
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(vec![Arc::new(Field::new_list(
-            format_state_name(args.name, "kde_statistic"),
-            Field::new_list_field(fixed_point_type(), true),
-            true,
-        ))])
-    }
-
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        PARAMS.check_accumulator_args(&args)?;
-        let values = PARAMS.literals_from_physical(args.exprs)?;
-        let alpha = PARAMS.band_alpha(&values)?;
-        let (mechanism, _) = mechanism_from_literals(&values, self.cx.contribution)?;
-        let acc = KdeAccumulator::new(mechanism, self.cx.noise).with_permits(self.cx.permits.clone());
-        Ok(Box::new(KdeAccumulator { alpha, contribution: self.cx.contribution, ..acc }))
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOCUMENTATION)
-    }
-}
-
-/// Accumulates the exact KDE statistic; releases once.
-#[derive(Debug)]
-pub struct KdeAccumulator {
-    mechanism: KdeCall,
-    state: KdeAccumulation,
-    noise: NoiseSource,
-    permits: Permits,
-    released: Option<ScalarValue>,
-    /// Level of the bands.
-    alpha: f64,
-    /// The contribution bound the mechanism was calibrated for (kept with the release).
-    contribution: Contribution,
-}
-
-impl KdeAccumulator {
-    fn new(mechanism: KdeCall, noise: NoiseSource) -> Self {
-        let state = KdeAccumulation::new(mechanism.layout());
-        Self {
-            mechanism,
-            state,
-            noise,
-            permits: Permits::Free,
-            released: None,
-            alpha: crate::mechanism::bands::DEFAULT_ALPHA,
-            contribution: Contribution::ROW,
+    fn coerce(&self, _: usize, t: &DataType) -> Result<DataType> {
+        if t.is_numeric() || t == &DataType::Null {
+            Ok(DataType::Float64)
+        } else {
+            Err(PARAMS.error(format!("argument 'value' must be numeric, got type {t}")))
         }
     }
 
-    fn with_permits(self, permits: Permits) -> Self {
-        Self { permits, ..self }
+    fn result_fields(&self) -> Fields {
+        result_fields()
     }
 
-    fn release(&mut self) -> Result<ScalarValue> {
-        // One paid execution, one release: the permit is taken before any noise is drawn.
-        self.permits.take(NAME)?;
-        let state = self.state.totals();
-        let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
+    fn state_name(&self) -> &'static str {
+        "kde_statistic"
+    }
+
+    fn call(
+        &self,
+        values: &[Option<ScalarValue>],
+        _: &[DataType],
+        contribution: Contribution,
+    ) -> Result<(KdeRun, Budget)> {
+        let alpha = PARAMS.band_alpha(values)?;
+        let (mechanism, cost) = mechanism_from_literals(values, contribution)?;
+        Ok((KdeRun { mechanism, alpha }, cost))
+    }
+}
+
+/// A validated `private_kde` call: its mechanism and the level of its bands.
+#[derive(Debug)]
+pub struct KdeRun {
+    mechanism: KdeCall,
+    alpha: f64,
+}
+
+impl Release for KdeRun {
+    type Statistic = BufferedSums;
+    type Output = (KdeRelease, Option<KdeBands>);
+
+    fn statistic(&self) -> BufferedSums {
+        self.mechanism.layout().accumulation()
+    }
+
+    fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
+        let values = values[0].as_primitive::<Float64Type>();
+        let layout = self.mechanism.layout();
+        match values.nulls().filter(|n| n.null_count() > 0) {
+            None => layout.accumulate(state, values.values()),
+            Some(nulls) => {
+                for (start, end) in nulls.valid_slices() {
+                    layout.accumulate(state, &values.values()[start..end]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn memory_bytes(&self) -> (u64, u64) {
+        self.mechanism.memory_bytes()
+    }
+
+    fn release(
+        &self,
+        state: &mut BufferedSums,
+        rng: Option<&mut ChaCha20Rng>,
+        cx: &CallContext,
+    ) -> Result<(Self::Output, Recipe)> {
+        let state = state.totals();
         let (mechanism, lifted, layout_bandwidth) = match &self.mechanism {
             KdeCall::Fixed(m) => {
-                let lifted = m.noisy_lifted(state, rng.as_mut());
+                let lifted = m.noisy_lifted(state, rng);
                 (m.as_ref().clone(), lifted, None)
             }
             KdeCall::Auto(a) => {
-                let (m, lifted, choice) = a.release(state, rng.as_mut()).map_err(|e| PARAMS.error(e))?;
+                let (m, lifted, choice) = a.release(state, rng).map_err(|e| PARAMS.error(e))?;
                 (m, lifted, Some((a.layout().bandwidth(), choice.node_spacing)))
             }
         };
@@ -403,62 +389,30 @@ impl KdeAccumulator {
         let bands = mechanism.bands(&release, self.alpha);
         let recipe = Recipe::Kde {
             spec: mechanism.spec().clone(),
-            contribution: self.contribution,
+            contribution: cx.contribution,
             alpha: self.alpha,
             lifted,
             layout_bandwidth,
             sobolev: mechanism.is_sobolev(),
             iclp: mechanism.is_iclp(),
         };
-        let id = self.permits.keep(NAME, &recipe)?;
+        Ok(((release, bands), recipe))
+    }
+
+    fn result(&self, (release, bands): Self::Output, id: Option<String>) -> Result<ScalarValue> {
         result_value(&release, bands.as_ref(), id)
-    }
-}
-
-impl Accumulator for KdeAccumulator {
-    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let values = values[0].as_primitive::<Float64Type>();
-        let layout = self.mechanism.layout();
-        match values.nulls().filter(|n| n.null_count() > 0) {
-            None => self.state.add_all(layout, values.values()),
-            Some(nulls) => {
-                for (start, end) in nulls.valid_slices() {
-                    self.state.add_all(layout, &values.values()[start..end]);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let state = &mut self.state;
-        let len = self.mechanism.layout().state_len();
-        for_each_fixed_point_row(NAME, &states[0], len, |_, part| state.merge(part))
-    }
-
-    fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![fixed_point_state(self.state.totals())?])
-    }
-
-    fn evaluate(&mut self) -> Result<ScalarValue> {
-        if self.released.is_none() {
-            self.released = Some(self.release()?);
-        }
-        Ok(self.released.clone().expect("set above"))
-    }
-
-    fn size(&self) -> usize {
-        size_of_val(self) + self.state.heap_size()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mechanism::Calibration;
+    use crate::functions::aggregate::PrivateAccumulator;
+    use crate::mechanism::{Calibration, NoiseSource};
     use datafusion::logical_expr::Volatility;
+    use datafusion::logical_expr::{Accumulator, AggregateUDFImpl};
 
-    fn accumulator(noise: NoiseSource) -> KdeAccumulator {
+    fn accumulator(noise: NoiseSource) -> PrivateAccumulator<KdeRun> {
         let spec = KdeSpec {
             grid: Grid { lo: 0.0, hi: 1.0, points: 50 },
             bandwidth: 0.1,
@@ -467,7 +421,9 @@ mod tests {
             calibration: Calibration::Analytic,
             normalise: Normalise::Project,
         };
-        KdeAccumulator::new(KdeCall::Fixed(Box::new(KdeMechanism::new(spec).unwrap())), noise)
+        let mechanism = KdeCall::Fixed(Box::new(KdeMechanism::new(spec).unwrap()));
+        let run = KdeRun { mechanism, alpha: crate::mechanism::noise::bands::DEFAULT_ALPHA };
+        PrivateAccumulator::new(NAME, run, CallContext { noise, ..Default::default() })
     }
 
     #[test]
@@ -497,7 +453,7 @@ mod tests {
             let state: Vec<ArrayRef> = acc.state().unwrap().iter().map(|s| s.to_array().unwrap()).collect();
             merged.merge_batch(&state).unwrap();
         }
-        assert_eq!(merged.state.totals(), whole.state.totals());
+        assert_eq!(merged.statistic().totals(), whole.statistic().totals());
         assert_eq!(merged.evaluate().unwrap(), whole.evaluate().unwrap());
     }
 
@@ -508,8 +464,8 @@ mod tests {
         with_nulls.update_batch(&[Arc::new(Float64Array::from(xs)) as ArrayRef]).unwrap();
         let mut dense = accumulator(NoiseSource::TestSeed(1));
         dense.update_batch(&[Arc::new(Float64Array::from(vec![0.1, 0.2, 0.9])) as ArrayRef]).unwrap();
-        assert_eq!(with_nulls.state.totals(), dense.state.totals());
-        let mass: i128 = dense.state.totals().iter().sum();
+        assert_eq!(with_nulls.statistic().totals(), dense.statistic().totals());
+        let mass: i128 = dense.statistic().totals().iter().sum();
         assert_eq!(mass, 3 << 40, "three rows, one unit each");
     }
 

@@ -15,24 +15,22 @@
 //! added once, in the final `evaluate`, and the release is memoised. A row is dropped when either
 //! value is NULL, NaN or ±inf, or farther than 8 bandwidths outside its axis's range.
 
-use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Float64Builder, ListBuilder, StringArray, StructArray};
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
-use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Expr, Signature};
+use datafusion::arrow::datatypes::{DataType, Field, Fields};
+use datafusion::common::{Result, ScalarValue};
+use datafusion::logical_expr::Documentation;
+use rand::rngs::ChaCha20Rng;
 
+use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
+use super::arrays::{float_list, for_each_valid_pair};
+use super::call::CallContext;
 use super::params::{FunctionParams, ParamDef, ParamKind};
-use super::{
-    PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row, for_each_valid_pair,
-};
-use crate::functions::CallContext;
-use crate::mechanism::budget::Budget;
-use crate::mechanism::kde2d::{Kde2dAccumulation, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use crate::mechanism::density::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::stored::Recipe;
+use crate::mechanism::sums::BufferedSums;
 use crate::mechanism::{Contribution, Grid, Normalise};
 
 /// SQL name of the function.
@@ -118,14 +116,6 @@ pub fn mechanism_from_literals(
     Ok((Kde2dMechanism::new(spec, contribution).map_err(|e| p.error(e))?, cost))
 }
 
-/// Validates a logical call at planning time and returns what it costs.
-pub fn plan_call(args: &[Expr], contribution: Contribution) -> Result<PrivateCall> {
-    let values = PARAMS.literals_from_logical(args)?;
-    let (mechanism, cost) = mechanism_from_literals(&values, contribution)?;
-    let (state_bytes, work_bytes) = mechanism.memory_bytes();
-    Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
-}
-
 fn float_rows_field() -> Field {
     Field::new_list("density", Field::new_list_field(DataType::new_list(DataType::Float64, true), true), true)
 }
@@ -203,124 +193,95 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-private_aggregate!(
-    /// The `private_kde2d` aggregate UDF.
-    PrivateKde2d,
-    |args, _, contribution| plan_call(args, contribution)
-);
+/// The `private_kde2d` function (module docs).
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct Kde2d;
 
-impl AggregateUDFImpl for PrivateKde2d {
-    fn name(&self) -> &str {
-        NAME
+/// The `private_kde2d` aggregate UDF.
+pub type PrivateKde2d = PrivateUdaf<Kde2d>;
+
+impl PrivateSpec for Kde2d {
+    type Call = Kde2dMechanism;
+
+    fn params(&self) -> &'static FunctionParams {
+        &PARAMS
     }
 
-    fn signature(&self) -> &Signature {
-        &self.signature
+    fn documentation(&self) -> &'static Documentation {
+        &DOCUMENTATION
     }
 
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        PARAMS.coerce(
-            |i, t| {
-                if t.is_numeric() || t == &DataType::Null {
-                    Ok(DataType::Float64)
-                } else {
-                    Err(PARAMS.error(format!("argument '{}' must be numeric, got type {t}", PARAMS.data[i])))
-                }
-            },
-            arg_types,
-        )
+    fn coerce(&self, i: usize, t: &DataType) -> Result<DataType> {
+        if t.is_numeric() || t == &DataType::Null {
+            Ok(DataType::Float64)
+        } else {
+            Err(PARAMS.error(format!("argument '{}' must be numeric, got type {t}", PARAMS.data[i])))
+        }
     }
 
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Struct(result_fields()))
+    fn result_fields(&self) -> Fields {
+        result_fields()
     }
 
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(vec![Arc::new(Field::new_list(
-            format_state_name(args.name, "kde2d_statistic"),
-            Field::new_list_field(fixed_point_type(), true),
-            true,
-        ))])
+    fn state_name(&self) -> &'static str {
+        "kde2d_statistic"
     }
 
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        PARAMS.check_accumulator_args(&args)?;
-        let values = PARAMS.literals_from_physical(args.exprs)?;
-        let (mechanism, _) = mechanism_from_literals(&values, self.cx.contribution)?;
-        Ok(Box::new(Kde2dAccumulator::new(mechanism, self.cx.clone())))
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOCUMENTATION)
+    fn call(
+        &self,
+        values: &[Option<ScalarValue>],
+        _: &[DataType],
+        contribution: Contribution,
+    ) -> Result<(Kde2dMechanism, Budget)> {
+        mechanism_from_literals(values, contribution)
     }
 }
 
-/// Accumulates the exact 2-D statistic; releases once.
-#[derive(Debug)]
-pub struct Kde2dAccumulator {
-    mechanism: Kde2dMechanism,
-    state: Kde2dAccumulation,
-    cx: CallContext,
-    released: Option<ScalarValue>,
-}
+impl Release for Kde2dMechanism {
+    type Statistic = BufferedSums;
+    type Output = Kde2dRelease;
 
-impl Kde2dAccumulator {
-    fn new(mechanism: Kde2dMechanism, cx: CallContext) -> Self {
-        let state = mechanism.accumulation();
-        Self { mechanism, state, cx, released: None }
+    fn statistic(&self) -> BufferedSums {
+        self.accumulation()
     }
 
-    fn release(&mut self) -> Result<ScalarValue> {
-        // One paid execution, one release: the permit is taken before any noise is drawn.
-        self.cx.permits.take(NAME)?;
-        let state = self.state.totals();
-        let mut rng = self.cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
-        let lifted = self.mechanism.noisy_lifted(state, rng.as_mut());
-        // Everything from here on is post-processing of the released coordinates.
-        let surface = self.mechanism.surface_from_lifted(&lifted);
-        let release = self.mechanism.post_process(&surface);
-        let recipe = Recipe::Kde2d { spec: self.mechanism.spec().clone(), contribution: self.cx.contribution, surface };
-        let id = self.cx.permits.keep(NAME, &recipe)?;
-        result_value(&release, id)
-    }
-}
-
-impl Accumulator for Kde2dAccumulator {
-    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let (mechanism, state) = (&self.mechanism, &mut self.state);
-        for_each_valid_pair(values, |x, y| mechanism.add_all(state, x, y));
+    fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
+        for_each_valid_pair(values, |x, y| self.add_all(state, x, y));
         Ok(())
     }
 
-    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let state = &mut self.state;
-        for_each_fixed_point_row(NAME, &states[0], self.mechanism.state_len(), |_, part| state.merge(part))
+    fn memory_bytes(&self) -> (u64, u64) {
+        Kde2dMechanism::memory_bytes(self)
     }
 
-    fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![fixed_point_state(self.state.totals())?])
+    fn release(
+        &self,
+        state: &mut BufferedSums,
+        rng: Option<&mut ChaCha20Rng>,
+        cx: &CallContext,
+    ) -> Result<(Kde2dRelease, Recipe)> {
+        let lifted = self.noisy_lifted(state.totals(), rng);
+        // Everything from here on is post-processing of the released coordinates.
+        let surface = self.surface_from_lifted(&lifted);
+        let release = self.post_process(&surface);
+        Ok((release, Recipe::Kde2d { spec: self.spec().clone(), contribution: cx.contribution, surface }))
     }
 
-    fn evaluate(&mut self) -> Result<ScalarValue> {
-        if self.released.is_none() {
-            self.released = Some(self.release()?);
-        }
-        Ok(self.released.clone().expect("set above"))
-    }
-
-    fn size(&self) -> usize {
-        size_of_val(self) + self.state.heap_size()
+    fn result(&self, release: Kde2dRelease, id: Option<String>) -> Result<ScalarValue> {
+        result_value(&release, id)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::functions::aggregate::PrivateAccumulator;
     use crate::mechanism::{Calibration, NoiseSource};
     use datafusion::arrow::array::{Array, AsArray};
     use datafusion::logical_expr::Volatility;
+    use datafusion::logical_expr::{Accumulator, AggregateUDFImpl};
 
-    fn accumulator(noise: NoiseSource) -> Kde2dAccumulator {
+    fn accumulator(noise: NoiseSource) -> PrivateAccumulator<Kde2dMechanism> {
         let spec = Kde2dSpec {
             grid_x: Grid { lo: 0.0, hi: 1.0, points: 12 },
             grid_y: Grid { lo: 0.0, hi: 2.0, points: 10 },
@@ -332,7 +293,7 @@ mod tests {
             normalise: Normalise::Project,
         };
         let cx = CallContext { noise, ..CallContext::default() };
-        Kde2dAccumulator::new(Kde2dMechanism::new(spec, Contribution::ROW).unwrap(), cx)
+        PrivateAccumulator::new(NAME, Kde2dMechanism::new(spec, Contribution::ROW).unwrap(), cx)
     }
 
     fn batch(xs: Vec<Option<f64>>, ys: Vec<Option<f64>>) -> [ArrayRef; 2] {
@@ -354,7 +315,7 @@ mod tests {
             let state: Vec<ArrayRef> = acc.state().unwrap().iter().map(|s| s.to_array().unwrap()).collect();
             merged.merge_batch(&state).unwrap();
         }
-        assert_eq!(merged.state.totals(), whole.state.totals());
+        assert_eq!(merged.statistic().totals(), whole.statistic().totals());
         assert_eq!(merged.evaluate().unwrap(), whole.evaluate().unwrap());
         assert_eq!(merged.evaluate().unwrap(), whole.evaluate().unwrap(), "memoised");
     }
@@ -370,8 +331,8 @@ mod tests {
             .unwrap();
         let mut dense = accumulator(NoiseSource::TestSeed(1));
         dense.update_batch(&batch(vec![Some(0.1), Some(0.4)], vec![Some(0.5), Some(1.5)])).unwrap();
-        assert_eq!(with_gaps.state.totals(), dense.state.totals());
-        let mass: i128 = dense.state.totals().iter().sum();
+        assert_eq!(with_gaps.statistic().totals(), dense.statistic().totals());
+        let mass: i128 = dense.statistic().totals().iter().sum();
         assert_eq!(mass, 2 << 40, "two rows, one unit each");
     }
 

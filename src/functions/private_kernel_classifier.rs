@@ -1,6 +1,6 @@
 //! `private_kernel_classifier`: a differentially private soft-margin kernel classifier (smoothed-hinge SVM
 //! in a Gaussian RKHS) as a SQL aggregate (Hall et al. §4.3; the mechanism, its add/remove
-//! sensitivity proof and the solver's certificate are in [`crate::mechanism::kernel_fit`]).
+//! sensitivity proof and the solver's certificate are in [`crate::mechanism::fits::kernel_fit`]).
 //!
 //! ```sql
 //! private_kernel_classifier(label, x, epsilon, delta
@@ -18,7 +18,8 @@ use std::sync::LazyLock;
 
 use datafusion::logical_expr::Documentation;
 
-use super::kernel_fit::Kind;
+use super::aggregate::PrivateUdaf;
+use super::kernel_fit::{FitFunction, Kind};
 use super::params::{FunctionParams, ParamDef, ParamKind};
 
 /// SQL name of the function.
@@ -72,8 +73,21 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-super::kernel_fit::kernel_fit_udaf!(
-    /// The `private_kernel_classifier` aggregate UDF.
-    PrivateKernelClassifier,
-    Kind::Classifier
-);
+/// The `private_kernel_classifier` function (module docs).
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct Classifier;
+
+/// The `private_kernel_classifier` aggregate UDF.
+pub type PrivateKernelClassifier = PrivateUdaf<Classifier>;
+
+impl FitFunction for Classifier {
+    const KIND: Kind = Kind::Classifier;
+
+    fn params() -> &'static FunctionParams {
+        &PARAMS
+    }
+
+    fn documentation() -> &'static Documentation {
+        &DOCUMENTATION
+    }
+}

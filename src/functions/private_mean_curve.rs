@@ -9,25 +9,25 @@
 //! ```
 //! δ > 0 uses the Gaussian-process mechanism, δ = 0 the ICLP (pure ε) mechanism.
 
-use std::mem::size_of_val;
 use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, StringArray, StructArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, UInt64Type};
-use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err, internal_err};
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::common::{Result, ScalarValue, internal_err};
+use datafusion::logical_expr::Documentation;
 use datafusion::logical_expr::utils::format_state_name;
-use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature};
+use rand::rngs::ChaCha20Rng;
 
+use super::aggregate::{PrivateSpec, PrivateUdaf, Release, Statistic};
+use super::arrays::{fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
+use super::call::CallContext;
 use super::params::{FunctionParams, ParamDef, ParamKind};
-use super::{PrivateCall, fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use crate::functions::Permits;
-use crate::mechanism::budget::Budget;
-use crate::mechanism::mean_curve::{
+use crate::mechanism::curves::mean_curve::{
     self, CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
 };
+use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::stored::Recipe;
-use crate::mechanism::{Calibration, Contribution, NoiseSource};
+use crate::mechanism::{Calibration, Contribution};
 
 /// SQL name of the function.
 pub const NAME: &str = "private_mean_curve";
@@ -208,16 +208,6 @@ impl Auto {
     }
 }
 
-/// Validates a logical call at planning time and returns what it costs.
-pub fn plan_call(args: &[Expr], schema: &DFSchema, contribution: Contribution) -> Result<PrivateCall> {
-    let values = PARAMS.literals_from_logical(args)?;
-    PARAMS.band_alpha(&values)?;
-    let fixed = args.first().and_then(|a| a.get_type(schema).ok()).as_ref().and_then(fixed_length);
-    let (mechanism, cost, _) = mechanism_from_literals(&values, fixed, contribution)?;
-    let (state_bytes, work_bytes) = mechanism.memory_bytes();
-    Ok(PrivateCall { function: NAME, cost, state_bytes, work_bytes })
-}
-
 /// The fields of the result struct.
 pub fn result_fields() -> Fields {
     Fields::from(vec![
@@ -261,12 +251,6 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .build()
 });
 
-private_aggregate!(
-    /// The `private_mean_curve` aggregate UDF.
-    PrivateMeanCurve,
-    plan_call
-);
-
 fn coerce_curve(t: &DataType) -> Result<DataType> {
     let item = |f: &FieldRef| f.data_type().is_numeric() || f.data_type() == &DataType::Null;
     let float_item = || Arc::new(Field::new_list_field(DataType::Float64, true));
@@ -278,78 +262,95 @@ fn coerce_curve(t: &DataType) -> Result<DataType> {
     }
 }
 
-impl AggregateUDFImpl for PrivateMeanCurve {
-    fn name(&self) -> &str {
-        NAME
+/// The `private_mean_curve` function (module docs).
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct MeanCurve;
+
+/// The `private_mean_curve` aggregate UDF.
+pub type PrivateMeanCurve = PrivateUdaf<MeanCurve>;
+
+impl PrivateSpec for MeanCurve {
+    type Call = MeanRun;
+
+    fn params(&self) -> &'static FunctionParams {
+        &PARAMS
     }
 
-    fn signature(&self) -> &Signature {
-        &self.signature
+    fn documentation(&self) -> &'static Documentation {
+        &DOCUMENTATION
     }
 
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        PARAMS.coerce(|_, t| coerce_curve(t), arg_types)
+    fn coerce(&self, _: usize, t: &DataType) -> Result<DataType> {
+        coerce_curve(t)
     }
 
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Struct(result_fields()))
+    fn result_fields(&self) -> Fields {
+        result_fields()
     }
 
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(vec![
+    fn state_fields(&self, function: &str) -> Vec<FieldRef> {
+        vec![
             Arc::new(Field::new_list(
-                format_state_name(args.name, "curve_sums"),
+                format_state_name(function, "curve_sums"),
                 Field::new_list_field(fixed_point_type(), true),
                 true,
             )),
-            Arc::new(Field::new(format_state_name(args.name, "count"), DataType::UInt64, true)),
-        ])
+            Arc::new(Field::new(format_state_name(function, "count"), DataType::UInt64, true)),
+        ]
     }
 
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        PARAMS.check_accumulator_args(&args)?;
-        let fixed = args.expr_fields.first().and_then(|f| fixed_length(f.data_type()));
-        let values = PARAMS.literals_from_physical(args.exprs)?;
-        let alpha = PARAMS.band_alpha(&values)?;
-        let (mechanism, _, auto) = mechanism_from_literals(&values, fixed, self.cx.contribution)?;
-        let state = MeanAccumulation::new(&mechanism);
-        Ok(Box::new(MeanCurveAccumulator {
-            mechanism,
-            auto,
-            state,
-            noise: self.cx.noise,
-            permits: self.cx.permits.clone(),
-            released: None,
-            alpha,
-            contribution: self.cx.contribution,
-        }))
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOCUMENTATION)
+    fn call(
+        &self,
+        values: &[Option<ScalarValue>],
+        data_types: &[DataType],
+        contribution: Contribution,
+    ) -> Result<(MeanRun, Budget)> {
+        let alpha = PARAMS.band_alpha(values)?;
+        let fixed = data_types.first().and_then(fixed_length);
+        let (mechanism, cost, auto) = mechanism_from_literals(values, fixed, contribution)?;
+        Ok((MeanRun { mechanism, auto, alpha }, cost))
     }
 }
 
-/// Accumulates the summed clipped curves and the count; releases once.
+/// A validated `private_mean_curve` call: its mechanism, what is chosen at release, and the
+/// level of its band.
 #[derive(Debug)]
-pub struct MeanCurveAccumulator {
+pub struct MeanRun {
     mechanism: MeanCurveMechanism,
     /// `range`/`penalty => 'auto'`: chosen from the released count at release.
     auto: Auto,
-    state: MeanAccumulation,
-    noise: NoiseSource,
-    permits: Permits,
-    released: Option<ScalarValue>,
-    /// Level of the band.
     alpha: f64,
-    /// The contribution bound the mechanism was calibrated for (kept with the release).
-    contribution: Contribution,
 }
 
-impl MeanCurveAccumulator {
+impl Statistic for MeanAccumulation {
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        let state = MeanAccumulation::state(self);
+        Ok(vec![fixed_point_state(&state.sums)?, ScalarValue::UInt64(Some(state.count))])
+    }
+
+    fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()> {
+        let counts = states[1].as_primitive::<UInt64Type>();
+        let len = MeanAccumulation::state(self).sums.len();
+        for_each_fixed_point_row(function, &states[0], len, |row, sums| {
+            MeanAccumulation::merge(self, &MeanState { sums: sums.to_vec(), count: counts.value(row) })
+        })
+    }
+
+    fn heap_size(&self) -> usize {
+        MeanAccumulation::heap_size(self)
+    }
+}
+
+impl MeanRun {
     /// Adds the rows of a list column given as the flat child values and each row's
     /// `[start, end)` range in them (no per-row array is materialised).
-    fn add_rows(&mut self, col: &ArrayRef, child: &ArrayRef, ranges: impl Iterator<Item = (usize, usize)>) {
+    fn add_rows(
+        &self,
+        state: &mut MeanAccumulation,
+        col: &ArrayRef,
+        child: &ArrayRef,
+        ranges: impl Iterator<Item = (usize, usize)>,
+    ) {
         let values = child.as_primitive::<Float64Type>();
         let flat = values.values();
         let child_nulls = values.nulls().filter(|n| n.null_count() > 0);
@@ -361,26 +362,31 @@ impl MeanCurveAccumulator {
             if child_nulls.is_some_and(|n| (start..end).any(|k| n.is_null(k))) {
                 continue;
             }
-            self.state.add(&self.mechanism, &flat[start..end]);
+            state.add(&self.mechanism, &flat[start..end]);
         }
     }
 }
 
-impl Accumulator for MeanCurveAccumulator {
-    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+impl Release for MeanRun {
+    type Statistic = MeanAccumulation;
+    type Output = (MeanRelease, Vec<f64>);
+
+    fn statistic(&self) -> MeanAccumulation {
+        MeanAccumulation::new(&self.mechanism)
+    }
+
+    fn update(&self, state: &mut MeanAccumulation, values: &[ArrayRef]) -> Result<()> {
         let col = &values[0];
         match col.data_type() {
             DataType::List(_) => {
                 let list = col.as_list::<i32>();
-                let offsets = list.value_offsets();
-                let ranges = offsets.windows(2).map(|w| (w[0] as usize, w[1] as usize));
-                self.add_rows(col, list.values(), ranges);
+                let ranges = list.value_offsets().windows(2).map(|w| (w[0] as usize, w[1] as usize));
+                self.add_rows(state, col, list.values(), ranges);
             }
             DataType::LargeList(_) => {
                 let list = col.as_list::<i64>();
-                let offsets = list.value_offsets();
-                let ranges = offsets.windows(2).map(|w| (w[0] as usize, w[1] as usize));
-                self.add_rows(col, list.values(), ranges);
+                let ranges = list.value_offsets().windows(2).map(|w| (w[0] as usize, w[1] as usize));
+                self.add_rows(state, col, list.values(), ranges);
             }
             DataType::FixedSizeList(..) => {
                 let list = col.as_fixed_size_list();
@@ -389,54 +395,38 @@ impl Accumulator for MeanCurveAccumulator {
                     let start = list.value_offset(i) as usize;
                     (start, start + m)
                 });
-                self.add_rows(col, list.values(), ranges);
+                self.add_rows(state, col, list.values(), ranges);
             }
             other => return internal_err!("{NAME}: unexpected input type {other}"),
         }
         Ok(())
     }
 
-    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let counts = states[1].as_primitive::<UInt64Type>();
-        let state = &mut self.state;
-        let len = self.mechanism.spec().points;
-        for_each_fixed_point_row(NAME, &states[0], len, |row, sums| {
-            state.merge(&MeanState { sums: sums.to_vec(), count: counts.value(row) })
-        })
+    fn memory_bytes(&self) -> (u64, u64) {
+        self.mechanism.memory_bytes()
     }
 
-    fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        let state = self.state.state();
-        Ok(vec![fixed_point_state(&state.sums)?, ScalarValue::UInt64(Some(state.count))])
-    }
-
-    fn evaluate(&mut self) -> Result<ScalarValue> {
-        if let Some(r) = &self.released {
-            return Ok(r.clone());
-        }
-        // One paid execution, one release: the permit is taken before any noise is drawn.
-        self.permits.take(NAME)?;
-        let state = self.state.state();
-        let mut rng = self.noise.release_rng().map_err(|e| exec_datafusion_err!("{NAME}: {e}"))?;
+    fn release(
+        &self,
+        state: &mut MeanAccumulation,
+        mut rng: Option<&mut ChaCha20Rng>,
+        cx: &CallContext,
+    ) -> Result<(Self::Output, Recipe)> {
+        let state = MeanAccumulation::state(state);
         let (mechanism, lifted, n) = if self.auto.any() {
             // The count first; (ρ, φ) are post-processing of it; then the curve with them (the
             // same ε split as any release: the count's share, then the curve's).
-            let n = self.mechanism.noisy_count(state, rng.as_mut());
-            let (range, penalty) = mean_curve::auto_tuning(
-                self.mechanism.spec(),
-                self.contribution,
-                n,
-                self.auto.range,
-                self.auto.penalty,
-            );
+            let n = self.mechanism.noisy_count(state, rng.as_deref_mut());
+            let (range, penalty) =
+                mean_curve::auto_tuning(self.mechanism.spec(), cx.contribution, n, self.auto.range, self.auto.penalty);
             let spec = MeanCurveSpec { range, penalty, ..self.mechanism.spec().clone() };
             // Every candidate was checked to build at planning; fall back to the planned one anyway.
-            let m = MeanCurveMechanism::with_contribution(spec, self.contribution)
-                .unwrap_or_else(|_| self.mechanism.clone());
-            let lifted = m.noisy_curve(state, rng.as_mut());
+            let m =
+                MeanCurveMechanism::with_contribution(spec, cx.contribution).unwrap_or_else(|_| self.mechanism.clone());
+            let lifted = m.noisy_curve(state, rng);
             (std::borrow::Cow::Owned(m), lifted, n)
         } else {
-            let (lifted, n) = self.mechanism.noisy_coordinates(state, rng.as_mut());
+            let (lifted, n) = self.mechanism.noisy_coordinates(state, rng);
             (std::borrow::Cow::Borrowed(&self.mechanism), lifted, n)
         };
         // Everything from here on is post-processing of the released coordinates and count.
@@ -444,19 +434,16 @@ impl Accumulator for MeanCurveAccumulator {
         let band = mechanism.noise_band(n, self.alpha);
         let recipe = Recipe::MeanCurve {
             spec: mechanism.spec().clone(),
-            contribution: self.contribution,
+            contribution: cx.contribution,
             alpha: self.alpha,
             lifted,
             n,
             auto: (self.auto.range, self.auto.penalty),
         };
-        let id = self.permits.keep(NAME, &recipe)?;
-        let value = result_value(&release, &band, id)?;
-        self.released = Some(value.clone());
-        Ok(value)
+        Ok(((release, band), recipe))
     }
 
-    fn size(&self) -> usize {
-        size_of_val(self) + self.state.heap_size()
+    fn result(&self, (release, band): Self::Output, id: Option<String>) -> Result<ScalarValue> {
+        result_value(&release, &band, id)
     }
 }

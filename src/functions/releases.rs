@@ -223,10 +223,11 @@ impl TableFunctionImpl for ReleaseTable {
             }
             StoredCurve::KernelFit { mechanism, release, .. } => {
                 let kind = super::kernel_fit::Kind::of(mechanism.spec().loss);
-                (
-                    kind.name(),
-                    super::kernel_fit::result_value(kind, release, mechanism.spec().penalty, Some(id.clone()))?,
-                )
+                let name = match kind {
+                    super::kernel_fit::Kind::Regression => super::private_kernel_regression::NAME,
+                    super::kernel_fit::Kind::Classifier => super::private_kernel_classifier::NAME,
+                };
+                (name, super::kernel_fit::result_value(kind, release, mechanism.spec().penalty, Some(id.clone()))?)
             }
             StoredCurve::MeanCurve { release, band, .. } => {
                 ("private_mean_curve", super::private_mean_curve::result_value(release, band, Some(id.clone()))?)

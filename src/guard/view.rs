@@ -10,7 +10,7 @@ use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable};
 use super::walk::{aggregate_call, trace_column};
 use crate::functions::params_of;
 use crate::mechanism::Contribution;
-use crate::mechanism::budget::Budget;
+use crate::mechanism::noise::budget::Budget;
 use crate::policy::{Catalog, PrivacyUnit};
 
 /// Public bounds per (private table, column).

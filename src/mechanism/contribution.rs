@@ -4,7 +4,7 @@
 //! contribution bounding keeps at most `rows` rows of a unit in each group and lets it reach
 //! at most `groups` groups; each group's statistic then moves by at most `rows` times a row's
 //! bound (triangle inequality), and the release of all groups together — one mechanism over
-//! `groups` blocks — is calibrated for that (see [`super::lattice::LatticeMechanism::gaussian_over`]):
+//! `groups` blocks — is calibrated for that (see [`crate::mechanism::noise::lattice::LatticeMechanism::gaussian_over`]):
 //! L2 sensitivity `rows·sqrt(groups)` under Gaussian noise, L1 `rows·groups` under Laplace.
 
 /// Most rows per unit per group accepted in a policy.

@@ -1,31 +1,22 @@
-//! Pure mathematics of the private releases: calibration, kernels and grids, the KDE
-//! sufficient statistic, lifted coordinates and exact discrete samplers, randomness. No DataFusion, no I/O.
+//! Pure mathematics of the private releases: exact discrete noise and its calibration
+//! (`noise/`), one folder per estimator family (`density/`, `curves/`, `fits/`), and what they
+//! share: contribution bounds, fixed-point sums, partition selection, stored releases. No DataFusion, no I/O.
 //!
 //! Every mechanism is a pair: a *privacy map* from public parameters to a noise scale
 //! (a plain function tested against reference values) and a *release* from a statistic,
 //! the parameters and a generator to the output.
 
-pub mod auto_bandwidth;
-pub mod bands;
-pub mod budget;
-pub mod cache;
-pub mod calibration;
 pub mod contribution;
-pub mod kde;
-pub mod kde2d;
-pub mod kde_release;
-pub mod kernel_fit;
-pub mod lattice;
-pub mod mean_curve;
-pub mod rng;
-pub mod samplers;
+pub mod curves;
+pub mod density;
+pub mod fits;
+pub mod noise;
 pub mod selection;
-pub mod sobolev;
 pub mod stored;
 pub mod sums;
 
-pub use calibration::Calibration;
 pub use contribution::Contribution;
-pub use kde::{Grid, KdeLayout};
-pub use kde_release::{KdeMechanism, KdeRelease, KdeSpec, Normalise};
-pub use rng::NoiseSource;
+pub use density::kde::{Grid, KdeLayout};
+pub use density::release::{KdeMechanism, KdeRelease, KdeSpec, Normalise};
+pub use noise::calibration::Calibration;
+pub use noise::rng::NoiseSource;

@@ -12,8 +12,8 @@
 
 use rand::Rng;
 
-use super::lattice::rational_at_least;
-use super::samplers::discrete_laplace;
+use crate::mechanism::noise::lattice::rational_at_least;
+use crate::mechanism::noise::samplers::discrete_laplace;
 
 /// A calibrated partition selection.
 #[derive(Debug, Clone, PartialEq)]

@@ -25,13 +25,13 @@
 
 use serde_json::{Value, json};
 
-use super::Calibration;
-use super::contribution::Contribution;
-use super::kde::{Grid, KdeLayout};
-use super::kde_release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
-use super::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
-use super::kernel_fit::{FitLoss, FitRelease, FitSpec, KernelFitMechanism};
-use super::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
+use crate::mechanism::contribution::Contribution;
+use crate::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
+use crate::mechanism::density::kde::{Grid, KdeLayout};
+use crate::mechanism::density::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use crate::mechanism::density::release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
+use crate::mechanism::fits::kernel_fit::{FitLoss, FitRelease, FitSpec, KernelFitMechanism};
+use crate::mechanism::noise::calibration::Calibration;
 
 /// What a stored release keeps: public parameters and the released coordinates.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +135,7 @@ impl Recipe {
                 if let Some((lb, node_spacing)) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
                     // count and the pilot spent the rest of the call's ε.
-                    use super::auto_bandwidth::{COUNT_SHARE, FINAL_SHARE, PILOT_SHARE};
+                    use crate::mechanism::density::auto_bandwidth::{COUNT_SHARE, FINAL_SHARE, PILOT_SHARE};
                     v["bandwidth_rule"] = json!("auto");
                     v["layout_bandwidth"] = json!(lb);
                     v["node_spacing"] = json!(node_spacing);
@@ -573,7 +573,7 @@ mod tests {
 
     #[test]
     fn an_automatic_release_keeps_its_chosen_node_spacing_and_old_records_read_as_half_h() {
-        use crate::mechanism::auto_bandwidth::AutoKde;
+        use crate::mechanism::density::auto_bandwidth::AutoKde;
         let grid = Grid { lo: 0.0, hi: 1.0, points: 101 };
         let auto = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW).unwrap();
         let h = 0.05;

@@ -22,7 +22,7 @@ use super::error::storage;
 use super::hex;
 pub use super::shares::Grant;
 use super::shares::require_active;
-use crate::mechanism::budget::Budget;
+use crate::mechanism::noise::budget::Budget;
 
 /// What every token starts with (and its format version).
 pub const TOKEN_PREFIX: &str = "dpc1";

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::mechanism::budget::Budget;
+use crate::mechanism::noise::budget::Budget;
 
 /// Errors of the catalog and ledger. None carries private data: everything in them is
 /// table names, public parameters and budget amounts.

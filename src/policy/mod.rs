@@ -4,7 +4,9 @@
 pub mod analysts;
 pub mod catalog;
 pub mod error;
+pub mod locations;
 pub mod query_log;
+mod schema;
 pub mod shares;
 pub mod table;
 

@@ -4,7 +4,7 @@
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::error::{PolicyError, storage};
-use crate::mechanism::budget::Budget;
+use crate::mechanism::noise::budget::Budget;
 
 /// An analyst's share of one private table.
 #[derive(Debug, Clone, PartialEq)]

@@ -108,14 +108,14 @@ impl BudgetsTable {
                     .unwrap_or_default(),
             ),
         };
-        let shares: Vec<Option<crate::mechanism::budget::Budget>> = private
+        let shares: Vec<Option<crate::mechanism::noise::budget::Budget>> = private
             .iter()
             .map(|(n, _)| {
                 grants.as_ref().map(|g| {
                     g.iter()
                         .find(|g| &g.table == n)
                         .map(|g| g.remaining())
-                        .unwrap_or(crate::mechanism::budget::Budget::ZERO)
+                        .unwrap_or(crate::mechanism::noise::budget::Budget::ZERO)
                 })
             })
             .collect();

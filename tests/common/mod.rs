@@ -178,7 +178,7 @@ pub fn keyed_values(batches: &[RecordBatch]) -> Vec<(String, f64)> {
 /// (`noise_scale` ≠ 1 simulates a calibration bug) give its standardised shift μ̂; through the
 /// Gaussian trade-off curve, μ̂ − 3·SE is a lower bound on ε at `delta`. Returns (that bound, μ̂).
 pub fn projection_audit(
-    lat: &dpcurve::mechanism::lattice::LatticeMechanism,
+    lat: &dpcurve::mechanism::noise::lattice::LatticeMechanism,
     r0: &[i128],
     r1: &[i128],
     noise_scale: f64,
@@ -204,7 +204,7 @@ pub fn projection_audit(
     let sd = (0.5 * (var(&stats[0], m0) + var(&stats[1], m1))).sqrt();
     let mu = (m1 - m0) / sd;
     let se = (2.0 / n as f64 + mu * mu / (4.0 * n as f64)).sqrt();
-    (dpcurve::mechanism::calibration::epsilon_for_mu(mu - 3.0 * se, delta), mu)
+    (dpcurve::mechanism::noise::calibration::epsilon_for_mu(mu - 3.0 * se, delta), mu)
 }
 
 /// The Float64 column `col` of a result, row by row (None for NULL).
@@ -225,7 +225,7 @@ pub fn floats(batches: &[RecordBatch], col: usize) -> Vec<Option<f64>> {
 /// (`noise_scale` ≠ 1 simulates a calibration bug), and ln((p1 − 4·SE)/(p0 + 4·SE)) is a lower
 /// bound on ε for each; the largest is returned.
 pub fn laplace_audit(
-    lat: &dpcurve::mechanism::lattice::LatticeMechanism,
+    lat: &dpcurve::mechanism::noise::lattice::LatticeMechanism,
     r0: &[i128],
     r1: &[i128],
     noise_scale: f64,

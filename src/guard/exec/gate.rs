@@ -268,7 +268,7 @@ impl ExecutionPlan for BudgetGateExec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mechanism::budget::Budget;
+    use crate::mechanism::noise::budget::Budget;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_plan::test::exec::PanicExec;
 

@@ -21,34 +21,26 @@
 //! zCDP calibration. Everything after that — the inverse transform, clamping, normalising,
 //! the mass estimate — is post-processing.
 
-use crate::mechanism::cache::PublicCache;
-use std::fmt;
 use std::sync::Arc;
 
 use rand::Rng;
 use rustfft::{FftPlanner, num_complex::Complex};
 
-use super::bands;
-use super::calibration::{self, Calibration, CalibrationError};
-use super::contribution::Contribution;
-use super::kde::{Grid, KdeError, KdeLayout, TRUNCATION_BANDWIDTHS};
-use super::lattice::{self, DD, LatticeError, LatticeMechanism, ROW_LIMIT};
-use super::sobolev::SobolevMap;
+use crate::mechanism::contribution::Contribution;
+use crate::mechanism::density::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS};
+use crate::mechanism::density::sobolev::SobolevMap;
+use crate::mechanism::noise::bands;
+use crate::mechanism::noise::cache::PublicCache;
+use crate::mechanism::noise::calibration::{self, Calibration};
+use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
+
+pub use super::basis::{KdeBasis, MAX_CIRCLE, MAX_LATTICE, SPECTRUM_CUTOFF};
+pub use super::error::MechanismError;
+pub use super::normalise::{Normalise, projection_shift, projection_shift_weighted, trapezoid};
 
 /// RKHS sensitivity of the kernel sum under adding or removing one row (before the
 /// numerical slack the lifted coordinates add).
 pub const KDE_SENSITIVITY: f64 = 1.0;
-/// Binned mode keeps the frequencies with `λ_k ≥ SPECTRUM_CUTOFF·λ_0`; the dropped part of
-/// the kernel is below 1e-13 of its peak.
-pub const SPECTRUM_CUTOFF: f64 = 1e-13;
-/// Largest double-double transform (the circle over the statistic's entries); larger
-/// configurations are refused at planning time.
-pub const MAX_LATTICE: usize = 1 << 22;
-/// Largest circle of lattice points (the f64 synthesis of the curve runs on it).
-pub const MAX_CIRCLE: usize = 1 << 24;
-/// Relative accuracy of the computed spectrum (f64 exponentials of arguments ≤ 750).
-const LAMBDA_REL_ERR: f64 = 1e-11;
-
 /// All public parameters of one `private_kde` release.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KdeSpec {
@@ -64,98 +56,6 @@ pub struct KdeSpec {
     pub calibration: Calibration,
     /// How the released kernel sum becomes a density.
     pub normalise: Normalise,
-}
-
-/// How the released kernel sum `S̃` becomes a density on the grid (post-processing). With
-/// `g = S̃/Z`, `Z = ∫S̃` (trapezoid rule over the grid):
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Normalise {
-    /// The L2 projection of g onto densities on the grid: `f = max(g − c, 0)` with the
-    /// `c ≥ 0` that makes `∫f = 1` (exact: the trapezoid integral is piecewise linear in c).
-    #[default]
-    Project,
-    /// Clamp and rescale: `f = max(S̃, 0)/∫max(S̃, 0)`.
-    Rescale,
-    /// No clamping: `f = g` (integrates to 1, may be negative).
-    Raw,
-}
-
-impl Normalise {
-    /// Parses the SQL spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "project" => Some(Normalise::Project),
-            "rescale" => Some(Normalise::Rescale),
-            "none" => Some(Normalise::Raw),
-            _ => None,
-        }
-    }
-
-    /// The SQL spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            Normalise::Project => "project",
-            Normalise::Rescale => "rescale",
-            Normalise::Raw => "none",
-        }
-    }
-}
-
-/// The shift `c ≥ 0` of the L2 projection: `step·Σ_k w_k·max(g_k − c, 0) = 1` with trapezoid
-/// weights w (½ at the ends). Needs `step·Σ w_k·max(g_k, 0) ≥ 1`, which holds when `∫g = 1`.
-pub fn projection_shift(g: &[f64], step: f64) -> f64 {
-    let n = g.len();
-    let weights: Vec<f64> = (0..n).map(|k| if k == 0 || k + 1 == n { 0.5 } else { 1.0 }).collect();
-    projection_shift_weighted(g, &weights, step)
-}
-
-/// The shift `c ≥ 0` with `cell·Σ_k w_k·max(g_k − c, 0) = 1` for quadrature weights `w` (the
-/// 2-D KDE's are products of trapezoid weights).
-pub fn projection_shift_weighted(g: &[f64], weights: &[f64], cell: f64) -> f64 {
-    let mut order: Vec<usize> = (0..g.len()).collect();
-    order.sort_by(|&a, &b| g[b].total_cmp(&g[a]));
-    // With the j largest values above c: cell·(G − c·W) = 1, c = (G − 1/cell)/W; valid if it
-    // lies between the j-th and (j+1)-th largest values.
-    let (mut big_w, mut big_g) = (0.0, 0.0);
-    for (j, &k) in order.iter().enumerate() {
-        big_w += weights[k];
-        big_g += weights[k] * g[k];
-        let c = (big_g - 1.0 / cell) / big_w;
-        let next = order.get(j + 1).map_or(f64::NEG_INFINITY, |&i| g[i]);
-        if c >= next {
-            return c.max(0.0);
-        }
-    }
-    0.0
-}
-
-/// A parameter problem, found before any data is read.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MechanismError {
-    /// ε, δ or calibration.
-    Calibration(CalibrationError),
-    /// Bandwidth, range or points.
-    Kde(KdeError),
-    /// The noise cannot be generated for these parameters.
-    Noise(String),
-}
-
-impl fmt::Display for MechanismError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MechanismError::Calibration(e) => e.fmt(f),
-            MechanismError::Kde(e) => e.fmt(f),
-            MechanismError::Noise(e) => f.write_str(e),
-        }
-    }
-}
-
-impl std::error::Error for MechanismError {}
-
-impl From<LatticeError> for MechanismError {
-    fn from(e: LatticeError) -> Self {
-        MechanismError::Noise(e.0)
-    }
 }
 
 /// One private KDE release.
@@ -182,144 +82,6 @@ pub struct KdeBands {
     /// Plug-in band adding the sampling error of the kernel estimate (estimated from the
     /// released density and mass); None when the released mass is below 2.
     pub total: Option<Vec<f64>>,
-}
-
-/// The lifted basis of a (grid, bandwidth) pair: public, data-independent, cached.
-#[derive(Debug)]
-pub struct KdeBasis {
-    /// Circle size: `stride·2^p` lattice points.
-    m: usize,
-    /// Statistic entries sit every `stride` lattice points; the transform has `m/stride` points.
-    stride: usize,
-    /// Highest frequency kept.
-    kmax: usize,
-    /// Per real coordinate: the factor applied to the orthonormal DFT coordinate (`√λ` in
-    /// binned mode, `1/√λ` in exact mode).
-    lift: Vec<f64>,
-    /// Per real coordinate: `√λ`, the factor of the post-processing map A.
-    synth: Vec<f64>,
-    /// Proven L2 sensitivity of the lifted coordinates, before floating-point slack.
-    stat_sensitivity: f64,
-    /// Bound on the floating-point error of computing w for one table (≤ ROW_LIMIT rows).
-    float_error: f64,
-}
-
-/// The spectrum of the periodised lattice kernel at frequency k of a circle of m points
-/// with `r = h/u` (bandwidth over lattice step), by Poisson summation.
-fn spectrum(k: usize, m: usize, r: f64) -> f64 {
-    if r >= 1.0 {
-        let f = k as f64 / m as f64;
-        // Poisson summation: fast for wide kernels (n up to 6.2/r + 1 ≤ 8 terms).
-        let n_max = (6.2 / r).ceil() as i64 + 1;
-        let c = 2.0 * std::f64::consts::PI * std::f64::consts::PI * r * r;
-        let sum: f64 = (-n_max..=n_max).map(|n| (-c * (f + n as f64).powi(2)).exp()).sum();
-        r * (2.0 * std::f64::consts::PI).sqrt() * sum
-    } else {
-        // The DFT's definition for narrow kernels: K(j·u) = exp(−j²/(2r²)) < e^-745 beyond
-        // |j| = 39r, so at most 80 terms (and exactly 1 for r → 0).
-        let j_max = (39.0 * r).ceil() as u64 + 1;
-        let angle = |j: u64| 2.0 * std::f64::consts::PI * ((j * k as u64) % m as u64) as f64 / m as f64;
-        1.0 + 2.0 * (1..=j_max).map(|j| (-((j * j) as f64) / (2.0 * r * r)).exp() * angle(j).cos()).sum::<f64>()
-    }
-}
-
-impl KdeBasis {
-    fn build(layout: &KdeLayout) -> Result<Self, MechanismError> {
-        let lat = layout.lattice();
-        let h = layout.bandwidth();
-        let r = h / lat.unit;
-        let stride = lat.entry_stride;
-        // Circle: the used span plus 10h, so wrapped kernel terms are ≤ K(10h) = e^-50; a
-        // multiple of the entries' stride, with a power-of-two number of entry positions.
-        let need = (lat.span as f64 + (10.0 * r).ceil() + 1.0) / stride as f64;
-        let too_big = |what: &str| {
-            MechanismError::Noise(format!(
-                "the bandwidth is too wide for a grid of {} points: the noise needs {what}; use fewer \
-                 points, a smaller bandwidth or a narrower range",
-                layout.grid().points
-            ))
-        };
-        if !(need <= MAX_LATTICE as f64) {
-            return Err(too_big(&format!("a transform of {need:.0} points (at most {MAX_LATTICE})")));
-        }
-        let m_entries = (need.ceil() as usize).next_power_of_two().max(16);
-        if m_entries.saturating_mul(stride) > MAX_CIRCLE {
-            return Err(too_big(&format!(
-                "a circle of {} lattice points (at most {MAX_CIRCLE})",
-                m_entries as f64 * stride as f64
-            )));
-        }
-        let m = m_entries * stride;
-        let lambda0 = spectrum(0, m, r);
-        let binned = layout.is_binned();
-        let kmax = if binned {
-            (0..=m / 2).take_while(|&k| spectrum(k, m, r) >= SPECTRUM_CUTOFF * lambda0).last().unwrap_or(0)
-        } else {
-            m / 2
-        };
-        if stride > 1 && kmax >= m_entries {
-            return Err(MechanismError::Noise("internal: the kept spectrum exceeds the bin sublattice".into()));
-        }
-        let (mut lift, mut synth) = (Vec::new(), Vec::new());
-        let mut min_lambda = f64::INFINITY;
-        for k in 0..=kmax {
-            let l = spectrum(k, m, r);
-            min_lambda = min_lambda.min(l);
-            let copies = if k == 0 || 2 * k == m { 1 } else { 2 };
-            for _ in 0..copies {
-                lift.push(if binned { l.sqrt() } else { 1.0 / l.sqrt() });
-                synth.push(l.sqrt());
-            }
-        }
-        if !(min_lambda > 0.0 && min_lambda.is_finite()) {
-            return Err(MechanismError::Noise("the kernel spectrum underflows on this lattice".into()));
-        }
-        let max_lift = lift.iter().cloned().fold(0.0, f64::max);
-        let stat_sensitivity = if binned {
-            // max diag of Q·diag(lift²)·Qᵀ = (1/m)·Σ over all frequencies of lift² = Σ over
-            // real coordinates of lift²/m·(m/2·2/m…): each real coordinate's basis vector has
-            // squared entries ≤ 2/m (1/m for k = 0 and m/2), so the diagonal is
-            // Σ_c lift_c²·q_c(j)² ≤ (1/m)·(lift_0² + 2·Σ_{k≥1} lift_k²).
-            let mut diag = 0.0;
-            let mut c = 0;
-            for k in 0..=kmax {
-                let w = if k == 0 || 2 * k == m { 1.0 } else { 2.0 };
-                diag += w * lift[c] * lift[c];
-                c += if k == 0 || 2 * k == m { 1 } else { 2 };
-            }
-            (diag / m as f64 * (1.0 + 1e-12)).sqrt()
-        } else {
-            // ‖C^{-1/2}·k_x‖ ≤ sqrt(K_per(x,x)) ≤ sqrt(1 + 2e^-50) for the exact periodised
-            // kernel; the computed spectrum is within LAMBDA_REL_ERR; the stored values
-            // differ from k_x by the 2^-41 rounding of ≤ (2·8h/dt + 2) entries and the
-            // kernel beyond 8h (≤ 1e-13 in norm).
-            let entries = 2.0 * TRUNCATION_BANDWIDTHS * h / lat.unit + 2.0;
-            let e = entries.sqrt() * 2f64.powi(-41) + 1e-13;
-            (1.0 + LAMBDA_REL_ERR) * ((1.0 + 1e-15f64).sqrt() + e * max_lift)
-        };
-        // ‖fl(w) − w‖ ≤ max lift · (DFT error + 2 dd ops) · ‖v‖₂, ‖v‖₂ ≤ ‖v‖₁ ≤ rows·mass.
-        let float_error =
-            max_lift * (lattice::dft_relative_error(m) + 2.0 * lattice::DD_OP_ERR) * ROW_LIMIT * lat.mass_per_row;
-        Ok(Self { m, stride, kmax, lift, synth, stat_sensitivity, float_error })
-    }
-
-    fn cached(layout: &KdeLayout) -> Result<Arc<Self>, MechanismError> {
-        type Key = (u64, u64, usize, u64);
-        static CACHE: PublicCache<Key, KdeBasis> = PublicCache::new(256 << 20);
-        let g = layout.grid();
-        let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, layout.bandwidth().to_bits());
-        CACHE.get_or_try_insert(key, |b| 8 * (b.lift.len() + b.synth.len()), || Self::build(layout))
-    }
-
-    /// Number of lifted coordinates.
-    pub fn dim(&self) -> usize {
-        self.lift.len()
-    }
-
-    /// Circle size m.
-    pub fn circle(&self) -> usize {
-        self.m
-    }
 }
 
 /// The private KDE mechanism for fixed public parameters.
@@ -382,7 +144,7 @@ impl KdeMechanism {
         Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: None, iclp: false })
     }
 
-    /// The Sobolev-space release (Hall et al. §4.2, [`super::sobolev`]): the same statistic and
+    /// The Sobolev-space release (Hall et al. §4.2, [`crate::mechanism::density::sobolev`]): the same statistic and
     /// post-processing, noise from the exponential kernel `exp(−|s − t|/h)` with the H¹
     /// sensitivity bound. Needs δ > 0 and a binned statistic.
     pub fn sobolev(spec: KdeSpec, c: Contribution) -> Result<Self, MechanismError> {
@@ -396,7 +158,7 @@ impl KdeMechanism {
             return Err(MechanismError::Noise(format!(
                 "space => 'sobolev' needs a bandwidth of at least {:e} for a grid of {} points on [{}, {}] (its \
                  statistic is linearly binned); use a larger bandwidth or fewer points",
-                16.0 * (spec.grid.hi - spec.grid.lo) / super::kde::MAX_BINS as f64,
+                16.0 * (spec.grid.hi - spec.grid.lo) / crate::mechanism::density::kde::MAX_BINS as f64,
                 spec.grid.points,
                 spec.grid.lo,
                 spec.grid.hi
@@ -404,7 +166,8 @@ impl KdeMechanism {
         };
         let rho =
             calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
-        let sensitivity = c.per_group() * super::sobolev::h1_sensitivity() + 2.0 * map.float_slack();
+        let sensitivity =
+            c.per_group() * crate::mechanism::density::sobolev::h1_sensitivity() + 2.0 * map.float_slack();
         let lattice = LatticeMechanism::gaussian_over(sensitivity, spec.grid.points, rho, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
         Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: Some(map), iclp: false })
@@ -423,7 +186,7 @@ impl KdeMechanism {
             return Err(MechanismError::Noise(format!(
                 "mechanism => 'iclp' needs a bandwidth of at least {:e} for a grid of {} points on [{}, {}] (its \
                  statistic is linearly binned); use a larger bandwidth or fewer points",
-                16.0 * (spec.grid.hi - spec.grid.lo) / super::kde::MAX_BINS as f64,
+                16.0 * (spec.grid.hi - spec.grid.lo) / crate::mechanism::density::kde::MAX_BINS as f64,
                 spec.grid.points,
                 spec.grid.lo,
                 spec.grid.hi
@@ -490,7 +253,7 @@ impl KdeMechanism {
             return Err(MechanismError::Noise(format!(
                 "the pure-ε KDE (delta => 0) needs a bandwidth of at least {:e} for a grid of {} points on \
                  [{}, {}] (its counts are linearly binned); use a larger bandwidth or fewer points, or delta > 0",
-                16.0 * (spec.grid.hi - spec.grid.lo) / super::kde::MAX_BINS as f64,
+                16.0 * (spec.grid.hi - spec.grid.lo) / crate::mechanism::density::kde::MAX_BINS as f64,
                 spec.grid.points,
                 spec.grid.lo,
                 spec.grid.hi
@@ -530,7 +293,7 @@ impl KdeMechanism {
         let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
         let last = (((x + reach - n.origin) / n.spacing).floor().max(-1.0) + 1.0) as usize;
         (first..last.min(n.nodes))
-            .map(|i| w[i] * super::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
+            .map(|i| w[i] * crate::mechanism::density::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
             .sum()
     }
 
@@ -550,7 +313,7 @@ impl KdeMechanism {
                 (0..n.nodes)
                     .map(|i| n.origin + i as f64 * n.spacing)
                     .filter(|p| (p - x).abs() <= reach)
-                    .map(|p| super::kde::gaussian_kernel(x, p, h).powi(2))
+                    .map(|p| crate::mechanism::density::kde::gaussian_kernel(x, p, h).powi(2))
                     .sum::<f64>()
             })
             .sum::<f64>()
@@ -602,7 +365,7 @@ impl KdeMechanism {
     /// slack), ≈ [`KDE_SENSITIVITY`].
     pub fn stat_sensitivity(&self) -> f64 {
         if self.sobolev.is_some() {
-            return super::sobolev::h1_sensitivity();
+            return crate::mechanism::density::sobolev::h1_sensitivity();
         }
         self.basis.stat_sensitivity
     }
@@ -814,7 +577,11 @@ impl KdeMechanism {
                 let x = g.at(k);
                 let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
                 let last = ((((x + reach - n.origin) / n.spacing).floor() + 1.0).max(0.0) as usize).min(n.nodes);
-                (first..last).map(|i| (i, super::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))).collect()
+                (first..last)
+                    .map(|i| {
+                        (i, crate::mechanism::density::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
+                    })
+                    .collect()
             })
             .collect();
         // s_k for standard Laplace coordinates (variance 2) normalised to unit-variance ones.
@@ -876,245 +643,5 @@ impl KdeMechanism {
     }
 }
 
-/// Trapezoid rule on an evenly spaced grid.
-pub fn trapezoid(y: &[f64], step: f64) -> f64 {
-    match y {
-        [] | [_] => 0.0,
-        [first, .., last] => step * (y.iter().sum::<f64>() - 0.5 * (first + last)),
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec() -> KdeSpec {
-        KdeSpec {
-            grid: Grid { lo: 0.0, hi: 1.0, points: 201 },
-            bandwidth: 0.05,
-            epsilon: 1.0,
-            delta: 1e-6,
-            calibration: Calibration::Analytic,
-            normalise: Normalise::Rescale,
-        }
-    }
-
-    #[test]
-    fn privacy_map_uses_unit_sensitivity() {
-        let m = KdeMechanism::new(spec()).unwrap();
-        assert!(m.layout().is_binned());
-        // Δ of the lifted coordinates is 1 up to the (1 + e^-50) periodisation and slack.
-        assert!((m.stat_sensitivity() - 1.0).abs() < 1e-9, "{}", m.stat_sensitivity());
-        // σ = 4.5309 (discrete zCDP calibration at ε = 1, δ = 1e-6), rounded up on the
-        // lattice by at most a factor 1 + 1/σ_L.
-        let s = m.sigma();
-        assert!(s >= 4.53087 && s < 4.53089, "{s}");
-        let classic = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, ..spec() }).unwrap();
-        assert!(classic >= 5.38677 && classic < 5.3868, "{classic}");
-        let bad = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, epsilon: 2.0, ..spec() });
-        assert!(matches!(bad, Err(MechanismError::Calibration(CalibrationError::ClassicNeedsSmallEpsilon(_)))));
-    }
-
-    #[test]
-    fn a_units_bound_scales_the_noise_by_rows_times_sqrt_groups() {
-        let row = KdeMechanism::new(spec()).unwrap().sigma();
-        for (rows, groups) in [(1, 1), (4, 1), (4, 9), (100, 2)] {
-            let c = Contribution::new(rows, groups).unwrap();
-            let s = KdeMechanism::with_contribution(spec(), c).unwrap().sigma();
-            let want = row * rows as f64 * (groups as f64).sqrt();
-            // Exact up to the lattice rounding of the variance (relative 1e-6 here).
-            assert!(s >= want * (1.0 - 1e-6) && s < want * (1.0 + 1e-4), "{rows}×√{groups}: {s} vs {want}");
-        }
-        // Negative control: the bound is not ignored.
-        let c = Contribution::new(4, 1).unwrap();
-        assert!(KdeMechanism::with_contribution(spec(), c).unwrap().sigma() > 3.9 * row);
-    }
-
-    #[test]
-    fn noiseless_release_is_the_normalised_kde_with_the_right_mass() {
-        let m = KdeMechanism::new(spec()).unwrap();
-        let xs: Vec<f64> = (0..400).map(|i| 0.3 + 0.4 * (i as f64 / 399.0)).collect();
-        let mut st = m.layout().empty_state();
-        m.layout().add_all(&mut st, &xs);
-        let r = m.release::<rand::rngs::ChaCha20Rng>(&st, None);
-        let d = r.density.unwrap();
-        assert!((trapezoid(&d, 0.005) - 1.0).abs() < 1e-12);
-        // All 400 points lie ≥ 0.2 = 4h inside [0, 1], so their mass is almost entirely inside.
-        assert!((r.mass - 400.0).abs() < 0.5, "mass {}", r.mass);
-    }
-
-    #[test]
-    fn too_little_mass_gives_null_density_not_an_error() {
-        let m = KdeMechanism::new(spec()).unwrap();
-        let st = m.layout().empty_state();
-        let r = m.release::<rand::rngs::ChaCha20Rng>(&st, None);
-        assert_eq!(r.density, None);
-        assert_eq!(r.mass, 0.0);
-        // Negative noisy sums (possible with an empty table) are handled the same way.
-        let r = m.post_process(&vec![-3.0; 201]);
-        assert_eq!(r.density, None);
-        assert!(r.mass < 0.0);
-    }
-
-    #[test]
-    fn nonneg_clamps_before_normalising() {
-        let m = KdeMechanism::new(spec()).unwrap();
-        let mut s = vec![10.0; 201];
-        s[3] = -50.0;
-        let r = m.post_process(&s);
-        let d = r.density.unwrap();
-        assert_eq!(d[3], 0.0);
-        assert!((trapezoid(&d, 0.005) - 1.0).abs() < 1e-12);
-        let m2 = KdeMechanism::new(KdeSpec { normalise: Normalise::Raw, ..spec() }).unwrap();
-        assert!(m2.post_process(&s).density.unwrap()[3] < 0.0);
-    }
-
-    #[test]
-    fn the_projection_is_the_closest_density_on_the_grid() {
-        let m = KdeMechanism::new(KdeSpec { normalise: Normalise::Project, ..spec() }).unwrap();
-        let xs: Vec<f64> = (0..201).map(|k| k as f64 / 200.0).collect();
-        // A noisy bump with negative tails.
-        let s: Vec<f64> = xs
-            .iter()
-            .enumerate()
-            .map(|(k, x)| 50.0 * (-(x - 0.5f64).powi(2) / 0.01).exp() - 3.0 + (k % 7) as f64)
-            .collect();
-        let r = m.post_process(&s);
-        let f = r.density.clone().unwrap();
-        assert!(f.iter().all(|v| *v >= 0.0));
-        assert!((trapezoid(&f, 0.005) - 1.0).abs() < 1e-12, "{}", trapezoid(&f, 0.005));
-        assert!(r.shift > 0.0);
-        // f = max(g − c, 0): on the support it is g shifted by c; off it, g ≤ c.
-        let z = trapezoid(&s, 0.005);
-        for (fk, sk) in f.iter().zip(&s) {
-            let g = sk / z;
-            if *fk > 0.0 {
-                assert!((fk - (g - r.shift)).abs() < 1e-12);
-            } else {
-                assert!(g <= r.shift + 1e-12);
-            }
-        }
-        // Closer to g (discrete L2) than clamp-and-rescale, which is also a density.
-        let rescaled = KdeMechanism::new(spec()).unwrap().post_process(&s).density.unwrap();
-        let dist = |d: &[f64]| d.iter().zip(&s).map(|(a, b)| (a - b / z).powi(2)).sum::<f64>();
-        assert!(dist(&f) < dist(&rescaled), "{} vs {}", dist(&f), dist(&rescaled));
-        // A nonnegative g is its own projection.
-        let pos: Vec<f64> = xs.iter().map(|x| 1.0 + x).collect();
-        let rp = m.post_process(&pos);
-        assert!(rp.shift.abs() < 1e-12, "{}", rp.shift);
-    }
-
-    #[test]
-    fn the_noise_band_covers_sampled_noise_and_half_of_it_does_not() {
-        use rand::SeedableRng;
-        // Through the real discrete Gaussian sampler: over 2 000 releases of one state, the
-        // sup over the grid of |S̃ − S| stays inside the level-0.05 band in ≥ 94 % of them;
-        // a band built with σ/2 under-covers.
-        for bandwidth in [0.05, 0.004] {
-            let m = KdeMechanism::new(KdeSpec { bandwidth, ..spec() }).unwrap();
-            let xs: Vec<f64> = (0..300).map(|i| (i as f64 * 0.618).fract()).collect();
-            let mut st = m.layout().empty_state();
-            m.layout().add_all(&mut st, &xs);
-            let exact = m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None);
-            let half = m.noise_threshold(0.05) * m.sigma();
-            let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(12);
-            let (cov, neg) = bands::coverage(2000, || {
-                let noisy = m.noisy_sum(&st, Some(&mut rng));
-                noisy.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / half
-            });
-            eprintln!("kde noise band h = {bandwidth}: coverage {cov}, σ/2 control {neg}");
-            assert!(cov >= 0.94, "h = {bandwidth}: coverage {cov}");
-            assert!(neg < 0.6, "h = {bandwidth}: negative control covers {neg}");
-            // In density units the band is the same threshold over the release's normaliser.
-            let r = m.post_process(&exact);
-            let b = m.bands(&r, 0.05).unwrap();
-            assert!((b.noise[7] - half / r.normaliser).abs() < 1e-12 * b.noise[7]);
-            assert!(b.total.unwrap().iter().zip(&b.noise).all(|(t, n)| t >= n));
-        }
-    }
-
-    fn pure(spec: KdeSpec) -> KdeMechanism {
-        KdeMechanism::new(KdeSpec { delta: 0.0, ..spec }).unwrap()
-    }
-
-    #[test]
-    fn the_pure_epsilon_release_has_l1_sensitivity_one_through_the_real_path() {
-        // Neighbouring tables (one value added, anywhere — in range, at a bin edge, far
-        // outside) move the node counts by exactly one unit of L1 mass, or none if dropped.
-        let m = pure(spec());
-        assert!(m.is_pure_epsilon());
-        let base: Vec<f64> = (0..500).map(|i| (i as f64 * 0.618).fract()).collect();
-        let mut st = m.layout().empty_state();
-        m.layout().add_all(&mut st, &base);
-        let w0: Vec<f64> = m.lifted(&st).iter().map(|d| d.to_f64()).collect();
-        for extra in [0.5, 0.123_456_7, 0.0, 1.0, -0.39, 1.39, 7.0] {
-            let mut st1 = st.clone();
-            m.layout().add_all(&mut st1, &[extra]);
-            let w1: Vec<f64> = m.lifted(&st1).iter().map(|d| d.to_f64()).collect();
-            let l1: f64 = w0.iter().zip(&w1).map(|(a, b)| (a - b).abs()).sum();
-            let dropped = !(-0.4..=1.4).contains(&extra);
-            let want = if dropped { 0.0 } else { 1.0 };
-            assert!((l1 - want).abs() < 1e-9, "x = {extra}: L1 change {l1}");
-        }
-        // The Laplace scale is the L1 sensitivity (1 + slack) over ε.
-        assert!((m.sigma() / std::f64::consts::SQRT_2 - 1.0).abs() < 1e-6, "{}", m.sigma());
-        // Node spacing ≤ h/2 and > h/4.
-        let n = m.laplace.as_ref().unwrap();
-        assert!(n.spacing <= 0.025 + 1e-12 && n.spacing > 0.0125, "{}", n.spacing);
-        // A bandwidth too small for bins is refused with a precise message, never a panic.
-        let tiny = KdeMechanism::new(KdeSpec { delta: 0.0, bandwidth: 1e-7, ..spec() }).unwrap_err().to_string();
-        assert!(tiny.contains("pure-ε KDE (delta => 0) needs a bandwidth of at least"), "{tiny}");
-    }
-
-    #[test]
-    fn the_pure_epsilon_noise_band_covers_and_half_of_it_does_not() {
-        use rand::SeedableRng;
-        let m = pure(spec());
-        let xs: Vec<f64> = (0..300).map(|i| (i as f64 * 0.618).fract()).collect();
-        let mut st = m.layout().empty_state();
-        m.layout().add_all(&mut st, &xs);
-        let exact = m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None);
-        let r = m.post_process(&exact);
-        let band = m.bands(&r, 0.05).unwrap().noise;
-        // Back to kernel-sum units.
-        let half: Vec<f64> = band.iter().map(|b| b * r.normaliser).collect();
-        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(21);
-        let (cov, neg) = bands::coverage(2000, || {
-            let noisy = m.noisy_sum(&st, Some(&mut rng));
-            noisy.iter().zip(&exact).zip(&half).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max)
-        });
-        eprintln!("pure-ε kde noise band: coverage {cov}, σ/2 control {neg}");
-        assert!(cov >= 0.94, "coverage {cov}");
-        assert!(neg < 0.6, "negative control covers {neg}");
-    }
-
-    #[test]
-    fn at_equal_epsilon_the_pure_release_is_quieter_than_the_gaussian_one() {
-        // The noise each adds to the kernel sum (σ² vs σ_L²·ΣK²) and the resulting error of
-        // the released density against the noiseless one, n = 1000, ε = 1 (δ = 1e-6 for the
-        // Gaussian release). Negative control: at ε = 1 but δ = 0.3 the Gaussian one is quieter.
-        use rand::SeedableRng;
-        let g = KdeMechanism::new(spec()).unwrap();
-        let l = pure(spec());
-        assert!(l.noise_variance() < g.noise_variance(), "{} vs {}", l.noise_variance(), g.noise_variance());
-        let loose = KdeMechanism::new(KdeSpec { delta: 0.3, ..spec() }).unwrap();
-        assert!(loose.noise_variance() < l.noise_variance(), "{} vs {}", loose.noise_variance(), l.noise_variance());
-        let xs: Vec<f64> = (0..1000).map(|i| 0.5 + 0.15 * ((i as f64 * 0.618).fract() - 0.5) * 2.0).collect();
-        let ise = |m: &KdeMechanism| {
-            let mut st = m.layout().empty_state();
-            m.layout().add_all(&mut st, &xs);
-            let truth = m.post_process(&m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None)).density.unwrap();
-            let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(4);
-            (0..40)
-                .map(|_| {
-                    let d = m.release(&st, Some(&mut rng)).density.unwrap();
-                    d.iter().zip(&truth).map(|(a, b)| (a - b).powi(2)).sum::<f64>() * 0.005
-                })
-                .sum::<f64>()
-                / 40.0
-        };
-        let (eg, el) = (ise(&g), ise(&l));
-        eprintln!("n = 1000, ε = 1: ISE Gaussian {eg:.4}, pure ε {el:.4}, ratio {:.2}", eg / el);
-        assert!(el < eg, "{el} vs {eg}");
-    }
-}
+mod tests;

@@ -17,7 +17,7 @@
 
 use std::fmt;
 
-use super::sums::{BufferedSums, add_saturating};
+use crate::mechanism::sums::{BufferedSums, add_saturating};
 
 /// Fixed-point unit of the statistic: one row contributes `FIXED_ONE` in total.
 pub const FIXED_ONE: f64 = (1u64 << 40) as f64;
@@ -352,8 +352,8 @@ impl KdeLayout {
 
     /// Adds a slice of values (the same per-value rule as [`KdeLayout::add`]).
     pub fn add_all(&self, state: &mut [i128], values: &[f64]) {
-        let mut acc = KdeAccumulation::new(self);
-        acc.add_all(self, values);
+        let mut acc = self.accumulation();
+        self.accumulate(&mut acc, values);
         Self::merge(state, acc.totals());
     }
 
@@ -432,26 +432,23 @@ pub(crate) fn linear_bin(x: f64, origin: f64, inv_spacing: f64, nbins: usize) ->
     ((t.to_bits() & LOW_BITS) as usize, (1i64 << 40) - right as i64, right as i64, ok)
 }
 
-/// Rows a [`KdeAccumulation`] buffers before flushing: one row adds at most 2^40 to an
+/// Rows a [`KdeLayout::accumulation`] buffers before flushing: one row adds at most 2^40 to an
 /// entry, so 2^22 rows keep every buffered entry below 2^62 (no i64 overflow, ever).
 const FLUSH_ROWS: usize = 1 << 22;
 
-/// A statistic under accumulation ([`BufferedSums`]: the hot loop adds to an i64 buffer
-/// without overflow checks). Bit-identical to adding every value with [`KdeLayout::add`].
-#[derive(Debug, Clone)]
-pub struct KdeAccumulation(BufferedSums);
-
-impl KdeAccumulation {
-    /// An empty statistic for `layout`.
-    pub fn new(layout: &KdeLayout) -> Self {
-        Self(BufferedSums::new(layout.state_len(), FLUSH_ROWS))
+impl KdeLayout {
+    /// An empty statistic for this layout, under accumulation ([`BufferedSums`]: the hot loop
+    /// adds to an i64 buffer without overflow checks).
+    pub fn accumulation(&self) -> BufferedSums {
+        BufferedSums::new(self.state_len(), FLUSH_ROWS)
     }
 
-    /// Adds values (non-finite ones and those more than 8h outside the grid are dropped).
-    pub fn add_all(&mut self, layout: &KdeLayout, values: &[f64]) {
+    /// Adds values to `acc` (non-finite ones and those more than 8h outside the grid are
+    /// dropped). Bit-identical to adding every value with [`KdeLayout::add`].
+    pub fn accumulate(&self, acc: &mut BufferedSums, values: &[f64]) {
         for chunk in values.chunks(FLUSH_ROWS) {
-            let pending = self.0.buffer(chunk.len());
-            match &layout.mode {
+            let pending = acc.buffer(chunk.len());
+            match &self.mode {
                 Mode::Binned { origin, spacing, nbins, .. } => {
                     let (origin, inv, nbins) = (*origin, 1.0 / spacing, *nbins);
                     let pending = &mut pending[..nbins];
@@ -464,26 +461,11 @@ impl KdeAccumulation {
                 }
                 Mode::Exact { .. } => {
                     for &x in chunk {
-                        layout.add_exact(|k, w| pending[k] += w, x);
+                        self.add_exact(|k, w| pending[k] += w, x);
                     }
                 }
             }
         }
-    }
-
-    /// Adds a statistic of the same layout (e.g. a partial state from another partition).
-    pub fn merge(&mut self, other: &[i128]) {
-        self.0.merge(other);
-    }
-
-    /// The statistic (flushes the buffer).
-    pub fn totals(&mut self) -> &[i128] {
-        self.0.totals()
-    }
-
-    /// Heap bytes held.
-    pub fn heap_size(&self) -> usize {
-        self.0.heap_size()
     }
 }
 
@@ -597,9 +579,9 @@ mod tests {
         // not flushed would show here.
         let mut xs = vec![0.5; FLUSH_ROWS + 1000];
         xs.extend(mixture(5_000, 9));
-        let mut acc = KdeAccumulation::new(&layout);
+        let mut acc = layout.accumulation();
         for chunk in xs.chunks(FLUSH_ROWS / 3 + 17) {
-            acc.add_all(&layout, chunk);
+            layout.accumulate(&mut acc, chunk);
         }
         let mut one_by_one = layout.empty_state();
         for &x in xs.iter().rev().take(5_000) {
@@ -616,8 +598,8 @@ mod tests {
         let exact = KdeLayout::new(grid(0.0, 1e6, 100), 1e-3).unwrap();
         assert!(!exact.is_binned());
         let ys: Vec<f64> = (0..1000).map(|i| i as f64 * 10101.0 + 0.0004).collect();
-        let mut acc = KdeAccumulation::new(&exact);
-        acc.add_all(&exact, &ys);
+        let mut acc = exact.accumulation();
+        exact.accumulate(&mut acc, &ys);
         let mut reference = exact.empty_state();
         ys.iter().for_each(|&y| exact.add(&mut reference, y));
         assert_eq!(acc.totals(), &reference[..]);

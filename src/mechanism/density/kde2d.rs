@@ -2,7 +2,7 @@
 //! diagonal bandwidth of §4.1.1): `S_D(s, t) = Σ_i K_x(s, x_i)·K_y(t, y_i)` on a product grid,
 //! released as post-processing of an exact discrete Gaussian mechanism on lifted coordinates.
 //!
-//! **Statistic.** Each axis has the 1-D layout of its bandwidth ([`super::kde::KdeLayout`], binned mode:
+//! **Statistic.** Each axis has the 1-D layout of its bandwidth ([`crate::mechanism::density::kde::KdeLayout`], binned mode:
 //! bins ≤ h/16 apart, values farther than 8h outside the axis range dropped). A row (x, y)
 //! adds bilinear weights to the four surrounding bins of the product lattice — in fixed point,
 //! `w₀₀ = round(wₗˣ·wₗʸ)`, `w₀₁ = wₗˣ − w₀₀`, `w₁₀ = round(wᵣˣ·wₗʸ)`, `w₁₁ = wᵣˣ − w₁₀` — which are
@@ -26,13 +26,13 @@
 
 use rand::Rng;
 
-use super::Calibration;
-use super::calibration;
-use super::contribution::Contribution;
-use super::kde::{FIXED_ONE, Grid, linear_bin};
-use super::kde_release::{KdeMechanism, KdeSpec, MechanismError, Normalise, projection_shift_weighted};
-use super::lattice::{DD, LatticeMechanism, ROW_LIMIT};
-use super::sums::BufferedSums;
+use crate::mechanism::contribution::Contribution;
+use crate::mechanism::density::kde::{FIXED_ONE, Grid, linear_bin};
+use crate::mechanism::density::release::{KdeMechanism, KdeSpec, MechanismError, Normalise, projection_shift_weighted};
+use crate::mechanism::noise::calibration;
+use crate::mechanism::noise::calibration::Calibration;
+use crate::mechanism::noise::lattice::{DD, LatticeMechanism, ROW_LIMIT};
+use crate::mechanism::sums::BufferedSums;
 
 /// Largest product-lattice statistic (entries): 2^22 × 16 B = 64 MiB per accumulator.
 pub const MAX_STATE: usize = 1 << 22;
@@ -200,18 +200,18 @@ impl Kde2dMechanism {
     }
 
     /// A statistic under accumulation.
-    pub fn accumulation(&self) -> Kde2dAccumulation {
-        Kde2dAccumulation(BufferedSums::new(self.state_len(), FLUSH_ROWS))
+    pub fn accumulation(&self) -> BufferedSums {
+        BufferedSums::new(self.state_len(), FLUSH_ROWS)
     }
 
     /// Adds pairs (x, y): rows with a non-finite value, or a value farther than 8h outside its
     /// axis's range, are dropped (row-wise). Nothing a value can be makes this fail.
-    pub fn add_all(&self, acc: &mut Kde2dAccumulation, xs: &[f64], ys: &[f64]) {
+    pub fn add_all(&self, acc: &mut BufferedSums, xs: &[f64], ys: &[f64]) {
         let (ox, sx, nx) = self.axis_x.layout().bins().expect("binned (checked in new)");
         let (oy, sy, ny) = self.axis_y.layout().bins().expect("binned (checked in new)");
         let (ix, iy) = (1.0 / sx, 1.0 / sy);
         for (cx, cy) in xs.chunks(FLUSH_ROWS).zip(ys.chunks(FLUSH_ROWS)) {
-            let pending = acc.0.buffer(cx.len());
+            let pending = acc.buffer(cx.len());
             for (&x, &y) in cx.iter().zip(cy) {
                 let (lx, wlx, wrx, okx) = linear_bin(x, ox, ix, nx);
                 let (ly, wly, _wry, oky) = linear_bin(y, oy, iy, ny);
@@ -291,9 +291,10 @@ impl Kde2dMechanism {
                 }
                 let (py, w) = (ly.lattice_position(iy), v as f64 / FIXED_ONE);
                 for kx in 0..gx.points {
-                    let kxv = super::kde::gaussian_kernel(gx.at(kx), px, hx);
+                    let kxv = crate::mechanism::density::kde::gaussian_kernel(gx.at(kx), px, hx);
                     for ky in 0..gy.points {
-                        out[kx * gy.points + ky] += w * kxv * super::kde::gaussian_kernel(gy.at(ky), py, hy);
+                        out[kx * gy.points + ky] +=
+                            w * kxv * crate::mechanism::density::kde::gaussian_kernel(gy.at(ky), py, hy);
                     }
                 }
             }
@@ -342,26 +343,5 @@ impl Kde2dMechanism {
     /// Releases: noisy lifted coordinates, the surface, the density.
     pub fn release<R: Rng + ?Sized>(&self, state: &[i128], rng: Option<&mut R>) -> Kde2dRelease {
         self.post_process(&self.surface_from_lifted(&self.noisy_lifted(state, rng)))
-    }
-}
-
-/// A 2-D statistic under accumulation ([`BufferedSums`]).
-#[derive(Debug, Clone)]
-pub struct Kde2dAccumulation(BufferedSums);
-
-impl Kde2dAccumulation {
-    /// Adds a statistic of the same layout (a partial state from another partition).
-    pub fn merge(&mut self, other: &[i128]) {
-        self.0.merge(other);
-    }
-
-    /// The statistic (flushes the buffer).
-    pub fn totals(&mut self) -> &[i128] {
-        self.0.totals()
-    }
-
-    /// Heap bytes held.
-    pub fn heap_size(&self) -> usize {
-        self.0.heap_size()
     }
 }

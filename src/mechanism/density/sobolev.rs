@@ -24,7 +24,7 @@
 //! coordinates `w = L⁻¹S` (`C = LLᵀ`) move by at most Δ_H in L2. On an evenly spaced grid, C is
 //! the covariance of a stationary AR(1) chain with `ρ = exp(−γ·step)`, whose Cholesky inverse is
 //! explicit: `w_0 = S_0`, `w_k = (S_k − ρS_{k−1})/√(1 − ρ²)`. The coordinates are rounded to γℤ
-//! and exact discrete Gaussian noise is added ([`super::lattice::LatticeMechanism`], SPEC §6); the
+//! and exact discrete Gaussian noise is added ([`crate::mechanism::noise::lattice::LatticeMechanism`], SPEC §6); the
 //! release `S̃ = L·w̃` (`S̃_0 = w̃_0`, `S̃_k = ρS̃_{k−1} + √(1−ρ²)·w̃_k`) is post-processing. Its noise is
 //! σ times a stationary Ornstein–Uhlenbeck path: continuous but nowhere differentiable — Hall's
 //! Figure 2 "does not have the desirable smoothness" of the Gaussian-kernel release.
@@ -37,8 +37,8 @@
 //! the sums (≤ 2⁻¹⁰⁰ relative, over at most [`ROW_LIMIT`] rows) are bounded in
 //! [`SobolevMap::float_slack`] and added to the sensitivity.
 
-use super::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS, gaussian_kernel};
-use super::lattice::{DD, DD_OP_ERR, ROW_LIMIT};
+use crate::mechanism::density::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS, gaussian_kernel};
+use crate::mechanism::noise::lattice::{DD, DD_OP_ERR, ROW_LIMIT};
 
 /// `Δ_H` for γ = 1/h: the H¹ norm bound of one row's bump (see the module docs).
 pub fn h1_sensitivity() -> f64 {

@@ -1,7 +1,7 @@
 //! Exact discrete samplers (SPEC §6; Canonne, Kamath & Steinke 2020, "CKS20").
 //!
 //! Every sampler here uses only integer arithmetic on uniformly random bits from the
-//! generator it is given (production: ChaCha20 seeded from the OS, see [`super::rng`]).
+//! generator it is given (production: ChaCha20 seeded from the OS, see [`crate::mechanism::noise::rng`]).
 //! No floating-point operation is involved, so the distribution of every output is exactly
 //! the one stated, with no holes or biased low bits (Mironov 2012).
 //!

@@ -35,10 +35,10 @@
 
 use rand::Rng;
 
-use super::Calibration;
-use super::contribution::Contribution;
-use super::kde::{Grid, KdeLayout};
-use super::kde_release::{KdeMechanism, KdeSpec, MechanismError, Normalise};
+use crate::mechanism::contribution::Contribution;
+use crate::mechanism::density::kde::{Grid, KdeLayout};
+use crate::mechanism::density::release::{KdeMechanism, KdeSpec, MechanismError, Normalise};
+use crate::mechanism::noise::calibration::Calibration;
 
 /// Share of the call's ε spent on the noisy count that sets the pilot's resolution.
 pub const COUNT_SHARE: f64 = 0.02;

@@ -6,7 +6,7 @@
 //!
 //! 1. rounds `w` to the lattice `γℤ` (`γ = 2^-g`, public),
 //! 2. adds iid exact discrete Gaussian (zCDP) or discrete Laplace (pure ε) noise on that
-//!    lattice with the samplers of [`super::samplers`] — integers only, no floating point,
+//!    lattice with the samplers of [`crate::mechanism::noise::samplers`] — integers only, no floating point,
 //! 3. hands back the noisy lattice vector as f64 values `k·γ` for post-processing.
 //!
 //! The sensitivity used for calibration is the mechanism's proven bound **plus** twice a
@@ -16,13 +16,13 @@
 //! ≈ 104 significant bits) from the exact fixed-point statistic: the error bound then holds
 //! for every table of at most [`ROW_LIMIT`] rows (see README "Privacy").
 
-use crate::mechanism::cache::PublicCache;
+use crate::mechanism::noise::cache::PublicCache;
 use std::fmt;
 use std::sync::Arc;
 
 use rand::Rng;
 
-use super::samplers::{DiscreteGaussian, MAX_DG_VARIANCE_LOG2, discrete_laplace};
+use crate::mechanism::noise::samplers::{DiscreteGaussian, MAX_DG_VARIANCE_LOG2, discrete_laplace};
 
 /// The public row limit the floating-point error bounds assume: 2^53 rows in one release
 /// (72 PB of float64 values). Statistics are exact integers far beyond it (i128 units).

@@ -99,19 +99,20 @@
 //! always has in the adversarial tests, `tests/kernel_fit_privacy.rs`, which include the smallest
 //! accepted huber scale and penalty; the domain is cut where it did not).
 
-use std::fmt;
 use std::sync::OnceLock;
 
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 
-use super::Calibration;
-use super::calibration;
-use super::contribution::Contribution;
-use super::kde::{FIXED_ONE, Grid, linear_bin};
-use super::kde_release::MechanismError;
-use super::lattice::{DD, DD_OP_ERR, LatticeMechanism};
-use super::sums::BufferedSums;
+use crate::mechanism::contribution::Contribution;
+use crate::mechanism::density::kde::{FIXED_ONE, Grid, linear_bin};
+use crate::mechanism::density::release::MechanismError;
+use crate::mechanism::noise::calibration;
+use crate::mechanism::noise::calibration::Calibration;
+use crate::mechanism::noise::lattice::{DD, DD_OP_ERR, LatticeMechanism};
+use crate::mechanism::sums::BufferedSums;
+
+pub use super::loss::{Features, FitLoss, PERIOD_MARGIN};
 
 /// x bins per bandwidth (linear binning's error relative to the kernel is (1/8)²/8 ≈ 0.2 %).
 pub const BINS_PER_BANDWIDTH: f64 = 8.0;
@@ -146,10 +147,6 @@ pub const MAX_CONDITION: f64 = 1e10;
 pub const MAX_MASS: f64 = 1e11;
 /// The certificate's tolerance: `η = 2^-CERTIFICATE_BITS · L·κ/Λ`.
 const CERTIFICATE_BITS: i32 = 20;
-/// Periodisation margin in bandwidths.
-const PERIOD_MARGIN: f64 = 10.0;
-/// Highest kept frequency: `h·ω_J ≥ FREQUENCY_CUTOFF` (`e^{-40.5}` of the spectrum's peak).
-const FREQUENCY_CUTOFF: f64 = 9.0;
 /// Rows buffered before a flush (one row adds at most 2^40 to an entry).
 const FLUSH_ROWS: usize = 1 << 22;
 
@@ -176,76 +173,6 @@ pub fn auto_penalty(spec: &FitSpec, n: i64) -> f64 {
 /// The exact row count of a statistic (every row adds exactly one unit of mass).
 pub fn row_count(state: &[i128]) -> i128 {
     state.iter().fold(0i128, |a, &v| a.saturating_add(v)) >> 40
-}
-
-/// The loss of a fit.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum FitLoss {
-    /// Pseudo-Huber loss of the residual with this scale c (regression; L = c).
-    Huber(f64),
-    /// Smoothed hinge of the margin with this smoothing s (classification, labels ±1; L = 1).
-    Hinge(f64),
-}
-
-impl FitLoss {
-    /// Lipschitz constant in the prediction.
-    pub fn lipschitz(self) -> f64 {
-        match self {
-            FitLoss::Huber(c) => c,
-            FitLoss::Hinge(_) => 1.0,
-        }
-    }
-
-    /// Largest second derivative in the prediction.
-    pub fn max_curvature(self) -> f64 {
-        match self {
-            FitLoss::Huber(_) => 1.0,
-            FitLoss::Hinge(s) => 0.5 / s,
-        }
-    }
-
-    /// Loss and its derivative in f at target level y and prediction f (double-double).
-    fn value_and_slope(self, y: f64, f: DD) -> (DD, DD) {
-        match self {
-            FitLoss::Huber(c) => {
-                let r = DD::from_f64(y).sub(f);
-                let t = r.mul(DD::from_f64(c).recip());
-                let root = DD::from_f64(1.0).add(t.mul(t)).sqrt();
-                // c²(root − 1) = r²/(1 + root): no cancellation for small r.
-                let value = r.mul(r).mul(DD::from_f64(1.0).add(root).recip());
-                (value, r.mul(root.recip()).neg())
-            }
-            FitLoss::Hinge(s) => {
-                let z = if y > 0.0 { f } else { f.neg() };
-                let u = DD::from_f64(1.0).sub(z);
-                let s2 = DD::from_f64(s).mul_f64(s);
-                let root = u.mul(u).add(s2).sqrt();
-                let (value, dz) = if u.hi >= 0.0 {
-                    let value = u.add(root).mul_f64(0.5);
-                    (value, DD::from_f64(1.0).add(u.mul(root.recip())).mul_f64(-0.5))
-                } else {
-                    // root + u = s²/(root − u): no cancellation for a wide margin.
-                    let gap = root.sub(u);
-                    (s2.mul(gap.recip()).mul_f64(0.5), s2.mul(root.mul(gap).recip()).mul_f64(-0.5))
-                };
-                (value, if y > 0.0 { dz } else { dz.neg() })
-            }
-        }
-    }
-
-    /// Second derivative in f (f64; only steers Newton).
-    fn curvature(self, y: f64, f: f64) -> f64 {
-        match self {
-            FitLoss::Huber(c) => {
-                let t = (y - f) / c;
-                (1.0 + t * t).powf(-1.5)
-            }
-            FitLoss::Hinge(s) => {
-                let u = 1.0 - if y > 0.0 { f } else { -f };
-                0.5 * s * s * (u * u + s * s).powf(-1.5)
-            }
-        }
-    }
 }
 
 /// All public parameters of one fit.
@@ -289,66 +216,6 @@ pub struct Solution {
     pub distance: f64,
     /// Whether `distance ≤ η`.
     pub certified: bool,
-}
-
-/// The public feature map (see the module docs).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Features {
-    lo: f64,
-    /// ω₁ = 2π/P.
-    omega: f64,
-    /// `√a₀, √(2a₁), …, √(2a_J)`.
-    amp: Vec<f64>,
-}
-
-impl Features {
-    fn new(lo: f64, hi: f64, h: f64) -> Self {
-        let period = (hi - lo) + PERIOD_MARGIN * h;
-        let omega = 2.0 * std::f64::consts::PI / period;
-        let j_max = ((FREQUENCY_CUTOFF / (h * omega)).ceil() as usize).max(1);
-        let scale = h * (2.0 * std::f64::consts::PI).sqrt() / period;
-        let amp = (0..=j_max)
-            .map(|j| {
-                let a = scale * (-0.5 * (h * omega * j as f64).powi(2)).exp();
-                if j == 0 { a.sqrt() } else { (2.0 * a).sqrt() }
-            })
-            .collect();
-        Self { lo, omega, amp }
-    }
-
-    /// Highest frequency index J.
-    fn j_max(&self) -> usize {
-        self.amp.len() - 1
-    }
-
-    /// Number of features D = 2J + 1.
-    pub fn dim(&self) -> usize {
-        2 * self.j_max() + 1
-    }
-
-    /// θ(x) = ω₁·(x − lo).
-    fn theta(&self, x: f64) -> f64 {
-        self.omega * (x - self.lo)
-    }
-
-    /// φ(x): `[c₀, c₁…c_J, s₁…s_J]`.
-    pub fn eval(&self, x: f64) -> Vec<f64> {
-        let (j, theta) = (self.j_max(), self.theta(x));
-        let mut out = vec![0.0; self.dim()];
-        out[0] = self.amp[0];
-        for k in 1..=j {
-            let a = k as f64 * theta;
-            out[k] = self.amp[k] * libm::cos(a);
-            out[j + k] = self.amp[k] * libm::sin(a);
-        }
-        out
-    }
-
-    /// An upper bound on `‖φ(x)‖` for every x (module docs).
-    pub fn kappa(&self) -> f64 {
-        let sq: f64 = self.amp.iter().map(|a| a * a).sum();
-        (sq * (1.0 + 1e-12)).sqrt()
-    }
 }
 
 /// Tables the solver needs (built at release time only).
@@ -572,14 +439,14 @@ impl KernelFitMechanism {
     }
 
     /// A statistic under accumulation.
-    pub fn accumulation(&self) -> FitAccumulation {
-        FitAccumulation(BufferedSums::new(self.state_len(), FLUSH_ROWS))
+    pub fn accumulation(&self) -> BufferedSums {
+        BufferedSums::new(self.state_len(), FLUSH_ROWS)
     }
 
     /// Adds rows (response or label `ys`, predictor `xs`). A NULL-free batch; NaN in either
     /// value drops the row, ±inf and values outside the box are clamped. Nothing a value can
     /// be makes this fail.
-    pub fn add_all(&self, acc: &mut FitAccumulation, ys: &[f64], xs: &[f64]) {
+    pub fn add_all(&self, acc: &mut BufferedSums, ys: &[f64], xs: &[f64]) {
         let (lo, nb) = (self.spec.grid.lo, self.bins);
         let ix = 1.0 / self.spacing;
         let top = (nb - 1) as f64;
@@ -588,7 +455,7 @@ impl KernelFitMechanism {
         let (ylo, yhi) = self.spec.y_range;
         let iy = (ny - 1) as f64 / (yhi - ylo);
         for (cy, cx) in ys.chunks(FLUSH_ROWS).zip(xs.chunks(FLUSH_ROWS)) {
-            let pending = acc.0.buffer(cx.len());
+            let pending = acc.buffer(cx.len());
             for (&y, &x) in cy.iter().zip(cx) {
                 // Clamp in bin units (NaN stays NaN and is dropped by linear_bin).
                 let p = ((x - lo) * ix).clamp(0.0, top);
@@ -848,124 +715,5 @@ impl KernelFitMechanism {
     }
 }
 
-/// A statistic under accumulation ([`BufferedSums`]); rows only enter through
-/// [`KernelFitMechanism::add_all`].
-#[derive(Debug, Clone)]
-pub struct FitAccumulation(BufferedSums);
-
-impl FitAccumulation {
-    /// Adds a partial statistic of the same layout.
-    pub fn merge(&mut self, other: &[i128]) {
-        self.0.merge(other);
-    }
-
-    /// The exact statistic.
-    pub fn totals(&mut self) -> &[i128] {
-        self.0.totals()
-    }
-
-    /// Heap bytes.
-    pub fn heap_size(&self) -> usize {
-        self.0.heap_size()
-    }
-}
-
-impl fmt::Display for FitLoss {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FitLoss::Huber(c) => write!(f, "huber({c})"),
-            FitLoss::Hinge(s) => write!(f, "hinge({s})"),
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(loss: FitLoss) -> FitSpec {
-        FitSpec {
-            grid: Grid { lo: 0.0, hi: 1.0, points: 51 },
-            bandwidth: 0.1,
-            penalty: 10.0,
-            loss,
-            y_range: (-1.0, 1.0),
-            epsilon: 1.0,
-            delta: 1e-6,
-            calibration: Calibration::Analytic,
-        }
-    }
-
-    #[test]
-    fn features_approximate_the_gaussian_kernel_with_unit_norm() {
-        let f = Features::new(0.0, 1.0, 0.1);
-        assert!((f.kappa() - 1.0).abs() < 1e-9, "κ = {}", f.kappa());
-        for (s, t) in [(0.0, 0.0), (0.0, 1.0), (0.3, 0.45), (0.9, 0.2), (0.5, 0.55)] {
-            let k: f64 = f.eval(s).iter().zip(f.eval(t)).map(|(a, b)| a * b).sum();
-            let exact = (-0.5 * ((s - t) / 0.1f64).powi(2)).exp();
-            assert!((k - exact).abs() < 1e-12, "k({s}, {t}) = {k}, Gaussian {exact}");
-        }
-    }
-
-    #[test]
-    fn the_hessian_from_fourier_sums_is_phi_q_phi() {
-        let m = KernelFitMechanism::new(spec(FitLoss::Huber(1.0)), Contribution::ROW).unwrap();
-        let q: Vec<f64> = (0..m.bins()).map(|b| ((b * 7) % 5) as f64).collect();
-        let h = m.hessian(&q);
-        let t = m.tables();
-        let d = m.features().dim();
-        for (a, c) in [(0, 0), (1, 3), (d - 1, 2), (d - 1, d - 1), (5, d / 2 + 3)] {
-            let mut direct: f64 = (0..m.bins()).map(|b| q[b] * t.phi[b * d + a] * t.phi[b * d + c]).sum();
-            if a == c {
-                direct += 10.0;
-            }
-            assert!((h[(a, c)] - direct).abs() < 1e-9 * (1.0 + direct.abs()), "H[{a},{c}] {} vs {direct}", h[(a, c)]);
-        }
-    }
-
-    #[test]
-    fn regression_recovers_a_smooth_function_and_certifies() {
-        let m = KernelFitMechanism::new(spec(FitLoss::Huber(1.0)), Contribution::ROW).unwrap();
-        let mut acc = m.accumulation();
-        let n = 20_000;
-        let xs: Vec<f64> = (0..n).map(|i| (i as f64 + 0.5) / n as f64).collect();
-        let ys: Vec<f64> = xs.iter().map(|x| (6.0 * x).sin() * 0.8).collect();
-        m.add_all(&mut acc, &ys, &xs);
-        let s = m.solve(acc.totals());
-        assert!(s.certified, "{s:?}");
-        let w: Vec<f64> = s.w.iter().map(|v| v.to_f64()).collect();
-        for x in [0.1, 0.3, 0.5, 0.7, 0.9] {
-            let fit = m.eval(&w, x);
-            assert!((fit - (6.0 * x).sin() * 0.8).abs() < 0.02, "f({x}) = {fit}");
-        }
-    }
-
-    #[test]
-    fn classifier_separates_two_regions_and_certifies() {
-        let m = KernelFitMechanism::new(spec(FitLoss::Hinge(0.1)), Contribution::ROW).unwrap();
-        let mut acc = m.accumulation();
-        let n = 4000;
-        let xs: Vec<f64> = (0..n).map(|i| (i as f64 + 0.5) / n as f64).collect();
-        let ys: Vec<f64> = xs.iter().map(|&x| if x > 0.6 { 1.0 } else { 0.0 }).collect();
-        m.add_all(&mut acc, &ys, &xs);
-        let s = m.solve(acc.totals());
-        assert!(s.certified, "{s:?}");
-        let w: Vec<f64> = s.w.iter().map(|v| v.to_f64()).collect();
-        assert!(m.eval(&w, 0.2) < -0.5 && m.eval(&w, 0.9) > 0.5);
-        assert!(m.eval(&w, 0.55) < 0.0 && m.eval(&w, 0.65) > 0.0);
-    }
-
-    #[test]
-    fn every_row_adds_one_unit_and_nan_drops_it() {
-        for loss in [FitLoss::Huber(1.0), FitLoss::Hinge(0.1)] {
-            let m = KernelFitMechanism::new(spec(loss), Contribution::ROW).unwrap();
-            let mut acc = m.accumulation();
-            let xs = [0.3, -5.0, f64::INFINITY, f64::NEG_INFINITY, 1.0, f64::NAN, 0.2, 0.77];
-            let ys = [0.1, 9.0, -f64::INFINITY, 0.0, 1.0, 0.5, f64::NAN, -0.999];
-            m.add_all(&mut acc, &ys, &xs);
-            let mass: i128 = acc.totals().iter().sum();
-            assert_eq!(mass, 6 << 40, "{loss}: six rows with a number in both values");
-            assert!(acc.totals().iter().all(|&v| v >= 0));
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,298 @@
+//! One skeleton for every private aggregate. A private function is three things:
+//!
+//! * a [`PrivateSpec`]: its declared parameters, the types of its data arguments, its result
+//!   struct, and how literal parameters become a validated call and the exact budget it costs;
+//! * the call's [`Release`]: the exact, mergeable (fixed-point) [`Statistic`] it accumulates and
+//!   the release — noise drawn once, then post-processing — with what the stored release keeps;
+//! * its documentation.
+//!
+//! Everything else — the UDAF, its call context (noise source, release permits, a privacy unit's
+//! contribution bound), planning-time validation and pricing, the accumulator with its permit
+//! taken before any noise and its one memoised release — is [`PrivateUdaf`] and
+//! [`PrivateAccumulator`], written once here.
+
+use std::fmt;
+use std::hash::Hash;
+use std::mem::size_of_val;
+use std::sync::Arc;
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
+use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::format_state_name;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature,
+};
+use rand::rngs::ChaCha20Rng;
+
+use super::arrays::{fixed_point_state, fixed_point_type, for_each_fixed_point_row};
+use super::call::{CallContext, PrivateCall, PrivateFunction};
+use super::params::FunctionParams;
+use super::permits::Permits;
+use crate::mechanism::noise::budget::Budget;
+use crate::mechanism::stored::Recipe;
+use crate::mechanism::sums::BufferedSums;
+use crate::mechanism::{Contribution, NoiseSource};
+
+/// What one private aggregate function is (module docs).
+pub trait PrivateSpec: fmt::Debug + Default + PartialEq + Eq + Hash + Send + Sync + 'static {
+    /// A validated call: its mechanism for given literal parameters.
+    type Call: Release;
+
+    /// The declared parameters; `params().function` is the SQL name.
+    fn params(&self) -> &'static FunctionParams;
+
+    /// The reference documentation.
+    fn documentation(&self) -> &'static Documentation;
+
+    /// The type data argument `i` is coerced to, or why `t` is refused.
+    fn coerce(&self, i: usize, t: &DataType) -> Result<DataType>;
+
+    /// The fields of the result struct.
+    fn result_fields(&self) -> Fields;
+
+    /// The name of the accumulator state's fixed-point list (functions whose [`Statistic`] has
+    /// more columns give [`PrivateSpec::state_fields`] instead).
+    fn state_name(&self) -> &'static str {
+        "statistic"
+    }
+
+    /// The accumulator state's columns.
+    fn state_fields(&self, function: &str) -> Vec<FieldRef> {
+        vec![Arc::new(Field::new_list(
+            format_state_name(function, self.state_name()),
+            Field::new_list_field(fixed_point_type(), true),
+            true,
+        ))]
+    }
+
+    /// Validates the literal parameters (`values`, positional) for data arguments of
+    /// `data_types` and returns the call with the exact budget one release spends; calibrated
+    /// for `contribution`. Runs at planning time and again for every accumulator.
+    fn call(
+        &self,
+        values: &[Option<ScalarValue>],
+        data_types: &[DataType],
+        contribution: Contribution,
+    ) -> Result<(Self::Call, Budget)>;
+}
+
+/// The statistic and release of one validated call.
+pub trait Release: fmt::Debug + Send + Sync + 'static {
+    /// The exact sufficient statistic.
+    type Statistic: Statistic;
+    /// What the release computes before its stored id is known.
+    type Output;
+
+    /// An empty statistic.
+    fn statistic(&self) -> Self::Statistic;
+
+    /// Adds the rows of one batch (the coerced data arguments).
+    fn update(&self, statistic: &mut Self::Statistic, values: &[ArrayRef]) -> Result<()>;
+
+    /// Memory one call needs: (one accumulator's state, the release's work), in bytes.
+    fn memory_bytes(&self) -> (u64, u64);
+
+    /// Draws the noise (from `rng`; None only under the noiseless test hook) and post-processes:
+    /// the output and what a stored release keeps.
+    fn release(
+        &self,
+        statistic: &mut Self::Statistic,
+        rng: Option<&mut ChaCha20Rng>,
+        cx: &CallContext,
+    ) -> Result<(Self::Output, Recipe)>;
+
+    /// The result struct, with the stored release's id (catalog sessions).
+    fn result(&self, output: Self::Output, id: Option<String>) -> Result<ScalarValue>;
+}
+
+/// An exact, mergeable statistic: what partial accumulators hand each other, merged exactly.
+pub trait Statistic: fmt::Debug + Send + Sync + 'static {
+    /// The accumulator state.
+    fn state(&mut self) -> Result<Vec<ScalarValue>>;
+
+    /// Merges the states of other accumulators (rows of the state columns).
+    fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()>;
+
+    /// Heap bytes held.
+    fn heap_size(&self) -> usize;
+}
+
+/// The exact fixed-point sums most functions accumulate: their state is that one list.
+impl Statistic for BufferedSums {
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![fixed_point_state(self.totals())?])
+    }
+
+    fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()> {
+        let len = self.totals().len();
+        for_each_fixed_point_row(function, &states[0], len, |_, part| BufferedSums::merge(self, part))
+    }
+
+    fn heap_size(&self) -> usize {
+        BufferedSums::heap_size(self)
+    }
+}
+
+/// The aggregate UDF of a private function: its spec and what the guard decided for this call.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct PrivateUdaf<S: PrivateSpec> {
+    spec: S,
+    signature: Signature,
+    cx: CallContext,
+}
+
+impl<S: PrivateSpec> Default for PrivateUdaf<S> {
+    fn default() -> Self {
+        Self::new(NoiseSource::Os)
+    }
+}
+
+impl<S: PrivateSpec> PrivateUdaf<S> {
+    /// The function, its releases drawing randomness from `noise`.
+    pub fn new(noise: NoiseSource) -> Self {
+        let spec = S::default();
+        let signature = spec.params().signature();
+        Self { spec, signature, cx: CallContext { noise, ..Default::default() } }
+    }
+
+    /// The same function whose releases need `permits`.
+    pub fn with_permits(self, permits: Permits) -> Self {
+        Self { cx: CallContext { permits, ..self.cx }, ..self }
+    }
+
+    /// What the guard decided for this call.
+    pub fn context(&self) -> &CallContext {
+        &self.cx
+    }
+
+    /// The UDF, ready to register.
+    pub fn udaf(noise: NoiseSource) -> AggregateUDF {
+        AggregateUDF::from(Self::new(noise))
+    }
+
+    /// The call for literal `values` and data arguments of `data_types`.
+    pub fn call(&self, values: &[Option<ScalarValue>], data_types: &[DataType]) -> Result<(S::Call, Budget)> {
+        self.spec.call(values, data_types, self.cx.contribution)
+    }
+}
+
+impl<S: PrivateSpec> PrivateFunction for PrivateUdaf<S> {
+    fn params(&self) -> &'static FunctionParams {
+        self.spec.params()
+    }
+
+    fn context(&self) -> &CallContext {
+        &self.cx
+    }
+
+    fn with_context(&self, cx: CallContext) -> AggregateUDF {
+        AggregateUDF::from(Self { spec: S::default(), signature: self.signature.clone(), cx })
+    }
+
+    fn plan(&self, args: &[Expr], schema: &DFSchema) -> Result<PrivateCall> {
+        let p = self.spec.params();
+        let values = p.literals_from_logical(args)?;
+        let data_types: Vec<DataType> =
+            args.iter().take(p.data.len()).map(|a| a.get_type(schema).unwrap_or(DataType::Null)).collect();
+        let (call, cost) = self.call(&values, &data_types)?;
+        let (state_bytes, work_bytes) = call.memory_bytes();
+        Ok(PrivateCall { function: p.function, cost, state_bytes, work_bytes })
+    }
+}
+
+impl<S: PrivateSpec> AggregateUDFImpl for PrivateUdaf<S> {
+    fn name(&self) -> &str {
+        self.spec.params().function
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.spec.params().coerce(|i, t| self.spec.coerce(i, t), arg_types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Struct(self.spec.result_fields()))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(self.spec.state_fields(args.name))
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let p = self.spec.params();
+        p.check_accumulator_args(&args)?;
+        let values = p.literals_from_physical(args.exprs)?;
+        let data_types: Vec<DataType> =
+            args.expr_fields.iter().take(p.data.len()).map(|f| f.data_type().clone()).collect();
+        let (call, _) = self.call(&values, &data_types)?;
+        Ok(Box::new(PrivateAccumulator::new(p.function, call, self.cx.clone())))
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        Some(self.spec.documentation())
+    }
+}
+
+/// Accumulates a call's exact statistic; releases once (SPEC §5.1: one paid execution, one
+/// release — the permit is taken before any noise is drawn, and a repeated evaluation returns
+/// the same release).
+#[derive(Debug)]
+pub struct PrivateAccumulator<C: Release> {
+    function: &'static str,
+    call: C,
+    statistic: C::Statistic,
+    cx: CallContext,
+    released: Option<ScalarValue>,
+}
+
+impl<C: Release> PrivateAccumulator<C> {
+    /// A fresh accumulator for a validated call.
+    pub fn new(function: &'static str, call: C, cx: CallContext) -> Self {
+        let statistic = call.statistic();
+        Self { function, call, statistic, cx, released: None }
+    }
+
+    /// The statistic accumulated so far.
+    pub fn statistic(&mut self) -> &mut C::Statistic {
+        &mut self.statistic
+    }
+
+    fn release(&mut self) -> Result<ScalarValue> {
+        let name = self.function;
+        self.cx.permits.take(name)?;
+        let mut rng = self.cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
+        let (output, recipe) = self.call.release(&mut self.statistic, rng.as_mut(), &self.cx)?;
+        let id = self.cx.permits.keep(name, &recipe)?;
+        self.call.result(output, id)
+    }
+}
+
+impl<C: Release> Accumulator for PrivateAccumulator<C> {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.call.update(&mut self.statistic, values)
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.statistic.merge(self.function, states)
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.statistic.state()
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        if self.released.is_none() {
+            self.released = Some(self.release()?);
+        }
+        Ok(self.released.clone().expect("set above"))
+    }
+
+    fn size(&self) -> usize {
+        size_of_val(self) + self.statistic.heap_size()
+    }
+}

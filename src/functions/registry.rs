@@ -1,0 +1,91 @@
+//! Which aggregates are private: the registered functions, and how the guard and the cluster
+//! codec find a private call's parameters, context and price from an `AggregateUDF`. A new private
+//! function is one line in each list here.
+
+use datafusion::common::{DFSchema, Result};
+use datafusion::logical_expr::{AggregateUDF, Expr};
+
+use super::call::{CallContext, PrivateCall, PrivateFunction};
+use super::params::FunctionParams;
+use super::permits::Permits;
+use super::{PrivateKde, PrivateKde2d, PrivateKernelClassifier, PrivateKernelRegression, PrivateMeanCurve};
+use super::{private_kde, private_kde2d, private_kernel_classifier, private_kernel_regression, private_mean_curve};
+use crate::mechanism::NoiseSource;
+
+/// The declared parameters of every private aggregate, for the named-argument rewrite.
+pub fn all_params() -> [&'static FunctionParams; 5] {
+    [
+        &private_kde::PARAMS,
+        &private_kde2d::PARAMS,
+        &private_mean_curve::PARAMS,
+        &private_kernel_regression::PARAMS,
+        &private_kernel_classifier::PARAMS,
+    ]
+}
+
+/// All private aggregate UDFs, drawing noise from `noise`, with `permits` (catalog
+/// sessions: [`Permits::Denied`] until the guard assigns each call a slot).
+pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> {
+    vec![
+        AggregateUDF::from(PrivateKde::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateKde2d::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateKernelRegression::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateKernelClassifier::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateMeanCurve::new(noise).with_permits(permits)),
+    ]
+}
+
+/// `func` as a private aggregate, or None if it is any other function.
+fn as_private(func: &AggregateUDF) -> Option<&dyn PrivateFunction> {
+    let inner = func.inner();
+    if let Some(f) = inner.downcast_ref::<PrivateKde>() {
+        return Some(f);
+    }
+    if let Some(f) = inner.downcast_ref::<PrivateKde2d>() {
+        return Some(f);
+    }
+    if let Some(f) = inner.downcast_ref::<PrivateKernelRegression>() {
+        return Some(f);
+    }
+    if let Some(f) = inner.downcast_ref::<PrivateKernelClassifier>() {
+        return Some(f);
+    }
+    inner.downcast_ref::<PrivateMeanCurve>().map(|f| f as &dyn PrivateFunction)
+}
+
+/// The call context of a private aggregate instance, or None if `func` is not private.
+pub fn context_of(func: &AggregateUDF) -> Option<&CallContext> {
+    as_private(func).map(|f| f.context())
+}
+
+/// The permits of a private aggregate instance, or None if `func` is not private.
+pub fn permits_of(func: &AggregateUDF) -> Option<&Permits> {
+    context_of(func).map(|c| &c.permits)
+}
+
+/// The same private aggregate with another call context, or None if `func` is not private.
+pub fn with_context(func: &AggregateUDF, cx: CallContext) -> Option<AggregateUDF> {
+    as_private(func).map(|f| f.with_context(cx))
+}
+
+/// The same private aggregate with other permits, or None if `func` is not private.
+pub fn with_permits(func: &AggregateUDF, permits: Permits) -> Option<AggregateUDF> {
+    with_context(func, CallContext { permits, ..context_of(func)?.clone() })
+}
+
+/// If `func` is a private aggregate, validates its literal arguments (planning time) and
+/// returns what the call spends. `None` for every other function. `schema` is the input
+/// schema of the node holding the call (it gives the data argument's type).
+pub fn plan_private_call(func: &AggregateUDF, args: &[Expr], schema: &DFSchema) -> Option<Result<PrivateCall>> {
+    as_private(func).map(|f| f.plan(args, schema))
+}
+
+/// The declared parameters of a private aggregate, or None if `func` is not private.
+pub fn params_of(func: &AggregateUDF) -> Option<&'static FunctionParams> {
+    as_private(func).map(|f| f.params())
+}
+
+/// Whether `func` is one of the private aggregates.
+pub fn is_private(func: &AggregateUDF) -> bool {
+    as_private(func).is_some()
+}

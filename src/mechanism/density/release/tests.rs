@@ -1,0 +1,234 @@
+//! Tests of the parent module.
+
+use super::*;
+use crate::mechanism::noise::calibration::CalibrationError;
+
+fn spec() -> KdeSpec {
+    KdeSpec {
+        grid: Grid { lo: 0.0, hi: 1.0, points: 201 },
+        bandwidth: 0.05,
+        epsilon: 1.0,
+        delta: 1e-6,
+        calibration: Calibration::Analytic,
+        normalise: Normalise::Rescale,
+    }
+}
+
+#[test]
+fn privacy_map_uses_unit_sensitivity() {
+    let m = KdeMechanism::new(spec()).unwrap();
+    assert!(m.layout().is_binned());
+    // Δ of the lifted coordinates is 1 up to the (1 + e^-50) periodisation and slack.
+    assert!((m.stat_sensitivity() - 1.0).abs() < 1e-9, "{}", m.stat_sensitivity());
+    // σ = 4.5309 (discrete zCDP calibration at ε = 1, δ = 1e-6), rounded up on the
+    // lattice by at most a factor 1 + 1/σ_L.
+    let s = m.sigma();
+    assert!(s >= 4.53087 && s < 4.53089, "{s}");
+    let classic = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, ..spec() }).unwrap();
+    assert!(classic >= 5.38677 && classic < 5.3868, "{classic}");
+    let bad = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, epsilon: 2.0, ..spec() });
+    assert!(matches!(bad, Err(MechanismError::Calibration(CalibrationError::ClassicNeedsSmallEpsilon(_)))));
+}
+
+#[test]
+fn a_units_bound_scales_the_noise_by_rows_times_sqrt_groups() {
+    let row = KdeMechanism::new(spec()).unwrap().sigma();
+    for (rows, groups) in [(1, 1), (4, 1), (4, 9), (100, 2)] {
+        let c = Contribution::new(rows, groups).unwrap();
+        let s = KdeMechanism::with_contribution(spec(), c).unwrap().sigma();
+        let want = row * rows as f64 * (groups as f64).sqrt();
+        // Exact up to the lattice rounding of the variance (relative 1e-6 here).
+        assert!(s >= want * (1.0 - 1e-6) && s < want * (1.0 + 1e-4), "{rows}×√{groups}: {s} vs {want}");
+    }
+    // Negative control: the bound is not ignored.
+    let c = Contribution::new(4, 1).unwrap();
+    assert!(KdeMechanism::with_contribution(spec(), c).unwrap().sigma() > 3.9 * row);
+}
+
+#[test]
+fn noiseless_release_is_the_normalised_kde_with_the_right_mass() {
+    let m = KdeMechanism::new(spec()).unwrap();
+    let xs: Vec<f64> = (0..400).map(|i| 0.3 + 0.4 * (i as f64 / 399.0)).collect();
+    let mut st = m.layout().empty_state();
+    m.layout().add_all(&mut st, &xs);
+    let r = m.release::<rand::rngs::ChaCha20Rng>(&st, None);
+    let d = r.density.unwrap();
+    assert!((trapezoid(&d, 0.005) - 1.0).abs() < 1e-12);
+    // All 400 points lie ≥ 0.2 = 4h inside [0, 1], so their mass is almost entirely inside.
+    assert!((r.mass - 400.0).abs() < 0.5, "mass {}", r.mass);
+}
+
+#[test]
+fn too_little_mass_gives_null_density_not_an_error() {
+    let m = KdeMechanism::new(spec()).unwrap();
+    let st = m.layout().empty_state();
+    let r = m.release::<rand::rngs::ChaCha20Rng>(&st, None);
+    assert_eq!(r.density, None);
+    assert_eq!(r.mass, 0.0);
+    // Negative noisy sums (possible with an empty table) are handled the same way.
+    let r = m.post_process(&vec![-3.0; 201]);
+    assert_eq!(r.density, None);
+    assert!(r.mass < 0.0);
+}
+
+#[test]
+fn nonneg_clamps_before_normalising() {
+    let m = KdeMechanism::new(spec()).unwrap();
+    let mut s = vec![10.0; 201];
+    s[3] = -50.0;
+    let r = m.post_process(&s);
+    let d = r.density.unwrap();
+    assert_eq!(d[3], 0.0);
+    assert!((trapezoid(&d, 0.005) - 1.0).abs() < 1e-12);
+    let m2 = KdeMechanism::new(KdeSpec { normalise: Normalise::Raw, ..spec() }).unwrap();
+    assert!(m2.post_process(&s).density.unwrap()[3] < 0.0);
+}
+
+#[test]
+fn the_projection_is_the_closest_density_on_the_grid() {
+    let m = KdeMechanism::new(KdeSpec { normalise: Normalise::Project, ..spec() }).unwrap();
+    let xs: Vec<f64> = (0..201).map(|k| k as f64 / 200.0).collect();
+    // A noisy bump with negative tails.
+    let s: Vec<f64> = xs
+        .iter()
+        .enumerate()
+        .map(|(k, x)| 50.0 * (-(x - 0.5f64).powi(2) / 0.01).exp() - 3.0 + (k % 7) as f64)
+        .collect();
+    let r = m.post_process(&s);
+    let f = r.density.clone().unwrap();
+    assert!(f.iter().all(|v| *v >= 0.0));
+    assert!((trapezoid(&f, 0.005) - 1.0).abs() < 1e-12, "{}", trapezoid(&f, 0.005));
+    assert!(r.shift > 0.0);
+    // f = max(g − c, 0): on the support it is g shifted by c; off it, g ≤ c.
+    let z = trapezoid(&s, 0.005);
+    for (fk, sk) in f.iter().zip(&s) {
+        let g = sk / z;
+        if *fk > 0.0 {
+            assert!((fk - (g - r.shift)).abs() < 1e-12);
+        } else {
+            assert!(g <= r.shift + 1e-12);
+        }
+    }
+    // Closer to g (discrete L2) than clamp-and-rescale, which is also a density.
+    let rescaled = KdeMechanism::new(spec()).unwrap().post_process(&s).density.unwrap();
+    let dist = |d: &[f64]| d.iter().zip(&s).map(|(a, b)| (a - b / z).powi(2)).sum::<f64>();
+    assert!(dist(&f) < dist(&rescaled), "{} vs {}", dist(&f), dist(&rescaled));
+    // A nonnegative g is its own projection.
+    let pos: Vec<f64> = xs.iter().map(|x| 1.0 + x).collect();
+    let rp = m.post_process(&pos);
+    assert!(rp.shift.abs() < 1e-12, "{}", rp.shift);
+}
+
+#[test]
+fn the_noise_band_covers_sampled_noise_and_half_of_it_does_not() {
+    use rand::SeedableRng;
+    // Through the real discrete Gaussian sampler: over 2 000 releases of one state, the
+    // sup over the grid of |S̃ − S| stays inside the level-0.05 band in ≥ 94 % of them;
+    // a band built with σ/2 under-covers.
+    for bandwidth in [0.05, 0.004] {
+        let m = KdeMechanism::new(KdeSpec { bandwidth, ..spec() }).unwrap();
+        let xs: Vec<f64> = (0..300).map(|i| (i as f64 * 0.618).fract()).collect();
+        let mut st = m.layout().empty_state();
+        m.layout().add_all(&mut st, &xs);
+        let exact = m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None);
+        let half = m.noise_threshold(0.05) * m.sigma();
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(12);
+        let (cov, neg) = bands::coverage(2000, || {
+            let noisy = m.noisy_sum(&st, Some(&mut rng));
+            noisy.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / half
+        });
+        eprintln!("kde noise band h = {bandwidth}: coverage {cov}, σ/2 control {neg}");
+        assert!(cov >= 0.94, "h = {bandwidth}: coverage {cov}");
+        assert!(neg < 0.6, "h = {bandwidth}: negative control covers {neg}");
+        // In density units the band is the same threshold over the release's normaliser.
+        let r = m.post_process(&exact);
+        let b = m.bands(&r, 0.05).unwrap();
+        assert!((b.noise[7] - half / r.normaliser).abs() < 1e-12 * b.noise[7]);
+        assert!(b.total.unwrap().iter().zip(&b.noise).all(|(t, n)| t >= n));
+    }
+}
+
+fn pure(spec: KdeSpec) -> KdeMechanism {
+    KdeMechanism::new(KdeSpec { delta: 0.0, ..spec }).unwrap()
+}
+
+#[test]
+fn the_pure_epsilon_release_has_l1_sensitivity_one_through_the_real_path() {
+    // Neighbouring tables (one value added, anywhere — in range, at a bin edge, far
+    // outside) move the node counts by exactly one unit of L1 mass, or none if dropped.
+    let m = pure(spec());
+    assert!(m.is_pure_epsilon());
+    let base: Vec<f64> = (0..500).map(|i| (i as f64 * 0.618).fract()).collect();
+    let mut st = m.layout().empty_state();
+    m.layout().add_all(&mut st, &base);
+    let w0: Vec<f64> = m.lifted(&st).iter().map(|d| d.to_f64()).collect();
+    for extra in [0.5, 0.123_456_7, 0.0, 1.0, -0.39, 1.39, 7.0] {
+        let mut st1 = st.clone();
+        m.layout().add_all(&mut st1, &[extra]);
+        let w1: Vec<f64> = m.lifted(&st1).iter().map(|d| d.to_f64()).collect();
+        let l1: f64 = w0.iter().zip(&w1).map(|(a, b)| (a - b).abs()).sum();
+        let dropped = !(-0.4..=1.4).contains(&extra);
+        let want = if dropped { 0.0 } else { 1.0 };
+        assert!((l1 - want).abs() < 1e-9, "x = {extra}: L1 change {l1}");
+    }
+    // The Laplace scale is the L1 sensitivity (1 + slack) over ε.
+    assert!((m.sigma() / std::f64::consts::SQRT_2 - 1.0).abs() < 1e-6, "{}", m.sigma());
+    // Node spacing ≤ h/2 and > h/4.
+    let n = m.laplace.as_ref().unwrap();
+    assert!(n.spacing <= 0.025 + 1e-12 && n.spacing > 0.0125, "{}", n.spacing);
+    // A bandwidth too small for bins is refused with a precise message, never a panic.
+    let tiny = KdeMechanism::new(KdeSpec { delta: 0.0, bandwidth: 1e-7, ..spec() }).unwrap_err().to_string();
+    assert!(tiny.contains("pure-ε KDE (delta => 0) needs a bandwidth of at least"), "{tiny}");
+}
+
+#[test]
+fn the_pure_epsilon_noise_band_covers_and_half_of_it_does_not() {
+    use rand::SeedableRng;
+    let m = pure(spec());
+    let xs: Vec<f64> = (0..300).map(|i| (i as f64 * 0.618).fract()).collect();
+    let mut st = m.layout().empty_state();
+    m.layout().add_all(&mut st, &xs);
+    let exact = m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None);
+    let r = m.post_process(&exact);
+    let band = m.bands(&r, 0.05).unwrap().noise;
+    // Back to kernel-sum units.
+    let half: Vec<f64> = band.iter().map(|b| b * r.normaliser).collect();
+    let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(21);
+    let (cov, neg) = bands::coverage(2000, || {
+        let noisy = m.noisy_sum(&st, Some(&mut rng));
+        noisy.iter().zip(&exact).zip(&half).map(|((a, b), w)| (a - b).abs() / w).fold(0.0, f64::max)
+    });
+    eprintln!("pure-ε kde noise band: coverage {cov}, σ/2 control {neg}");
+    assert!(cov >= 0.94, "coverage {cov}");
+    assert!(neg < 0.6, "negative control covers {neg}");
+}
+
+#[test]
+fn at_equal_epsilon_the_pure_release_is_quieter_than_the_gaussian_one() {
+    // The noise each adds to the kernel sum (σ² vs σ_L²·ΣK²) and the resulting error of
+    // the released density against the noiseless one, n = 1000, ε = 1 (δ = 1e-6 for the
+    // Gaussian release). Negative control: at ε = 1 but δ = 0.3 the Gaussian one is quieter.
+    use rand::SeedableRng;
+    let g = KdeMechanism::new(spec()).unwrap();
+    let l = pure(spec());
+    assert!(l.noise_variance() < g.noise_variance(), "{} vs {}", l.noise_variance(), g.noise_variance());
+    let loose = KdeMechanism::new(KdeSpec { delta: 0.3, ..spec() }).unwrap();
+    assert!(loose.noise_variance() < l.noise_variance(), "{} vs {}", loose.noise_variance(), l.noise_variance());
+    let xs: Vec<f64> = (0..1000).map(|i| 0.5 + 0.15 * ((i as f64 * 0.618).fract() - 0.5) * 2.0).collect();
+    let ise = |m: &KdeMechanism| {
+        let mut st = m.layout().empty_state();
+        m.layout().add_all(&mut st, &xs);
+        let truth = m.post_process(&m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None)).density.unwrap();
+        let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(4);
+        (0..40)
+            .map(|_| {
+                let d = m.release(&st, Some(&mut rng)).density.unwrap();
+                d.iter().zip(&truth).map(|(a, b)| (a - b).powi(2)).sum::<f64>() * 0.005
+            })
+            .sum::<f64>()
+            / 40.0
+    };
+    let (eg, el) = (ise(&g), ise(&l));
+    eprintln!("n = 1000, ε = 1: ISE Gaussian {eg:.4}, pure ε {el:.4}, ratio {:.2}", eg / el);
+    assert!(el < eg, "{el} vs {eg}");
+}
