@@ -46,8 +46,16 @@ pub trait PrivateSpec: fmt::Debug + Default + PartialEq + Eq + Hash + Send + Syn
     /// The reference documentation.
     fn documentation(&self) -> &'static Documentation;
 
-    /// The type data argument `i` is coerced to, or why `t` is refused.
-    fn coerce(&self, i: usize, t: &DataType) -> Result<DataType>;
+    /// The type data argument `i` is coerced to, or why `t` is refused (default: any number, as
+    /// Float64).
+    fn coerce(&self, i: usize, t: &DataType) -> Result<DataType> {
+        let p = self.params();
+        if t.is_numeric() || t == &DataType::Null {
+            Ok(DataType::Float64)
+        } else {
+            Err(p.error(format!("argument '{}' must be numeric, got type {t}", p.data[i])))
+        }
+    }
 
     /// The fields of the result struct.
     fn result_fields(&self) -> Fields;

@@ -306,14 +306,6 @@ impl PrivateSpec for Kde {
         &DOCUMENTATION
     }
 
-    fn coerce(&self, _: usize, t: &DataType) -> Result<DataType> {
-        if t.is_numeric() || t == &DataType::Null {
-            Ok(DataType::Float64)
-        } else {
-            Err(PARAMS.error(format!("argument 'value' must be numeric, got type {t}")))
-        }
-    }
-
     fn result_fields(&self) -> Fields {
         result_fields()
     }

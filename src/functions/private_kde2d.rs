@@ -211,14 +211,6 @@ impl PrivateSpec for Kde2d {
         &DOCUMENTATION
     }
 
-    fn coerce(&self, i: usize, t: &DataType) -> Result<DataType> {
-        if t.is_numeric() || t == &DataType::Null {
-            Ok(DataType::Float64)
-        } else {
-            Err(PARAMS.error(format!("argument '{}' must be numeric, got type {t}", PARAMS.data[i])))
-        }
-    }
-
     fn result_fields(&self) -> Fields {
         result_fields()
     }

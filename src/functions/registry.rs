@@ -8,8 +8,11 @@ use datafusion::logical_expr::{AggregateUDF, Expr};
 use super::call::{CallContext, PrivateCall, PrivateFunction};
 use super::params::FunctionParams;
 use super::permits::Permits;
-use super::{PrivateKde, PrivateKde2d, PrivateKernelClassifier, PrivateKernelRegression, PrivateMeanCurve};
-use super::{private_kde, private_kde2d, private_kernel_classifier, private_kernel_regression, private_mean_curve};
+use super::private_kde::{self, PrivateKde};
+use super::private_kde2d::{self, PrivateKde2d};
+use super::private_kernel_classifier::{self, PrivateKernelClassifier};
+use super::private_kernel_regression::{self, PrivateKernelRegression};
+use super::private_mean_curve::{self, PrivateMeanCurve};
 use crate::mechanism::NoiseSource;
 
 /// The declared parameters of every private aggregate, for the named-argument rewrite.

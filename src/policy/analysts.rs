@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::catalog::{Catalog, PolicyError};
 use super::error::storage;
-use super::hex;
+use super::hex::{hex, unhex};
 pub use super::shares::Grant;
 use super::shares::require_active;
 use crate::mechanism::noise::budget::Budget;
@@ -63,13 +63,6 @@ fn hash(salt: &[u8], secret: &[u8]) -> Vec<u8> {
 /// Equality of two byte strings in time that depends on their lengths only.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
 }
 
 /// The (name, secret) of a token `dpc1.NAME.HEX`, if it has that shape.

@@ -4,6 +4,7 @@
 pub mod analysts;
 pub mod catalog;
 pub mod error;
+mod hex;
 pub mod locations;
 pub mod query_log;
 mod schema;
@@ -15,8 +16,3 @@ pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseReco
 pub use query_log::QueryRecord;
 pub use shares::Grant;
 pub use table::{BudgetsTable, PrivateTable, ReleasesTable};
-
-/// Lower-case hexadecimal of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}

@@ -12,6 +12,8 @@
 
 use sha2::{Digest, Sha256};
 
+use super::hex::hex;
+
 /// Bytes of a statement's text the ledger keeps (cut at a character boundary).
 pub const HEAD_BYTES: usize = 4096;
 
@@ -47,14 +49,14 @@ impl QueryRecord {
 
     /// The text as the release log shows it: the statement, or its head and what was cut.
     pub fn display(&self) -> String {
-        display(&self.head, self.length, &super::hex(&self.sha256))
+        display(&self.head, self.length, &hex(&self.sha256))
     }
 
     pub(super) fn columns(&self) -> (&str, i64, String, Option<&[u8]>) {
         (
             &self.head,
             i64::try_from(self.length).unwrap_or(i64::MAX),
-            super::hex(&self.sha256),
+            hex(&self.sha256),
             self.ticket.as_ref().map(|t| t.as_slice()),
         )
     }

@@ -4,25 +4,25 @@ use super::*;
 
 /// The release log of formats 1–4 (the whole statement in every row).
 const V4_RELEASES: &str = "CREATE TABLE releases (
-id INTEGER PRIMARY KEY AUTOINCREMENT,
-at TEXT NOT NULL,
-table_name TEXT NOT NULL,
-function TEXT NOT NULL,
-epsilon INTEGER NOT NULL,
-delta INTEGER NOT NULL,
-query TEXT NOT NULL,
-analyst TEXT
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    function TEXT NOT NULL,
+    epsilon INTEGER NOT NULL,
+    delta INTEGER NOT NULL,
+    query TEXT NOT NULL,
+    analyst TEXT
 );
 ";
 
 /// Turns a format-5 catalog into the format-4 layout (with foreign keys off).
 const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
-    table_name TEXT NOT NULL, function TEXT NOT NULL, epsilon INTEGER NOT NULL, delta INTEGER NOT NULL, \
-    query TEXT NOT NULL, analyst TEXT); \
-    INSERT INTO r4 SELECT r.id, r.at, r.table_name, r.function, r.epsilon, r.delta, q.head, r.analyst \
-    FROM releases r JOIN queries q ON q.id = r.query_id; \
-    DROP TABLE releases; DROP TABLE queries; ALTER TABLE r4 RENAME TO releases; \
-    UPDATE meta SET value = '4' WHERE key = 'version';";
+        table_name TEXT NOT NULL, function TEXT NOT NULL, epsilon INTEGER NOT NULL, delta INTEGER NOT NULL, \
+        query TEXT NOT NULL, analyst TEXT); \
+        INSERT INTO r4 SELECT r.id, r.at, r.table_name, r.function, r.epsilon, r.delta, q.head, r.analyst \
+        FROM releases r JOIN queries q ON q.id = r.query_id; \
+        DROP TABLE releases; DROP TABLE queries; ALTER TABLE r4 RENAME TO releases; \
+        UPDATE meta SET value = '4' WHERE key = 'version';";
 
 fn temp(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("dpcurve-cat-{name}-{}.db", std::process::id()));
@@ -147,11 +147,11 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         // The format-1 schema as dpcurve wrote it before group keys and privacy units.
         let conn = Connection::open(&v1).unwrap();
         let v1_schema = SCHEMA
-            .replace(",\n    unit_column TEXT,\n    unit_max_rows INTEGER CHECK (unit_max_rows >= 1),\n    unit_max_groups INTEGER CHECK (unit_max_groups >= 1)", "")
-            .replace(
-                "CREATE TABLE group_keys (\n    table_name TEXT NOT NULL REFERENCES tables(name),\n    column_name TEXT NOT NULL,\n    value TEXT NOT NULL,\n    PRIMARY KEY (table_name, column_name, value)\n);\n",
-                "",
-            );
+                .replace(",\n    unit_column TEXT,\n    unit_max_rows INTEGER CHECK (unit_max_rows >= 1),\n    unit_max_groups INTEGER CHECK (unit_max_groups >= 1)", "")
+                .replace(
+                    "CREATE TABLE group_keys (\n    table_name TEXT NOT NULL REFERENCES tables(name),\n    column_name TEXT NOT NULL,\n    value TEXT NOT NULL,\n    PRIMARY KEY (table_name, column_name, value)\n);\n",
+                    "",
+                );
         let v1_schema = v1_schema[..v1_schema.find("CREATE TABLE queries").unwrap()].to_string()
             + &V4_RELEASES.replace(",\n    analyst TEXT\n", "\n");
         assert!(!v1_schema.contains("unit_column") && !v1_schema.contains("group_keys"));
@@ -178,7 +178,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         .unwrap()
         .execute_batch(&format!(
             "{TO_FORMAT_4} DROP TABLE stored_releases; DROP TABLE grants; DROP TABLE analysts; \
-                 ALTER TABLE releases DROP COLUMN analyst; UPDATE meta SET value = '2' WHERE key = 'version';"
+                     ALTER TABLE releases DROP COLUMN analyst; UPDATE meta SET value = '2' WHERE key = 'version';"
         ))
         .unwrap();
     let e = Catalog::open(&v2).unwrap_err().to_string();
@@ -209,7 +209,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         .unwrap()
         .execute_batch(&format!(
             "{TO_FORMAT_4} DROP TABLE grants; DROP TABLE analysts; ALTER TABLE releases DROP COLUMN \
-                 analyst; UPDATE meta SET value = '3' WHERE key = 'version';"
+                     analyst; UPDATE meta SET value = '3' WHERE key = 'version';"
         ))
         .unwrap();
     let e = Catalog::open(&v3).unwrap_err().to_string();
