@@ -27,7 +27,7 @@ use datafusion::logical_expr::{
 use rand::rngs::ChaCha20Rng;
 
 use super::arrays::{fixed_point_state, fixed_point_type, for_each_fixed_point_row};
-use super::call::{CallContext, PrivateCall, PrivateFunction};
+use super::call::{CallContext, PolicyArgs, PrivateCall, PrivateFunction};
 use super::params::FunctionParams;
 use super::permits::Permits;
 use crate::mechanism::noise::budget::Budget;
@@ -59,6 +59,11 @@ pub trait PrivateSpec: fmt::Debug + Default + PartialEq + Eq + Hash + Send + Syn
 
     /// The fields of the result struct.
     fn result_fields(&self) -> Fields;
+
+    /// What the table policy supplies when a call omits it (default: nothing).
+    fn policy_args(&self) -> PolicyArgs {
+        PolicyArgs::default()
+    }
 
     /// The name of the accumulator state's fixed-point list (functions whose [`Statistic`] has
     /// more columns give [`PrivateSpec::state_fields`] instead).
@@ -193,6 +198,10 @@ impl<S: PrivateSpec> PrivateFunction for PrivateUdaf<S> {
 
     fn context(&self) -> &CallContext {
         &self.cx
+    }
+
+    fn policy_args(&self) -> PolicyArgs {
+        self.spec.policy_args()
     }
 
     fn with_context(&self, cx: CallContext) -> AggregateUDF {

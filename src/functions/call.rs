@@ -42,10 +42,24 @@ pub struct CallContext {
     pub contribution: Contribution,
 }
 
+/// What a function takes from the table policy when a call omits it, as argument positions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyArgs {
+    /// `(data argument, (lo, hi))`: a box (or range) from the data column's public bounds; each
+    /// axis only when the call gives neither end.
+    pub boxes: &'static [(usize, (usize, usize))],
+    /// `(data argument, clip)`: a norm bound `max(|lower|, |upper|)` from the column's bounds.
+    pub clip: Option<(usize, usize)>,
+    /// `(data argument, points)`: the public curve length of the column's table.
+    pub curve_length: Option<(usize, usize)>,
+}
+
 /// What the guard needs of every private aggregate, whichever function it is.
 pub(crate) trait PrivateFunction: Send + Sync {
     /// The declared parameters.
     fn params(&self) -> &'static FunctionParams;
+    /// What the table policy supplies when a call omits it.
+    fn policy_args(&self) -> PolicyArgs;
     /// What the guard decided for this instance.
     fn context(&self) -> &CallContext;
     /// The same function with another call context.

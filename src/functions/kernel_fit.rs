@@ -16,7 +16,7 @@ use rand::rngs::ChaCha20Rng;
 
 use super::aggregate::{PrivateSpec, Release};
 use super::arrays::{float_list, for_each_valid_pair};
-use super::call::CallContext;
+use super::call::{CallContext, PolicyArgs};
 use super::params::FunctionParams;
 use crate::mechanism::fits::kernel_fit::{self, AUTO_COUNT_SHARE, FitLoss, FitRelease, FitSpec, KernelFitMechanism};
 use crate::mechanism::noise::budget::Budget;
@@ -33,6 +33,8 @@ pub trait FitFunction: fmt::Debug + Default + PartialEq + Eq + Hash + Send + Syn
     fn params() -> &'static FunctionParams;
     /// The reference documentation.
     fn documentation() -> &'static Documentation;
+    /// `(data argument, (lo, hi))` of the boxes the policy's bounds supply.
+    const BOXES: &'static [(usize, (usize, usize))];
 }
 
 impl<F: FitFunction> PrivateSpec for F {
@@ -59,6 +61,10 @@ impl<F: FitFunction> PrivateSpec for F {
 
     fn result_fields(&self) -> Fields {
         result_fields(F::KIND)
+    }
+
+    fn policy_args(&self) -> PolicyArgs {
+        PolicyArgs { boxes: F::BOXES, ..PolicyArgs::default() }
     }
 
     fn state_name(&self) -> &'static str {

@@ -17,7 +17,7 @@ pub mod private_mean_curve;
 pub mod registry;
 pub mod releases;
 
-pub use call::{CallContext, PrivateCall};
+pub use call::{CallContext, PolicyArgs, PrivateCall};
 pub use permits::{PermitSlot, Permits, ReleaseStore, SlotCharge};
 pub use private_kde::PrivateKde;
 pub use private_kde2d::PrivateKde2d;
@@ -25,6 +25,6 @@ pub use private_kernel_classifier::PrivateKernelClassifier;
 pub use private_kernel_regression::PrivateKernelRegression;
 pub use private_mean_curve::PrivateMeanCurve;
 pub use registry::{
-    all_params, context_of, is_private, params_of, permits_of, plan_private_call, private_udafs, with_context,
-    with_permits,
+    all_params, context_of, is_private, params_of, permits_of, plan_private_call, policy_args_of, private_udafs,
+    with_context, with_permits,
 };

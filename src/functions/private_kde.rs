@@ -21,7 +21,7 @@ use rand::rngs::ChaCha20Rng;
 
 use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
 use super::arrays::float_list;
-use super::call::CallContext;
+use super::call::{CallContext, PolicyArgs};
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use crate::mechanism::density::auto_bandwidth::AutoKde;
 use crate::mechanism::density::kde::MAX_POINTS;
@@ -308,6 +308,11 @@ impl PrivateSpec for Kde {
 
     fn result_fields(&self) -> Fields {
         result_fields()
+    }
+
+    fn policy_args(&self) -> PolicyArgs {
+        // lo and hi (arguments 4 and 5) from the value column's bounds.
+        PolicyArgs { boxes: &[(0, (4, 5))], ..PolicyArgs::default() }
     }
 
     fn state_name(&self) -> &'static str {

@@ -25,7 +25,7 @@ use rand::rngs::ChaCha20Rng;
 
 use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
 use super::arrays::{float_list, for_each_valid_pair};
-use super::call::CallContext;
+use super::call::{CallContext, PolicyArgs};
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use crate::mechanism::density::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use crate::mechanism::noise::budget::Budget;
@@ -213,6 +213,10 @@ impl PrivateSpec for Kde2d {
 
     fn result_fields(&self) -> Fields {
         result_fields()
+    }
+
+    fn policy_args(&self) -> PolicyArgs {
+        PolicyArgs { boxes: BOX_ARGS, ..PolicyArgs::default() }
     }
 
     fn state_name(&self) -> &'static str {

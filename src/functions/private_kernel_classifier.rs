@@ -82,6 +82,7 @@ pub type PrivateKernelClassifier = PrivateUdaf<Classifier>;
 
 impl FitFunction for Classifier {
     const KIND: Kind = Kind::Classifier;
+    const BOXES: &'static [(usize, (usize, usize))] = BOX_ARGS;
 
     fn params() -> &'static FunctionParams {
         &PARAMS

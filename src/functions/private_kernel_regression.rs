@@ -86,6 +86,7 @@ pub type PrivateKernelRegression = PrivateUdaf<Regression>;
 
 impl FitFunction for Regression {
     const KIND: Kind = Kind::Regression;
+    const BOXES: &'static [(usize, (usize, usize))] = BOX_ARGS;
 
     fn params() -> &'static FunctionParams {
         &PARAMS

@@ -20,7 +20,7 @@ use rand::rngs::ChaCha20Rng;
 
 use super::aggregate::{PrivateSpec, PrivateUdaf, Release, Statistic};
 use super::arrays::{fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
-use super::call::CallContext;
+use super::call::{CallContext, PolicyArgs};
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use crate::mechanism::curves::mean_curve::{
     self, CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
@@ -286,6 +286,10 @@ impl PrivateSpec for MeanCurve {
 
     fn result_fields(&self) -> Fields {
         result_fields()
+    }
+
+    fn policy_args(&self) -> PolicyArgs {
+        PolicyArgs { clip: Some((0, CLIP_ARG)), curve_length: Some((0, POINTS_ARG)), ..PolicyArgs::default() }
     }
 
     fn state_fields(&self, function: &str) -> Vec<FieldRef> {

@@ -5,7 +5,7 @@
 use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
-use super::call::{CallContext, PrivateCall, PrivateFunction};
+use super::call::{CallContext, PolicyArgs, PrivateCall, PrivateFunction};
 use super::params::FunctionParams;
 use super::permits::Permits;
 use super::private_kde::{self, PrivateKde};
@@ -86,6 +86,12 @@ pub fn plan_private_call(func: &AggregateUDF, args: &[Expr], schema: &DFSchema) 
 /// The declared parameters of a private aggregate, or None if `func` is not private.
 pub fn params_of(func: &AggregateUDF) -> Option<&'static FunctionParams> {
     as_private(func).map(|f| f.params())
+}
+
+/// What the table policy supplies to a private aggregate's omitted arguments, or None if `func` is
+/// not private.
+pub fn policy_args_of(func: &AggregateUDF) -> Option<PolicyArgs> {
+    as_private(func).map(|f| f.policy_args())
 }
 
 /// Whether `func` is one of the private aggregates.

@@ -11,9 +11,7 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use crate::functions::{
-    private_kde, private_kde2d, private_kernel_classifier, private_kernel_regression, private_mean_curve,
-};
+use crate::functions::policy_args_of;
 use crate::guard::checking::Checking;
 use crate::guard::view::PolicyView;
 use crate::guard::walk::{trace_column, with_aggr_exprs};
@@ -31,21 +29,6 @@ fn literal(v: ScalarValue) -> Expr {
     Expr::Literal(v, None)
 }
 
-/// The argument positions `(data argument, (lo, hi))` of the boxes a function takes from its
-/// data columns' policy bounds (functions with more than one data column).
-fn box_args(func: &datafusion::logical_expr::AggregateUDF) -> Option<&'static [(usize, (usize, usize))]> {
-    let inner = func.inner();
-    if inner.is::<private_kde2d::PrivateKde2d>() {
-        Some(private_kde2d::BOX_ARGS)
-    } else if inner.is::<private_kernel_regression::PrivateKernelRegression>() {
-        Some(private_kernel_regression::BOX_ARGS)
-    } else if inner.is::<private_kernel_classifier::PrivateKernelClassifier>() {
-        Some(private_kernel_classifier::BOX_ARGS)
-    } else {
-        None
-    }
-}
-
 /// The call with omitted policy parameters filled in (keeping the output name), or None.
 fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyView) -> Option<Expr> {
     let (inner, name) = match e {
@@ -60,38 +43,32 @@ fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyView) -> Option<Expr> {
         }
         args[i] = literal(v);
     };
+    let policy = policy_args_of(func)?;
+    let traced = |args: &[Expr], data: usize| args.get(data).and_then(|a| trace_column(a, input));
     let mut changed = false;
-    if func.inner().is::<private_kde::PrivateKde>() {
-        let (lo_i, hi_i) = (4, 5); // argument positions of lo and hi (value is 0)
+    // Each axis independently: its column's bounds unless the call gives that axis's box.
+    for &(data, (lo_i, hi_i)) in policy.boxes {
         if is_null_literal(args.get(lo_i)) && is_null_literal(args.get(hi_i)) {
-            let key = trace_column(args.first()?, input)?;
-            let &(lo, hi) = defaults.bounds.get(&key)?;
+            let Some(key) = traced(&args, data) else { continue };
+            let Some(&(lo, hi)) = defaults.bounds.get(&key) else { continue };
             set(&mut args, lo_i, ScalarValue::Float64(Some(lo)));
             set(&mut args, hi_i, ScalarValue::Float64(Some(hi)));
             changed = true;
         }
-    } else if let Some(boxes) = box_args(func) {
-        // Each axis independently: its column's bounds unless the call gives that axis's box.
-        for &(data, (lo_i, hi_i)) in boxes {
-            if is_null_literal(args.get(lo_i)) && is_null_literal(args.get(hi_i)) {
-                let Some(key) = args.get(data).and_then(|a| trace_column(a, input)) else { continue };
-                let Some(&(lo, hi)) = defaults.bounds.get(&key) else { continue };
-                set(&mut args, lo_i, ScalarValue::Float64(Some(lo)));
-                set(&mut args, hi_i, ScalarValue::Float64(Some(hi)));
+    }
+    // A curve whose values lie in [lower, upper] has norm ≤ max(|lower|, |upper|).
+    if let Some((data, clip_i)) = policy.clip {
+        if is_null_literal(args.get(clip_i)) {
+            if let Some(&(lo, hi)) = traced(&args, data).and_then(|key| defaults.bounds.get(&key)) {
+                set(&mut args, clip_i, ScalarValue::Float64(Some(lo.abs().max(hi.abs()))));
                 changed = true;
             }
         }
-    } else if func.inner().is::<private_mean_curve::PrivateMeanCurve>() {
-        let key = trace_column(args.first()?, input)?;
-        if is_null_literal(args.get(private_mean_curve::CLIP_ARG)) {
-            if let Some(&(lo, hi)) = defaults.bounds.get(&key) {
-                set(&mut args, private_mean_curve::CLIP_ARG, ScalarValue::Float64(Some(lo.abs().max(hi.abs()))));
-                changed = true;
-            }
-        }
-        if is_null_literal(args.get(private_mean_curve::POINTS_ARG)) {
-            if let Some(&m) = defaults.curve_length.get(&key.0) {
-                set(&mut args, private_mean_curve::POINTS_ARG, ScalarValue::Int64(Some(m)));
+    }
+    if let Some((data, points_i)) = policy.curve_length {
+        if is_null_literal(args.get(points_i)) {
+            if let Some(&m) = traced(&args, data).and_then(|(table, _)| defaults.curve_length.get(&table)) {
+                set(&mut args, points_i, ScalarValue::Int64(Some(m)));
                 changed = true;
             }
         }
