@@ -139,7 +139,7 @@ impl Statistic for BufferedSums {
     }
 
     fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()> {
-        let len = self.totals().len();
+        let len = self.len();
         for_each_fixed_point_row(function, &states[0], len, |_, part| BufferedSums::merge(self, part))
     }
 
@@ -272,6 +272,11 @@ impl<C: Release> PrivateAccumulator<C> {
     pub fn new(function: &'static str, call: C, cx: CallContext) -> Self {
         let statistic = call.statistic();
         Self { function, call, statistic, cx, released: None }
+    }
+
+    /// The validated call.
+    pub fn call(&self) -> &C {
+        &self.call
     }
 
     /// The statistic accumulated so far.

@@ -271,6 +271,7 @@ impl Release for Kde2dMechanism {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::functions::Permits;
     use crate::functions::aggregate::PrivateAccumulator;
     use crate::mechanism::{Calibration, NoiseSource};
     use datafusion::arrow::array::{Array, AsArray};
@@ -288,8 +289,33 @@ mod tests {
             calibration: Calibration::Analytic,
             normalise: Normalise::Project,
         };
-        let cx = CallContext { noise, ..CallContext::default() };
+        accumulator_with(spec, CallContext { noise, ..CallContext::default() })
+    }
+
+    fn accumulator_with(spec: Kde2dSpec, cx: CallContext) -> PrivateAccumulator<Kde2dMechanism> {
         PrivateAccumulator::new(NAME, Kde2dMechanism::new(spec, Contribution::ROW).unwrap(), cx)
+    }
+
+    #[test]
+    fn the_skeleton_refuses_without_a_permit_and_releases_once_with_one() {
+        let batch = || -> Vec<ArrayRef> {
+            vec![Arc::new(Float64Array::from(vec![0.2, 0.5])), Arc::new(Float64Array::from(vec![1.0, 1.5]))]
+        };
+        // No permit: evaluate fails, and keeps failing (nothing was released or memoised).
+        let spec = accumulator(NoiseSource::Os).call().spec().clone();
+        let mut denied = accumulator_with(spec, CallContext { permits: Permits::Denied, ..CallContext::default() });
+        denied.update_batch(&batch()).unwrap();
+        assert!(denied.evaluate().is_err());
+        assert!(denied.evaluate().is_err());
+        // With the permit: one release, returned again by a second evaluate (OS noise, so only the
+        // memo can make them equal; a second accumulator's release differs).
+        let mut free = accumulator(NoiseSource::Os);
+        free.update_batch(&batch()).unwrap();
+        let first = free.evaluate().unwrap();
+        assert_eq!(free.evaluate().unwrap(), first);
+        let mut other = accumulator(NoiseSource::Os);
+        other.update_batch(&batch()).unwrap();
+        assert_ne!(other.evaluate().unwrap(), first);
     }
 
     fn batch(xs: Vec<Option<f64>>, ys: Vec<Option<f64>>) -> [ArrayRef; 2] {

@@ -61,6 +61,16 @@ impl BufferedSums {
         &self.totals
     }
 
+    /// Number of sums.
+    pub fn len(&self) -> usize {
+        self.totals.len()
+    }
+
+    /// Whether there are no sums.
+    pub fn is_empty(&self) -> bool {
+        self.totals.is_empty()
+    }
+
     /// Heap bytes held.
     pub fn heap_size(&self) -> usize {
         self.totals.capacity() * size_of::<i128>() + self.pending.capacity() * size_of::<i64>()
