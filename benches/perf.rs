@@ -8,8 +8,9 @@
 //! ```
 //!
 //! Sections (`--only` takes a comma-separated subset):
-//! * `kde`: `private_kde` (through an analyst session, budget gate included) vs `sum(x)` vs
-//!   `count(*)` on the same Parquet file, and the per-row cost of the binning loop against a
+//! * `kde`: `private_kde` (through an analyst session, budget gate included; the Gaussian
+//!   release, the pure-ε one at the same bandwidth and with `bandwidth => 'auto'`, bands
+//!   included) vs `sum(x)` vs `count(*)` on the same Parquet file, and the per-row cost of the binning loop against a
 //!   plain sum and a bare histogram (one core, values in memory);
 //! * `peers`: KDEpy `FFTKDE` and statsmodels `KDEUnivariate(fft=True)` end to end on the same
 //!   file (`benches/peers.py`, run in a local virtual environment it creates; skipped with a
@@ -266,17 +267,44 @@ fn kde_sql(table: &str) -> String {
     format!("SELECT private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}) FROM {table}")
 }
 
+/// The same query through the pure-ε (default for δ = 0) mechanism, at a bandwidth or 'auto'.
+fn kde_pure_sql(table: &str, bandwidth: &str) -> String {
+    format!("SELECT private_kde(x, {bandwidth}, 0.001, 0, -0.2, 1.2, {KDE_POINTS}) FROM {table}")
+}
+
 async fn kde(o: &Options, report: &mut Report) -> Vec<(usize, PathBuf, f64)> {
     let mut medians = Vec::new();
     for &rows in &o.rows {
         println!("\n# private_kde vs the scan floor, {} rows (h = {KDE_BANDWIDTH}, {KDE_POINTS} points)", human(rows));
         let file = mixture_file(&o.data, rows);
         let s = catalog_session(&o.data, "kde", &file).await;
-        let names = ["SELECT sum(x)", "SELECT count(*)", "private_kde (gate included)"];
-        let sqls = ["SELECT sum(x) FROM pub_t".to_string(), "SELECT count(*) FROM pub_t".into(), kde_sql("priv_t")];
+        let names = [
+            "SELECT sum(x)",
+            "SELECT count(*)",
+            "private_kde (gate included)",
+            "private_kde, pure ε (δ = 0)",
+            "private_kde, bandwidth 'auto'",
+        ];
+        let sqls = [
+            "SELECT sum(x) FROM pub_t".to_string(),
+            "SELECT count(*) FROM pub_t".into(),
+            kde_sql("priv_t"),
+            kde_pure_sql("priv_t", &KDE_BANDWIDTH.to_string()),
+            kde_pure_sql("priv_t", "'auto'"),
+        ];
         let variants: Vec<_> = names.iter().zip(sqls).map(|(n, q)| (*n, &s, q)).collect();
         let times = interleaved(&variants, o.reps).await;
-        report_against(report, "kde", &format!("{} rows", human(rows)), &names, &times, 0);
+        let size = format!("{} rows", human(rows));
+        report_against(report, "kde", &size, &names, &times, 0);
+        // The default (pure-ε) release against the Gaussian one, round by round: what its band
+        // and its node evaluation add.
+        for (i, name) in [(3, "pure ε ÷ Gaussian release"), (4, "'auto' ÷ Gaussian release")] {
+            let ratios: Vec<f64> = times[i].iter().zip(&times[2]).map(|(a, b)| a / b).collect();
+            let (rlo, rhi) = min_max(&ratios);
+            let ratio = format!("{:.2} [{rlo:.2}, {rhi:.2}]", median(&ratios));
+            println!("  {name:<34} {ratio}");
+            report.add("kde", &size, name, median(&times[i]), &ratio);
+        }
         medians.push((rows, file, median(&times[2])));
         drop(s);
         remove_catalog(&o.data, "kde");

@@ -1,5 +1,7 @@
 //! Drawing 2-D densities (`private_kde2d` results): a character heat map for the terminal and an
-//! SVG heat map with a colour bar.
+//! SVG heat map with a colour bar. A surface with a band (the result's `band`, else its
+//! `noise_band`) shows it: the SVG washes out the cells whose lower band edge is ≤ 0 (not told
+//! apart from zero at the band's level) and outlines them, and both name the widest half-width.
 
 use std::fmt::Write as _;
 
@@ -20,12 +22,29 @@ pub struct Surface {
     pub ys: Vec<f64>,
     /// `z[i][j]` at `(xs[i], ys[j])`.
     pub z: Vec<Vec<f64>>,
+    /// Half-widths `[i][j]` of its simultaneous band, and which band (`band` or `noise_band`).
+    pub band: Option<(Vec<Vec<f64>>, String)>,
 }
 
 impl Surface {
     /// Largest finite value (0 if none is positive).
     fn top(&self) -> f64 {
         self.z.iter().flatten().filter(|v| v.is_finite()).fold(0.0f64, |a, v| a.max(*v))
+    }
+
+    /// Whether the band's lower edge at grid point (i, j) is above zero.
+    fn above_zero(&self, i: usize, j: usize) -> bool {
+        self.band.as_ref().is_none_or(|(b, _)| self.z[i][j] - b[i][j] > 0.0)
+    }
+
+    /// One line naming the band: its widest half-width and what the picture marks.
+    fn band_caption(&self) -> Option<String> {
+        let (b, which) = self.band.as_ref()?;
+        let widest = b.iter().flatten().filter(|v| v.is_finite()).fold(0.0f64, |a, v| a.max(*v));
+        let clear = (0..self.z.len()).flat_map(|i| (0..self.z[i].len()).map(move |j| (i, j)));
+        let above = clear.filter(|&(i, j)| self.above_zero(i, j)).count();
+        let total: usize = self.z.iter().map(Vec::len).sum();
+        Some(format!("{which} ± up to {}: {above} of {total} grid points clear of 0", short(widest)))
     }
 
     /// The value of the grid point nearest to `(x, y)`.
@@ -69,6 +88,17 @@ pub fn surfaces(result: &QueryOutput) -> Vec<Surface> {
                 if xs.len() < 2 || ys.len() < 2 || z.len() != xs.len() || z.iter().any(|row| row.len() != ys.len()) {
                     continue;
                 }
+                // The band of the same shape, if the result has one.
+                let band = ["band", "noise_band"].iter().find_map(|name| {
+                    let rows = s.column_by_name(name)?.as_list_opt::<i32>()?;
+                    if rows.is_null(r) {
+                        return None;
+                    }
+                    let rows = rows.value(r);
+                    let band: Vec<Vec<f64>> = (0..rows.len()).filter_map(|i| float_values(rows.as_ref(), i)).collect();
+                    let same = band.len() == z.len() && band.iter().zip(&z).all(|(a, b)| a.len() == b.len());
+                    same.then(|| (band, name.to_string()))
+                });
                 let keys = group_keys(result, b, r);
                 let what = fields[zi].name();
                 let name = if keys.is_empty() {
@@ -76,7 +106,7 @@ pub fn surfaces(result: &QueryOutput) -> Vec<Surface> {
                 } else {
                     format!("{} [{}] ({what})", field.name(), keys.join(", "))
                 };
-                out.push(Surface { name, xs, ys, z });
+                out.push(Surface { name, xs, ys, z, band });
             }
         }
     }
@@ -122,6 +152,9 @@ pub fn terminal(surface: &Surface, width: usize, height: usize) -> String {
     let _ = writeln!(out, "{}  {l}{}{m}{}{r}", " ".repeat(lw), " ".repeat(gap1), " ".repeat(gap2));
     let ramp: String = RAMP.iter().collect();
     let _ = writeln!(out, "{}  shades '{ramp}' from 0 to {} (x across, y up)", " ".repeat(lw), short(top));
+    if let Some(caption) = surface.band_caption() {
+        let _ = writeln!(out, "{}  {caption}", " ".repeat(lw));
+    }
     out
 }
 
@@ -169,7 +202,27 @@ fn chart(s: &mut String, surface: &Surface, x_label: &str, y_label: &str) {
                 frame.py(ya) - frame.py(yb) + 0.3,
                 colour(t)
             );
+            if !surface.above_zero(i, j) {
+                // Not told apart from zero at the band's level: washed out.
+                let _ = writeln!(
+                    s,
+                    r##"<rect class="below-band" x="{:.2}" y="{:.2}" width="{:.2}" height="{:.2}" fill="#ffffff" fill-opacity="0.6"/>"##,
+                    frame.px(xa),
+                    frame.py(yb),
+                    frame.px(xb) - frame.px(xa) + 0.3,
+                    frame.py(ya) - frame.py(yb) + 0.3,
+                );
+            }
         }
+    }
+    if let Some(caption) = surface.band_caption() {
+        let _ = writeln!(
+            s,
+            r#"<text class="band-caption" x="{:.1}" y="{:.1}">{} (washed out: lower edge ≤ 0)</text>"#,
+            frame.px(xs[0]),
+            PANEL_H - 12.0,
+            escape(&caption)
+        );
     }
     // Grid lines, ticks and the frame over the cells.
     frame.draw_axes(s, &surface.name, x_label, y_label);
@@ -220,7 +273,23 @@ mod tests {
             .iter()
             .map(|x| g.iter().map(|y| (-((x - 0.25).powi(2) + (y - 0.75).powi(2)) / 0.01).exp()).collect())
             .collect();
-        Surface { name: "bump".into(), xs: g.clone(), ys: g, z }
+        Surface { name: "bump".into(), xs: g.clone(), ys: g, z, band: None }
+    }
+
+    #[test]
+    fn a_band_washes_out_the_cells_it_cannot_tell_from_zero_and_is_named() {
+        let mut s = bump();
+        // A flat band of 0.1: cells below 0.1 are not clear of zero.
+        s.band = Some((vec![vec![0.1; 21]; 21], "band".into()));
+        let faint = s.z.iter().flatten().filter(|v| **v - 0.1 <= 0.0).count();
+        let doc = svg(std::slice::from_ref(&s), "x", "y");
+        assert_eq!(doc.matches(r#"class="below-band""#).count(), faint);
+        assert!(faint > 0 && faint < 441);
+        assert!(doc.contains(&format!("band ± up to 0.1: {} of 441 grid points clear of 0", 441 - faint)), "{doc}");
+        assert!(terminal(&s, 41, 21).contains("band ± up to 0.1"));
+        // Negative control: without a band nothing is washed out or named.
+        let plain = svg(&[bump()], "x", "y");
+        assert!(!plain.contains("below-band") && !plain.contains("band-caption"));
     }
 
     #[test]

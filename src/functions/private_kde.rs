@@ -236,11 +236,13 @@ pub fn result_fields() -> Fields {
         Field::new("release", DataType::Utf8, true),
         Field::new_list("noise_band", Field::new_list_field(DataType::Float64, true), true),
         Field::new_list("band", Field::new_list_field(DataType::Float64, true), true),
+        Field::new("bandwidth", DataType::Float64, true),
     ])
 }
 
-/// The result struct of a release: grid, density, mass, the stored release's id, and the
-/// simultaneous bands' half-widths (also what `release(id)` re-reads).
+/// The result struct of a release: grid, density, mass, the stored release's id, the
+/// simultaneous bands' half-widths, and the smoothing the release applies (also what
+/// `release(id)` re-reads).
 pub fn result_value(release: &KdeRelease, bands: Option<&KdeBands>, id: Option<String>) -> Result<ScalarValue> {
     let columns: Vec<ArrayRef> = vec![
         float_list(Some(release.x.clone())),
@@ -249,6 +251,7 @@ pub fn result_value(release: &KdeRelease, bands: Option<&KdeBands>, id: Option<S
         Arc::new(StringArray::from(vec![id])),
         float_list(bands.map(|b| b.noise.clone())),
         float_list(bands.and_then(|b| b.total.clone())),
+        Arc::new(Float64Array::from(vec![release.bandwidth])),
     ];
     Ok(ScalarValue::Struct(Arc::new(StructArray::try_new(result_fields(), columns, None)?)))
 }
@@ -262,11 +265,13 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
         },
         "Differentially private kernel density estimate (Gaussian kernel) on a public grid, \
          released with Gaussian-process noise calibrated to (epsilon, delta). Returns \
-         {x, density, mass, release, noise_band, band}: the grid, the density normalised by the \
+         {x, density, mass, release, noise_band, band, bandwidth}: the grid, the density normalised by the \
          released curve's own integral (NULL if it holds less than one point's mass), a noisy \
          count of the values in [lo, hi], the stored release's id (catalog sessions), and the \
          half-widths of the simultaneous level-band_alpha bands for the privacy noise and for \
-         noise plus sampling error.",
+         noise plus sampling error, and the bandwidth: the sd of the kernel the release \
+         effectively applies (the kernel's h widened by the binning; with bandwidth => 'auto' \
+         the chosen one), which is what the bands describe.",
         "private_kde(value, bandwidth, epsilon, delta [, lo, hi, points, calibration, nonneg, normalize, band_alpha])",
     )
     .with_sql_example(

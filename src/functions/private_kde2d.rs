@@ -27,7 +27,7 @@ use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
 use super::arrays::{float_list, for_each_valid_pair};
 use super::call::{CallContext, PolicyArgs};
 use super::params::{FunctionParams, ParamDef, ParamKind};
-use crate::mechanism::density::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use crate::mechanism::density::kde2d::{Kde2dBands, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::stored::Recipe;
 use crate::mechanism::sums::BufferedSums;
@@ -59,6 +59,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
         ParamDef { name: "points_y", kind: ParamKind::Int },
         ParamDef { name: "calibration", kind: ParamKind::Str },
         ParamDef { name: "normalize", kind: ParamKind::Str },
+        ParamDef { name: "band_alpha", kind: ParamKind::Float },
         ParamDef { name: "select_epsilon", kind: ParamKind::Float },
         ParamDef { name: "select_delta", kind: ParamKind::Float },
         ParamDef { name: "select_max_groups", kind: ParamKind::Int },
@@ -116,8 +117,30 @@ pub fn mechanism_from_literals(
     Ok((Kde2dMechanism::new(spec, contribution).map_err(|e| p.error(e))?, cost))
 }
 
+fn rows_field(name: &str) -> Field {
+    Field::new_list(name, Field::new_list_field(DataType::new_list(DataType::Float64, true), true), true)
+}
+
 fn float_rows_field() -> Field {
-    Field::new_list("density", Field::new_list_field(DataType::new_list(DataType::Float64, true), true), true)
+    rows_field("density")
+}
+
+/// A list of rows (`[i][j]`), NULL when absent, with the declared field names.
+fn float_rows(name: &str, rows: Option<&Vec<Vec<f64>>>) -> Result<ArrayRef> {
+    let mut builder = ListBuilder::new(ListBuilder::new(Float64Builder::new()));
+    match rows {
+        Some(rows) => {
+            for row in rows {
+                builder.values().values().append_slice(row);
+                builder.values().append(true);
+            }
+            builder.append(true);
+        }
+        None => builder.append(false),
+    }
+    let array: ArrayRef = Arc::new(builder.finish());
+    // The builder's field names differ from the declared ones only in name ("item"): cast.
+    Ok(datafusion::arrow::compute::cast(&array, rows_field(name).data_type())?)
 }
 
 /// The fields of the result struct.
@@ -128,31 +151,21 @@ pub fn result_fields() -> Fields {
         float_rows_field(),
         Field::new("mass", DataType::Float64, true),
         Field::new("release", DataType::Utf8, true),
+        rows_field("noise_band"),
+        rows_field("band"),
     ])
 }
 
-/// The result struct of a release (also what `release(id)` re-reads).
-pub fn result_value(release: &Kde2dRelease, id: Option<String>) -> Result<ScalarValue> {
-    let mut rows = ListBuilder::new(ListBuilder::new(Float64Builder::new()));
-    match &release.density {
-        Some(density) => {
-            for row in density {
-                rows.values().values().append_slice(row);
-                rows.values().append(true);
-            }
-            rows.append(true);
-        }
-        None => rows.append(false),
-    }
-    let density: ArrayRef = Arc::new(rows.finish());
-    // The builder's field names differ from the declared ones only in name ("item"): cast.
-    let density = datafusion::arrow::compute::cast(&density, float_rows_field().data_type())?;
+/// The result struct of a release and its bands (also what `release(id)` re-reads).
+pub fn result_value(release: &Kde2dRelease, bands: Option<&Kde2dBands>, id: Option<String>) -> Result<ScalarValue> {
     let columns: Vec<ArrayRef> = vec![
         float_list(Some(release.x.clone())),
         float_list(Some(release.y.clone())),
-        density,
+        float_rows("density", release.density.as_ref())?,
         Arc::new(Float64Array::from(vec![release.mass])),
         Arc::new(StringArray::from(vec![id])),
+        float_rows("noise_band", bands.map(|b| &b.noise))?,
+        float_rows("band", bands.and_then(|b| b.total.as_ref()))?,
     ];
     Ok(ScalarValue::Struct(Arc::new(StructArray::try_new(result_fields(), columns, None)?)))
 }
@@ -167,11 +180,13 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
         "Differentially private 2-D kernel density estimate (product Gaussian kernel with \
          bandwidths h_x, h_y) on a public points_x × points_y grid over the box [lo_x, hi_x] × \
          [lo_y, hi_y], released with a Gaussian field whose covariance is the product kernel, \
-         calibrated to (epsilon, delta). Returns {x, y, density, mass, release}: the grids, \
-         density[i][j] at (x[i], y[j]) normalised by the released surface's own integral (NULL if \
-         it holds less than one point's mass), a noisy count of the pairs in the box, and the \
-         stored release's id (catalog sessions).",
-        "private_kde2d(x, y, bandwidth_x, bandwidth_y, epsilon, delta [, lo_x, hi_x, lo_y, hi_y, points_x, points_y, calibration, normalize])",
+         calibrated to (epsilon, delta). Returns {x, y, density, mass, release, noise_band, band}: \
+         the grids, density[i][j] at (x[i], y[j]) normalised by the released surface's own \
+         integral (NULL if it holds less than one point's mass), a noisy count of the pairs in the \
+         box, the stored release's id (catalog sessions), and the half-widths [i][j] of the \
+         simultaneous level-band_alpha bands for the privacy noise and for noise plus sampling \
+         error.",
+        "private_kde2d(x, y, bandwidth_x, bandwidth_y, epsilon, delta [, lo_x, hi_x, lo_y, hi_y, points_x, points_y, calibration, normalize, band_alpha])",
     )
     .with_sql_example(
         "```sql\nSELECT private_kde2d(x, y, 0.05, 0.05, 1.0, 1e-6, lo_x => 0, hi_x => 1, lo_y => 0, hi_y => 1) FROM t;\n```",
@@ -190,6 +205,7 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
     .with_argument("points_y", "grid points along y in [2, 1024], default 64")
     .with_argument("calibration", "'analytic' (default) or 'classic' (ε ≤ 1 only)")
     .with_argument("normalize", "'project' (default: L2 projection onto densities), 'rescale' or 'none'")
+    .with_argument("band_alpha", "level of the simultaneous bands, in (0, 1), default 0.05")
     .build()
 });
 
@@ -201,7 +217,7 @@ pub struct Kde2d;
 pub type PrivateKde2d = PrivateUdaf<Kde2d>;
 
 impl PrivateSpec for Kde2d {
-    type Call = Kde2dMechanism;
+    type Call = Kde2dRun;
 
     fn params(&self) -> &'static FunctionParams {
         &PARAMS
@@ -228,26 +244,41 @@ impl PrivateSpec for Kde2d {
         values: &[Option<ScalarValue>],
         _: &[DataType],
         contribution: Contribution,
-    ) -> Result<(Kde2dMechanism, Budget)> {
-        mechanism_from_literals(values, contribution)
+    ) -> Result<(Kde2dRun, Budget)> {
+        let (mechanism, cost) = mechanism_from_literals(values, contribution)?;
+        Ok((Kde2dRun { mechanism, alpha: PARAMS.band_alpha(values)? }, cost))
     }
 }
 
-impl Release for Kde2dMechanism {
+/// A validated `private_kde2d` call: its mechanism and the level of its bands.
+#[derive(Debug)]
+pub struct Kde2dRun {
+    mechanism: Kde2dMechanism,
+    alpha: f64,
+}
+
+impl Kde2dRun {
+    /// The call's mechanism.
+    pub fn mechanism(&self) -> &Kde2dMechanism {
+        &self.mechanism
+    }
+}
+
+impl Release for Kde2dRun {
     type Statistic = BufferedSums;
-    type Output = Kde2dRelease;
+    type Output = (Kde2dRelease, Option<Kde2dBands>);
 
     fn statistic(&self) -> BufferedSums {
-        self.accumulation()
+        self.mechanism.accumulation()
     }
 
     fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
-        for_each_valid_pair(values, |x, y| self.add_all(state, x, y));
+        for_each_valid_pair(values, |x, y| self.mechanism.add_all(state, x, y));
         Ok(())
     }
 
     fn memory_bytes(&self) -> (u64, u64) {
-        Kde2dMechanism::memory_bytes(self)
+        self.mechanism.memory_bytes()
     }
 
     fn release(
@@ -255,16 +286,20 @@ impl Release for Kde2dMechanism {
         state: &mut BufferedSums,
         rng: Option<&mut ChaCha20Rng>,
         cx: &CallContext,
-    ) -> Result<(Kde2dRelease, Recipe)> {
-        let lifted = self.noisy_lifted(state.totals(), rng);
+    ) -> Result<(Self::Output, Recipe)> {
+        let m = &self.mechanism;
+        let lifted = m.noisy_lifted(state.totals(), rng);
         // Everything from here on is post-processing of the released coordinates.
-        let surface = self.surface_from_lifted(&lifted);
-        let release = self.post_process(&surface);
-        Ok((release, Recipe::Kde2d { spec: self.spec().clone(), contribution: cx.contribution, surface }))
+        let surface = m.surface_from_lifted(&lifted);
+        let release = m.post_process(&surface);
+        let bands = m.bands(&release, self.alpha);
+        let recipe =
+            Recipe::Kde2d { spec: m.spec().clone(), contribution: cx.contribution, alpha: self.alpha, surface };
+        Ok(((release, bands), recipe))
     }
 
-    fn result(&self, release: Kde2dRelease, id: Option<String>) -> Result<ScalarValue> {
-        result_value(&release, id)
+    fn result(&self, (release, bands): Self::Output, id: Option<String>) -> Result<ScalarValue> {
+        result_value(&release, bands.as_ref(), id)
     }
 }
 
@@ -278,7 +313,7 @@ mod tests {
     use datafusion::logical_expr::Volatility;
     use datafusion::logical_expr::{Accumulator, AggregateUDFImpl};
 
-    fn accumulator(noise: NoiseSource) -> PrivateAccumulator<Kde2dMechanism> {
+    fn accumulator(noise: NoiseSource) -> PrivateAccumulator<Kde2dRun> {
         let spec = Kde2dSpec {
             grid_x: Grid { lo: 0.0, hi: 1.0, points: 12 },
             grid_y: Grid { lo: 0.0, hi: 2.0, points: 10 },
@@ -292,8 +327,9 @@ mod tests {
         accumulator_with(spec, CallContext { noise, ..CallContext::default() })
     }
 
-    fn accumulator_with(spec: Kde2dSpec, cx: CallContext) -> PrivateAccumulator<Kde2dMechanism> {
-        PrivateAccumulator::new(NAME, Kde2dMechanism::new(spec, Contribution::ROW).unwrap(), cx)
+    fn accumulator_with(spec: Kde2dSpec, cx: CallContext) -> PrivateAccumulator<Kde2dRun> {
+        let mechanism = Kde2dMechanism::new(spec, Contribution::ROW).unwrap();
+        PrivateAccumulator::new(NAME, Kde2dRun { mechanism, alpha: crate::mechanism::noise::bands::DEFAULT_ALPHA }, cx)
     }
 
     #[test]
@@ -302,7 +338,7 @@ mod tests {
             vec![Arc::new(Float64Array::from(vec![0.2, 0.5])), Arc::new(Float64Array::from(vec![1.0, 1.5]))]
         };
         // No permit: evaluate fails, and keeps failing (nothing was released or memoised).
-        let spec = accumulator(NoiseSource::Os).call().spec().clone();
+        let spec = accumulator(NoiseSource::Os).call().mechanism().spec().clone();
         let mut denied = accumulator_with(spec, CallContext { permits: Permits::Denied, ..CallContext::default() });
         denied.update_batch(&batch()).unwrap();
         assert!(denied.evaluate().is_err());

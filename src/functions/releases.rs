@@ -218,8 +218,8 @@ impl TableFunctionImpl for ReleaseTable {
             StoredCurve::Kde { release, bands, .. } => {
                 ("private_kde", super::private_kde::result_value(release, bands.as_ref(), Some(id.clone()))?)
             }
-            StoredCurve::Kde2d { release } => {
-                ("private_kde2d", super::private_kde2d::result_value(release, Some(id.clone()))?)
+            StoredCurve::Kde2d { release, bands } => {
+                ("private_kde2d", super::private_kde2d::result_value(release, bands.as_ref(), Some(id.clone()))?)
             }
             StoredCurve::KernelFit { mechanism, release, .. } => {
                 let kind = super::kernel_fit::Kind::of(mechanism.spec().loss);

@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use crate::mechanism::contribution::Contribution;
 use crate::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
 use crate::mechanism::density::kde::{Grid, KdeLayout};
-use crate::mechanism::density::kde2d::{Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use crate::mechanism::density::kde2d::{Kde2dBands, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use crate::mechanism::density::release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
 use crate::mechanism::fits::kernel_fit::{FitLoss, FitRelease, FitSpec, KernelFitMechanism};
 use crate::mechanism::noise::calibration::Calibration;
@@ -60,6 +60,8 @@ pub enum Recipe {
         spec: Kde2dSpec,
         /// The contribution bound.
         contribution: Contribution,
+        /// Level of its bands.
+        alpha: f64,
         /// The released surface on the grid (x-major), before normalisation.
         surface: Vec<f64>,
     },
@@ -144,11 +146,11 @@ impl Recipe {
                 }
                 v
             }
-            Recipe::Kde2d { spec, contribution, .. } => json!({
+            Recipe::Kde2d { spec, contribution, alpha, .. } => json!({
                 "lo_x": spec.grid_x.lo, "hi_x": spec.grid_x.hi, "points_x": spec.grid_x.points,
                 "lo_y": spec.grid_y.lo, "hi_y": spec.grid_y.hi, "points_y": spec.grid_y.points,
                 "bandwidth_x": spec.bandwidth_x, "bandwidth_y": spec.bandwidth_y,
-                "epsilon": spec.epsilon, "delta": spec.delta,
+                "epsilon": spec.epsilon, "delta": spec.delta, "band_alpha": alpha,
                 "calibration": spec.calibration.name(), "normalize": spec.normalise.name(),
                 "unit_rows": contribution.rows, "unit_groups": contribution.groups,
             }),
@@ -267,6 +269,8 @@ impl Recipe {
                         normalise: Normalise::parse(text(&p, "normalize")?).ok_or("stored release: bad normalize")?,
                     },
                     contribution,
+                    // Releases stored before 2-D bands existed: the default level.
+                    alpha: alpha().unwrap_or(crate::mechanism::noise::bands::DEFAULT_ALPHA),
                     surface: floats(data)?,
                 })
             }
@@ -348,6 +352,8 @@ pub enum StoredCurve {
     Kde2d {
         /// The release as it was returned.
         release: Kde2dRelease,
+        /// Its bands.
+        bands: Option<Kde2dBands>,
     },
     /// A kernel regression or classifier release.
     KernelFit {
@@ -395,12 +401,14 @@ impl StoredCurve {
                 let bands = mechanism.bands(&release, *alpha);
                 Ok(StoredCurve::Kde { mechanism: Box::new(mechanism), lifted: lifted.clone(), circle, release, bands })
             }
-            Recipe::Kde2d { spec, contribution, surface } => {
+            Recipe::Kde2d { spec, contribution, alpha, surface } => {
                 let mechanism = Kde2dMechanism::new(spec.clone(), *contribution).map_err(|e| e.to_string())?;
                 if surface.len() != spec.grid_x.points * spec.grid_y.points {
                     return Err("stored release: a surface of the wrong size".into());
                 }
-                Ok(StoredCurve::Kde2d { release: mechanism.post_process(surface) })
+                let release = mechanism.post_process(surface);
+                let bands = mechanism.bands(&release, *alpha);
+                Ok(StoredCurve::Kde2d { release, bands })
             }
             Recipe::KernelFit { spec, contribution, coefficients, .. } => {
                 let mechanism = KernelFitMechanism::new(spec.clone(), *contribution).map_err(|e| e.to_string())?;
@@ -444,7 +452,7 @@ impl StoredCurve {
     /// between them bilinear interpolation of the four surrounding grid values. None outside
     /// the box, for a release without a density (too little mass), or a 1-D release.
     pub fn eval2(&self, x: f64, y: f64) -> Option<f64> {
-        let StoredCurve::Kde2d { release } = self else { return None };
+        let StoredCurve::Kde2d { release, .. } = self else { return None };
         let density = release.density.as_ref()?;
         let (i, tx) = cell_of(&release.x, x)?;
         let (j, ty) = cell_of(&release.y, y)?;

@@ -29,6 +29,7 @@ use rand::Rng;
 use crate::mechanism::contribution::Contribution;
 use crate::mechanism::density::kde::{FIXED_ONE, Grid, linear_bin};
 use crate::mechanism::density::release::{KdeMechanism, KdeSpec, MechanismError, Normalise, projection_shift_weighted};
+use crate::mechanism::noise::bands;
 use crate::mechanism::noise::calibration;
 use crate::mechanism::noise::calibration::Calibration;
 use crate::mechanism::noise::lattice::{DD, LatticeMechanism, ROW_LIMIT};
@@ -76,6 +77,19 @@ pub struct Kde2dRelease {
     pub density: Option<Vec<Vec<f64>>>,
     /// `Z/(2π·h_x·h_y)`: a noisy count of the points in the box.
     pub mass: f64,
+    /// What the noisy surface was divided by to give the density (NaN without one).
+    pub normaliser: f64,
+}
+
+/// Simultaneous level-α bands of a 2-D release, as half-widths on the grid in density units
+/// (`[i][j]` at `(x[i], y[j])`, like the density).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kde2dBands {
+    /// Covers the privacy noise over the whole grid with probability ≥ 1 − α.
+    pub noise: Vec<Vec<f64>>,
+    /// Plug-in band adding the sampling error of the kernel estimate; None when the released
+    /// mass is below 2.
+    pub total: Option<Vec<Vec<f64>>>,
 }
 
 /// The private 2-D KDE mechanism for fixed public parameters.
@@ -320,10 +334,12 @@ impl Kde2dMechanism {
         let (weights, cell) = self.quadrature();
         let integral = |v: &mut dyn Iterator<Item = f64>| cell * v.zip(&weights).map(|(a, w)| a * w).sum::<f64>();
         let z = integral(&mut noisy_sum.iter().copied());
-        let mut release = Kde2dRelease { x: gx.xs(), y: gy.xs(), density: None, mass: z / one_point };
+        let mut release =
+            Kde2dRelease { x: gx.xs(), y: gy.xs(), density: None, mass: z / one_point, normaliser: f64::NAN };
         if z > one_point {
             let flat: Vec<f64> = match self.spec.normalise {
                 Normalise::Project => {
+                    release.normaliser = z;
                     let g: Vec<f64> = noisy_sum.iter().map(|v| v / z).collect();
                     let c = projection_shift_weighted(&g, &weights, cell);
                     g.iter().map(|v| (v - c).max(0.0)).collect()
@@ -331,13 +347,52 @@ impl Kde2dMechanism {
                 Normalise::Rescale => {
                     // ∫max(S̃, 0) ≥ Z > 0.
                     let total = integral(&mut noisy_sum.iter().map(|v| v.max(0.0)));
+                    release.normaliser = total;
                     noisy_sum.iter().map(|v| v.max(0.0) / total).collect()
                 }
-                Normalise::Raw => noisy_sum.iter().map(|v| v / z).collect(),
+                Normalise::Raw => {
+                    release.normaliser = z;
+                    noisy_sum.iter().map(|v| v / z).collect()
+                }
             };
             release.density = Some(flat.chunks(gy.points).map(<[f64]>::to_vec).collect());
         }
         release
+    }
+
+    /// The level-α threshold of the noise band in units of σ: the released surface's noise is
+    /// a stationary Gaussian field with sd `σ·s_x·s_y` (each axis' synthesis sd, ≈ 1) and
+    /// correlation `exp(−dx²/2h_x² − dy²/2h_y²)` ([`bands::gaussian_field_threshold`]).
+    pub fn noise_threshold(&self, alpha: f64) -> f64 {
+        let (gx, gy) = (self.spec.grid_x, self.spec.grid_y);
+        let u = bands::gaussian_field_threshold(
+            alpha,
+            (gx.points, gx.step(), self.spec.bandwidth_x),
+            (gy.points, gy.step(), self.spec.bandwidth_y),
+        );
+        u * self.axis_x.synthesis_sd() * self.axis_y.synthesis_sd()
+    }
+
+    /// Simultaneous level-α bands of a release (post-processing: public σ, kernel and grid, and
+    /// for the plug-in band the released density and mass). None without a density.
+    pub fn bands(&self, release: &Kde2dRelease, alpha: f64) -> Option<Kde2dBands> {
+        let density = release.density.as_ref()?;
+        let u = self.noise_threshold(alpha);
+        let sd = self.sigma() / release.normaliser;
+        let noise = density.iter().map(|row| vec![u * sd; row.len()]).collect();
+        // Sampling error of a product Gaussian kernel estimate: Var f̂ ≈ f·R(K)/(n·h_x·h_y)
+        // with R(K) = 1/(4π); its field is no rougher than the noise's, so u covers the sum.
+        let (hx, hy) = (self.spec.bandwidth_x, self.spec.bandwidth_y);
+        let rk = 0.25 / std::f64::consts::PI;
+        let total = (release.mass >= 2.0).then(|| {
+            density
+                .iter()
+                .map(|row| {
+                    row.iter().map(|&f| u * sd.hypot((f.max(0.0) * rk / (release.mass * hx * hy)).sqrt())).collect()
+                })
+                .collect()
+        });
+        Some(Kde2dBands { noise, total })
     }
 
     /// Releases: noisy lifted coordinates, the surface, the density.

@@ -29,7 +29,7 @@ use rustfft::{FftPlanner, num_complex::Complex};
 use crate::mechanism::contribution::Contribution;
 use crate::mechanism::density::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS};
 use crate::mechanism::density::sobolev::SobolevMap;
-use crate::mechanism::noise::bands;
+use crate::mechanism::noise::bands::{self, Taps};
 use crate::mechanism::noise::cache::PublicCache;
 use crate::mechanism::noise::calibration::{self, Calibration};
 use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
@@ -72,6 +72,9 @@ pub struct KdeRelease {
     pub normaliser: f64,
     /// The L2 projection's shift c (0 for the other normalisations).
     pub shift: f64,
+    /// The smoothing the noiseless release applies, as the sd of its effective kernel
+    /// ([`KdeMechanism::smoothing`]): what the bands describe.
+    pub bandwidth: f64,
 }
 
 /// Simultaneous level-α bands of a KDE release, as half-widths on the grid in density units.
@@ -521,8 +524,14 @@ impl KdeMechanism {
         let h = self.spec.bandwidth;
         let one_point = (2.0 * std::f64::consts::PI).sqrt() * h;
         let z = trapezoid(noisy_sum, grid.step());
-        let mut release =
-            KdeRelease { x: grid.xs(), density: None, mass: z / one_point, normaliser: f64::NAN, shift: 0.0 };
+        let mut release = KdeRelease {
+            x: grid.xs(),
+            density: None,
+            mass: z / one_point,
+            normaliser: f64::NAN,
+            shift: 0.0,
+            bandwidth: self.smoothing(),
+        };
         if z > one_point {
             match self.spec.normalise {
                 Normalise::Project => {
@@ -565,58 +574,112 @@ impl KdeMechanism {
         bands::gaussian_kernel_threshold(alpha, g.points, g.step(), self.spec.bandwidth)
     }
 
+    /// The sd of the synthesis `A·ξ` at a grid point for iid unit-variance lifted coordinates
+    /// ξ: the diagonal of `A·Aᵀ`, the same at every lattice point of the circle,
+    /// `sqrt(Σ synth²/m)` (≈ 1: the kept spectrum sums to the kernel's value at 0).
+    pub fn synthesis_sd(&self) -> f64 {
+        (self.basis.synth.iter().map(|v| v * v).sum::<f64>() / self.basis.m as f64).sqrt()
+    }
+
+    /// The smoothing of the noiseless release, as the standard deviation of its effective
+    /// kernel. Linear binning onto points `s` apart smooths like a hat of half-width `s`
+    /// (variance `s²/6`) on top of the Gaussian kernel's h: the pure-ε release bins onto its
+    /// nodes (h/2 apart at a fixed h, up to 3h/2 with `bandwidth => 'auto'`), the others onto
+    /// bins ≤ h/16 apart, and exact mode not at all. So `sqrt(h² + s²/6)`.
+    pub fn smoothing(&self) -> f64 {
+        let h = self.spec.bandwidth;
+        let s = match (&self.laplace, self.layout.bins()) {
+            (Some(n), _) => n.spacing,
+            (None, Some((_, spacing, _))) => spacing,
+            (None, None) => 0.0,
+        };
+        (h * h + s * s / 6.0).sqrt()
+    }
+
+    /// The taps of the pure-ε release's noise at grid point k: the kernel weights of the nodes
+    /// within the truncation reach ([`Self::node_sum_at`]'s), per unit node noise.
+    fn node_taps(&self, n: &LaplaceNodes, k: usize) -> Taps {
+        let h = self.spec.bandwidth;
+        let x = self.spec.grid.at(k);
+        let reach = TRUNCATION_BANDWIDTHS * h;
+        let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
+        let last = ((((x + reach - n.origin) / n.spacing).floor() + 1.0).max(0.0) as usize).min(n.nodes);
+        let weights = (first..last.max(first))
+            .map(|i| crate::mechanism::density::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
+            .collect();
+        Taps { first, weights }
+    }
+
     /// The pure-ε release's band threshold (quantile of the simulated standardised supremum
-    /// from a public seed, cached per grid, bandwidth and α) and its sd profile `s_k`
-    /// (per unit σ: the noise at grid point k has sd `σ·s_k`).
+    /// from a public seed) and its sd profile `s_k` (per unit σ: the noise at grid point k has
+    /// sd `σ·s_k`). The standardised process depends on the geometry in units of h only (grid
+    /// points, step, node spacing, the grid's offset from node 0), which is the cache's key:
+    /// every release with that geometry — any data, any ε, any automatic choice that lands on
+    /// it — reuses one simulation.
     fn laplace_threshold(&self, n: &LaplaceNodes, alpha: f64) -> (f64, Vec<f64>) {
         let g = self.spec.grid;
         let h = self.spec.bandwidth;
-        let reach = TRUNCATION_BANDWIDTHS * h;
-        let taps: Vec<Vec<(usize, f64)>> = (0..g.points)
-            .map(|k| {
-                let x = g.at(k);
-                let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
-                let last = ((((x + reach - n.origin) / n.spacing).floor() + 1.0).max(0.0) as usize).min(n.nodes);
-                (first..last)
-                    .map(|i| {
-                        (i, crate::mechanism::density::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
-                    })
-                    .collect()
-            })
-            .collect();
-        // s_k for standard Laplace coordinates (variance 2) normalised to unit-variance ones.
-        type Key = (u64, u64, usize, u64, u64, u64, u64);
+        let taps: Vec<Taps> = (0..g.points).map(|k| self.node_taps(n, k)).collect();
+        type Key = (usize, usize, u64, u64, u64, u64);
         static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
         let key = (
-            g.lo.to_bits(),
-            g.hi.to_bits(),
             g.points,
-            h.to_bits(),
+            n.nodes,
+            (g.step() / h).to_bits(),
+            (n.spacing / h).to_bits(),
+            ((g.lo - n.origin) / h).to_bits(),
             alpha.to_bits(),
-            n.origin.to_bits(),
-            n.spacing.to_bits(),
         );
         let q = QUANTILES
             .get_or_try_insert(
                 key,
                 |_| 8,
-                || Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile_sparse(alpha, &taps, n.nodes).0),
+                || Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile_banded(alpha, &taps, n.nodes)),
             )
             .unwrap_or_else(|e| match e {});
-        let s = taps.iter().map(|t| t.iter().map(|(_, w)| w * w).sum::<f64>().sqrt()).collect();
+        let s = taps.iter().map(Taps::norm).collect();
         // |noise_k| ≤ q·b·s_k with b = σ/√2 the Laplace scale: in units of σ·s_k, q/√2.
         (*q / std::f64::consts::SQRT_2, s)
+    }
+
+    /// The ICLP release's band threshold in units of σ: its noise on the grid is the synthesis
+    /// `A·ℓ` of iid discrete Laplace lifted coordinates of sd σ, stationary with sd `σ·s`
+    /// (`s² = Σ synth²/m ≈ 1`: the kept spectrum sums to the kernel's value at 0); `s` times the
+    /// (1 − α) quantile of its standardised supremum, simulated from the public seed and cached
+    /// per (grid, bandwidth, α).
+    fn iclp_threshold(&self, alpha: f64) -> f64 {
+        let g = self.spec.grid;
+        type Key = (u64, u64, usize, u64, u64);
+        static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
+        let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, self.spec.bandwidth.to_bits(), alpha.to_bits());
+        let dim = self.lattice.dim();
+        let m = self.basis.m;
+        let s = self.synthesis_sd();
+        let q = QUANTILES
+            .get_or_try_insert(
+                key,
+                |_| 8,
+                || {
+                    let work = m * (usize::BITS - m.leading_zeros()) as usize;
+                    let draws = (200_000_000 / work.max(1)).clamp(500, bands::SIMULATION_DRAWS);
+                    let mut w = vec![0.0; dim];
+                    Ok::<_, std::convert::Infallible>(bands::simulated_quantile(alpha, draws, |rng| {
+                        w.iter_mut().for_each(|v| *v = bands::standard_laplace(rng) / std::f64::consts::SQRT_2);
+                        self.curve_from_lifted(&w).iter().map(|v| (v / s).abs()).fold(0.0, f64::max)
+                    }))
+                },
+            )
+            .unwrap_or_else(|e| match e {});
+        *q * s
     }
 
     /// Simultaneous level-α bands of a release (post-processing: public σ, kernel and grid,
     /// and for the plug-in band the released density and mass). None without a density.
     pub fn bands(&self, release: &KdeRelease, alpha: f64) -> Option<KdeBands> {
         let density = release.density.as_ref()?;
-        if self.iclp {
-            return None; // no supremum threshold for the Laplace process yet
-        }
         let h = self.spec.bandwidth;
         let (u, profile) = match &self.laplace {
+            None if self.iclp => (self.iclp_threshold(alpha), None),
             None => (self.noise_threshold(alpha), None),
             Some(n) => {
                 let (q, s) = self.laplace_threshold(n, alpha);
