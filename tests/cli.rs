@@ -429,8 +429,11 @@ fn a_2d_density_is_drawn_as_a_heat_map() {
     let rows: Vec<&str> = out.lines().filter(|l| l.contains(" |")).collect();
     assert!(rows.len() >= 24, "no heat map:\n{out}");
     assert!(rows.iter().any(|l| l.contains('@')) && out.contains("shades"), "{out}");
+    // Its band: named under the terminal map, and in the SVG.
+    assert!(out.contains("band ± up to") && out.contains("grid points clear of 0"), "{out}");
     let doc = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(doc.matches(r#"class="cell""#).count(), 30 * 20, "one cell per grid point");
+    assert!(doc.contains(r#"class="band-caption""#), "the band is named in the picture");
     assert!(!doc.contains("<polyline"), "not drawn as a curve");
 }
 

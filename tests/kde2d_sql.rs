@@ -250,7 +250,11 @@ async fn the_guard_refuses_what_would_leak_with_precise_messages_and_charges_not
             "'points_x' must be an integer in [2, 1024]",
         ),
         ("SELECT private_kde2d(x, y, 0.0001, 0.4, 1, 1e-6) FROM t", "the 2-D statistic would need"),
-        ("SELECT private_kde2d(x, 0.1, 0.4, 1, 1e-6) FROM t", "takes 6 to 17 arguments"),
+        ("SELECT private_kde2d(x, 0.1, 0.4, 1, 1e-6) FROM t", "takes 6 to 18 arguments"),
+        (
+            "SELECT private_kde2d(x, y, 0.1, 0.4, 1, 1e-6, band_alpha => 1) FROM t",
+            "'band_alpha' must be in the open interval (0, 1)",
+        ),
         ("SELECT private_kde2d(x, y, 0.1, 0.4, 1, 1e-6, width => 3) FROM t", "unknown argument name 'width'"),
         ("SELECT private_kde2d(x, CAST(y AS INT), 0.1, 0.4, 1, 1e-6) FROM t", ""),
         ("SELECT private_kde2d(x, 'a', 0.1, 0.4, 1, 1e-6) FROM t", "argument 'y' must be numeric"),
