@@ -310,3 +310,50 @@ async fn identical_calls_are_one_release_in_every_shape() {
         }
     }
 }
+
+/// What a release says about itself besides its numbers — the smoothing it applies (public at a
+/// given bandwidth), whether it has bands and their shape, 1-D and 2-D — is the same with and
+/// without alice's row, at an ε large enough that every release has a density and bands (so the
+/// band code runs on both sides). A band computed from the data, or one that fails on some data,
+/// would show here.
+#[tokio::test]
+async fn bands_and_the_reported_smoothing_do_not_depend_on_one_row() {
+    let n = Neighbours::new("nb-bands").await;
+    let shape = |k: &str| {
+        format!(
+            "k['noise_band'] IS NULL AS nb_null, k['band'] IS NULL AS b_null, cardinality(k['noise_band']) AS nb_len, \
+             cardinality(k['band']) AS b_len, k['density'] IS NULL AS d_null FROM (SELECT {k} AS k FROM p)"
+        )
+    };
+    let mut queries = Vec::new();
+    for mechanism in ["gaussian', delta => 1e-6", "laplace', delta => 0", "iclp', delta => 0"] {
+        let k = format!("private_kde(x, bandwidth => 0.1, epsilon => 5, mechanism => '{mechanism}, points => 32)");
+        queries.push(format!("SELECT CAST(k['bandwidth'] AS VARCHAR) AS h, {}", shape(&k)));
+    }
+    // 'auto': its bandwidth is a released number (not compared); the rest is.
+    queries.push(format!(
+        "SELECT {}",
+        shape("private_kde(x, bandwidth => 'auto', epsilon => 5, delta => 0, points => 32)")
+    ));
+    queries.push(format!(
+        "SELECT {}",
+        shape("private_kde2d(x, x, 0.2, 0.25, 5, 1e-6, lo_y => 0, hi_y => 1, points_x => 12, points_y => 10)")
+    ));
+    for sql in &queries {
+        let (a, b) = n.observe(sql, 2).await;
+        assert!(a.error.is_none(), "{sql}: {:?}", a.error);
+        assert_eq!(a, b, "{sql}: the neighbours differ");
+        // Every release here has its density and both bands (the band code ran): the last five
+        // columns are nb_null, b_null, nb_len, b_len, d_null.
+        let r = &a.rows[0];
+        let t = &r[r.len() - 5..];
+        assert_eq!((t[0].as_str(), t[1].as_str(), t[4].as_str()), ("false", "false", "false"), "{sql}: {r:?}");
+        assert!(t[2] == t[3] && t[2].parse::<usize>().unwrap() > 1, "{sql}: {r:?}");
+    }
+    // The smoothing reported at a fixed h: 1.0003·h (bins ≤ h/16) or ≤ 1.02·h (pure-ε nodes).
+    let (g, _) = n.observe(&queries[0], 1).await;
+    let (l, _) = n.observe(&queries[1], 1).await;
+    let h = |o: &common::neighbours::Observed| o.rows[0][0].parse::<f64>().unwrap();
+    assert!(h(&g) > 0.1 && h(&g) < 0.1001, "{}", h(&g));
+    assert!(h(&l) > 0.1001 && h(&l) <= 0.1 * (1.0f64 + 1.0 / 24.0).sqrt() + 1e-12, "{}", h(&l));
+}

@@ -38,6 +38,8 @@ pub use super::basis::{KdeBasis, MAX_CIRCLE, MAX_LATTICE, SPECTRUM_CUTOFF};
 pub use super::error::MechanismError;
 pub use super::normalise::{Normalise, projection_shift, projection_shift_weighted, trapezoid};
 
+/// Largest circle (lattice points) on which an ICLP release's band is simulated.
+pub const ICLP_BAND_MAX_CIRCLE: usize = 1 << 16;
 /// RKHS sensitivity of the kernel sum under adding or removing one row (before the
 /// numerical slack the lifted coordinates add).
 pub const KDE_SENSITIVITY: f64 = 1.0;
@@ -291,13 +293,8 @@ impl KdeMechanism {
 
     /// The pure-ε release's kernel sum of node counts `w` at x (the nodes within 8h).
     fn node_sum_at(&self, n: &LaplaceNodes, w: &[f64], x: f64) -> f64 {
-        let h = self.spec.bandwidth;
-        let reach = TRUNCATION_BANDWIDTHS * h;
-        let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
-        let last = (((x + reach - n.origin) / n.spacing).floor().max(-1.0) + 1.0) as usize;
-        (first..last.min(n.nodes))
-            .map(|i| w[i] * crate::mechanism::density::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
-            .sum()
+        let t = self.node_taps(n, x);
+        t.weights.iter().zip(&w[t.first..]).map(|(k, v)| k * v).sum()
     }
 
     /// The noise variance of the released kernel sum at a grid point, averaged over the grid
@@ -596,13 +593,13 @@ impl KdeMechanism {
         (h * h + s * s / 6.0).sqrt()
     }
 
-    /// The taps of the pure-ε release's noise at grid point k: the kernel weights of the nodes
-    /// within the truncation reach ([`Self::node_sum_at`]'s), per unit node noise.
-    fn node_taps(&self, n: &LaplaceNodes, k: usize) -> Taps {
+    /// The pure-ε release at x as weights on the nodes: the kernel's values at the nodes within
+    /// its truncation reach (the release is their sum with the noisy counts, its noise the same
+    /// sum with the node noise).
+    fn node_taps(&self, n: &LaplaceNodes, x: f64) -> Taps {
         let h = self.spec.bandwidth;
-        let x = self.spec.grid.at(k);
         let reach = TRUNCATION_BANDWIDTHS * h;
-        let first = ((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize;
+        let first = (((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize).min(n.nodes);
         let last = ((((x + reach - n.origin) / n.spacing).floor() + 1.0).max(0.0) as usize).min(n.nodes);
         let weights = (first..last.max(first))
             .map(|i| crate::mechanism::density::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
@@ -619,9 +616,10 @@ impl KdeMechanism {
     fn laplace_threshold(&self, n: &LaplaceNodes, alpha: f64) -> (f64, Vec<f64>) {
         let g = self.spec.grid;
         let h = self.spec.bandwidth;
-        let taps: Vec<Taps> = (0..g.points).map(|k| self.node_taps(n, k)).collect();
         type Key = (usize, usize, u64, u64, u64, u64);
-        static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
+        // The quantile and the profile (kernel weights only: dimensionless, a function of the
+        // geometry too), so a cached geometry costs no kernel evaluations.
+        static BANDS: PublicCache<Key, (f64, Vec<f64>)> = PublicCache::new(32 << 20);
         let key = (
             g.points,
             n.nodes,
@@ -630,24 +628,32 @@ impl KdeMechanism {
             ((g.lo - n.origin) / h).to_bits(),
             alpha.to_bits(),
         );
-        let q = QUANTILES
+        let band = BANDS
             .get_or_try_insert(
                 key,
-                |_| 8,
-                || Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile_banded(alpha, &taps, n.nodes)),
+                |(_, s)| 8 * (s.len() + 1),
+                || {
+                    let taps: Vec<Taps> = (0..g.points).map(|k| self.node_taps(n, g.at(k))).collect();
+                    let q = bands::laplace_sup_quantile_banded(alpha, &taps, n.nodes);
+                    Ok::<_, std::convert::Infallible>((q, taps.iter().map(Taps::norm).collect()))
+                },
             )
             .unwrap_or_else(|e| match e {});
-        let s = taps.iter().map(Taps::norm).collect();
         // |noise_k| ≤ q·b·s_k with b = σ/√2 the Laplace scale: in units of σ·s_k, q/√2.
-        (*q / std::f64::consts::SQRT_2, s)
+        (band.0 / std::f64::consts::SQRT_2, band.1.clone())
     }
 
     /// The ICLP release's band threshold in units of σ: its noise on the grid is the synthesis
     /// `A·ℓ` of iid discrete Laplace lifted coordinates of sd σ, stationary with sd `σ·s`
     /// (`s² = Σ synth²/m ≈ 1`: the kept spectrum sums to the kernel's value at 0); `s` times the
     /// (1 − α) quantile of its standardised supremum, simulated from the public seed and cached
-    /// per (grid, bandwidth, α).
-    fn iclp_threshold(&self, alpha: f64) -> f64 {
+    /// per (grid, bandwidth, α). Each draw is one synthesis on the circle, so the simulation
+    /// (≥ 500 draws) runs only for circles of at most [`ICLP_BAND_MAX_CIRCLE`] points (≈ 1 s the
+    /// first time); larger ones have no band (a function of public parameters only).
+    fn iclp_threshold(&self, alpha: f64) -> Option<f64> {
+        if self.basis.m > ICLP_BAND_MAX_CIRCLE {
+            return None;
+        }
         let g = self.spec.grid;
         type Key = (u64, u64, usize, u64, u64);
         static QUANTILES: PublicCache<Key, f64> = PublicCache::new(1 << 20);
@@ -670,7 +676,7 @@ impl KdeMechanism {
                 },
             )
             .unwrap_or_else(|e| match e {});
-        *q * s
+        Some(*q * s)
     }
 
     /// Simultaneous level-α bands of a release (post-processing: public σ, kernel and grid,
@@ -679,7 +685,7 @@ impl KdeMechanism {
         let density = release.density.as_ref()?;
         let h = self.spec.bandwidth;
         let (u, profile) = match &self.laplace {
-            None if self.iclp => (self.iclp_threshold(alpha), None),
+            None if self.iclp => (self.iclp_threshold(alpha)?, None),
             None => (self.noise_threshold(alpha), None),
             Some(n) => {
                 let (q, s) = self.laplace_threshold(n, alpha);

@@ -232,3 +232,26 @@ fn at_equal_epsilon_the_pure_release_is_quieter_than_the_gaussian_one() {
     eprintln!("n = 1000, ε = 1: ISE Gaussian {eg:.4}, pure ε {el:.4}, ratio {:.2}", eg / el);
     assert!(el < eg, "{el} vs {eg}");
 }
+
+#[test]
+fn an_iclp_band_is_simulated_only_on_circles_it_can_afford() {
+    // The band's simulation is ≥ 500 syntheses on the circle: above ICLP_BAND_MAX_CIRCLE points
+    // the release carries no band (public parameters decide), below it one.
+    let with_density = |m: &KdeMechanism| {
+        let xs: Vec<f64> = (0..400).map(|i| (i as f64 * 0.618).fract()).collect();
+        let mut st = m.layout().empty_state();
+        m.layout().add_all(&mut st, &xs);
+        m.post_process(&m.noisy_sum::<rand::rngs::ChaCha20Rng>(&st, None))
+    };
+    let small = KdeMechanism::iclp(KdeSpec { delta: 0.0, ..spec() }, Contribution::ROW).unwrap();
+    assert!(small.basis.m <= ICLP_BAND_MAX_CIRCLE);
+    assert!(small.bands(&with_density(&small), 0.05).is_some());
+    // Binned (the grid step below h) on a circle of ≥ 2^17 lattice points.
+    let grid = Grid { lo: 0.0, hi: 1.0, points: 16384 };
+    let wide =
+        KdeMechanism::iclp(KdeSpec { delta: 0.0, bandwidth: 1.5e-4, grid, ..spec() }, Contribution::ROW).unwrap();
+    assert!(wide.basis.m > ICLP_BAND_MAX_CIRCLE, "{}", wide.basis.m);
+    let release = with_density(&wide);
+    assert!(release.density.is_some());
+    assert!(wide.bands(&release, 0.05).is_none());
+}
