@@ -9,6 +9,7 @@ pub mod named_args;
 pub mod params;
 pub mod permits;
 pub mod post;
+pub mod private_cdf;
 pub mod private_kde;
 pub mod private_kde2d;
 pub mod private_kernel_classifier;

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, Result, ScalarValue, plan_datafusion_err};
 use datafusion::logical_expr::expr::Cast;
@@ -29,6 +30,8 @@ pub enum ParamKind {
     Str,
     /// A boolean.
     Bool,
+    /// A list of real numbers (`[0.1, 0.5]`; coerced to a list of Float64).
+    FloatList,
 }
 
 /// One declared argument of a private aggregate.
@@ -129,6 +132,15 @@ impl FunctionParams {
                         .then_some(DataType::Utf8)
                 }
                 ParamKind::Bool => matches!(t, DataType::Boolean | DataType::Null).then_some(DataType::Boolean),
+                ParamKind::FloatList => match t {
+                    DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)
+                        if f.data_type().is_numeric() || f.data_type() == &DataType::Null =>
+                    {
+                        Some(DataType::new_list(DataType::Float64, true))
+                    }
+                    DataType::Null => Some(DataType::new_list(DataType::Float64, true)),
+                    _ => None,
+                },
             };
             let want = match def.kind {
                 ParamKind::Float => "a number",
@@ -136,6 +148,7 @@ impl FunctionParams {
                 ParamKind::Int => "an integer",
                 ParamKind::Str => "a string",
                 ParamKind::Bool => "a boolean",
+                ParamKind::FloatList => "a list of numbers such as [0.25, 0.5, 0.75]",
             };
             out.push(ok.ok_or_else(|| self.error(format!("argument '{}' must be {want}, got type {t}", def.name)))?);
         }
@@ -305,6 +318,27 @@ impl FunctionParams {
             )));
         }
         Ok((a, b))
+    }
+
+    /// A list-of-numbers parameter, if given (NULL elements are an error).
+    pub fn float_list(&self, values: &[Option<ScalarValue>], name: &str) -> Result<Option<Vec<f64>>> {
+        let bad = |v: &dyn std::fmt::Display| {
+            self.error(format!("argument '{name}' must be a list of numbers such as [0.25, 0.5, 0.75], got {v}"))
+        };
+        let v = match values.get(self.index(name)).cloned().flatten() {
+            None => return Ok(None),
+            Some(v) => v,
+        };
+        let list = match v.cast_to(&DataType::new_list(DataType::Float64, true)) {
+            Ok(ScalarValue::List(l)) if l.len() == 1 && !l.is_null(0) => l,
+            _ => return Err(bad(&v)),
+        };
+        let items = list.value(0);
+        let items = items.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        if items.null_count() > 0 {
+            return Err(bad(&v));
+        }
+        Ok(Some(items.values().to_vec()))
     }
 
     /// A boolean parameter, if given.

@@ -8,6 +8,7 @@ use datafusion::logical_expr::{AggregateUDF, Expr};
 use super::call::{CallContext, PolicyArgs, PrivateCall, PrivateFunction};
 use super::params::FunctionParams;
 use super::permits::Permits;
+use super::private_cdf::{self, PrivateCdf, PrivateQuantiles};
 use super::private_kde::{self, PrivateKde};
 use super::private_kde2d::{self, PrivateKde2d};
 use super::private_kernel_classifier::{self, PrivateKernelClassifier};
@@ -16,8 +17,10 @@ use super::private_mean_curve::{self, PrivateMeanCurve};
 use crate::mechanism::NoiseSource;
 
 /// The declared parameters of every private aggregate, for the named-argument rewrite.
-pub fn all_params() -> [&'static FunctionParams; 5] {
+pub fn all_params() -> [&'static FunctionParams; 7] {
     [
+        &private_cdf::CDF_PARAMS,
+        &private_cdf::QUANTILES_PARAMS,
         &private_kde::PARAMS,
         &private_kde2d::PARAMS,
         &private_mean_curve::PARAMS,
@@ -30,6 +33,8 @@ pub fn all_params() -> [&'static FunctionParams; 5] {
 /// sessions: [`Permits::Denied`] until the guard assigns each call a slot).
 pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> {
     vec![
+        AggregateUDF::from(PrivateCdf::new(noise).with_permits(permits.clone())),
+        AggregateUDF::from(PrivateQuantiles::new(noise).with_permits(permits.clone())),
         AggregateUDF::from(PrivateKde::new(noise).with_permits(permits.clone())),
         AggregateUDF::from(PrivateKde2d::new(noise).with_permits(permits.clone())),
         AggregateUDF::from(PrivateKernelRegression::new(noise).with_permits(permits.clone())),
@@ -41,6 +46,12 @@ pub fn private_udafs(noise: NoiseSource, permits: Permits) -> Vec<AggregateUDF> 
 /// `func` as a private aggregate, or None if it is any other function.
 fn as_private(func: &AggregateUDF) -> Option<&dyn PrivateFunction> {
     let inner = func.inner();
+    if let Some(f) = inner.downcast_ref::<PrivateCdf>() {
+        return Some(f);
+    }
+    if let Some(f) = inner.downcast_ref::<PrivateQuantiles>() {
+        return Some(f);
+    }
     if let Some(f) = inner.downcast_ref::<PrivateKde>() {
         return Some(f);
     }

@@ -232,6 +232,13 @@ impl TableFunctionImpl for ReleaseTable {
             StoredCurve::MeanCurve { release, band, .. } => {
                 ("private_mean_curve", super::private_mean_curve::result_value(release, band, Some(id.clone()))?)
             }
+            StoredCurve::Cdf { release, probabilities: None, .. } => {
+                (super::private_cdf::CDF, super::private_cdf::cdf_value(release, Some(id.clone()))?)
+            }
+            StoredCurve::Cdf { mechanism, release, probabilities: Some(p) } => (
+                super::private_cdf::QUANTILES,
+                super::private_cdf::quantiles_value(release, mechanism.spec(), p, Some(id.clone()))?,
+            ),
         };
         let array = value.to_array()?;
         let schema = Arc::new(Schema::new(vec![Field::new(name, array.data_type().clone(), true)]));

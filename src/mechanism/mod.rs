@@ -1,5 +1,5 @@
 //! Pure mathematics of the private releases: exact discrete noise and its calibration
-//! (`noise/`), one folder per estimator family (`density/`, `curves/`, `fits/`), and what they
+//! (`noise/`), one folder per estimator family (`density/`, `distribution/`, `curves/`, `fits/`), and what they
 //! share: contribution bounds, fixed-point sums, partition selection, stored releases. No DataFusion, no I/O.
 //!
 //! Every mechanism is a pair: a *privacy map* from public parameters to a noise scale
@@ -9,6 +9,7 @@
 pub mod contribution;
 pub mod curves;
 pub mod density;
+pub mod distribution;
 pub mod fits;
 pub mod noise;
 pub mod selection;

@@ -21,6 +21,10 @@
 //!   lifted coordinates, far smaller than them); at grid points exactly the release, between
 //!   them bilinear interpolation of the released density.
 //!
+//! * **CDF / quantiles**: the released noisy counts of every level of the tree; the distribution
+//!   function is recomputed from them exactly as the release did (least squares, isotonic
+//!   projection, the monotone interpolant), so at any x it is the returned curve's interpolant.
+//!
 //! Outside the release's range (`[lo, hi]`, or `[0, 1]` for a mean curve) there is no value.
 
 use serde_json::{Value, json};
@@ -30,6 +34,8 @@ use crate::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCu
 use crate::mechanism::density::kde::{Grid, KdeLayout};
 use crate::mechanism::density::kde2d::{Kde2dBands, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use crate::mechanism::density::release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
+use crate::mechanism::distribution::release::{CdfMechanism, CdfNoise, CdfRelease, CdfSpec, Resolution};
+use crate::mechanism::distribution::tree::TreeShape;
 use crate::mechanism::fits::kernel_fit::{FitLoss, FitRelease, FitSpec, KernelFitMechanism};
 use crate::mechanism::noise::calibration::Calibration;
 
@@ -92,6 +98,21 @@ pub enum Recipe {
         /// Which of (range, penalty) were chosen from the released count (`'auto'`).
         auto: (bool, bool),
     },
+    /// A `private_cdf` or `private_quantiles` release.
+    Cdf {
+        /// Its public parameters.
+        spec: CdfSpec,
+        /// The contribution bound.
+        contribution: Contribution,
+        /// Level of its bands.
+        alpha: f64,
+        /// log2 of the released tree's leaves (chosen from the released count).
+        leaves_log2: u32,
+        /// The released (noisy) counts of every level, root first, concatenated.
+        levels: Vec<f64>,
+        /// `private_quantiles`: the probabilities it released.
+        probabilities: Option<Vec<f64>>,
+    },
 }
 
 fn field(v: &Value, name: &str) -> Result<f64, String> {
@@ -117,6 +138,8 @@ impl Recipe {
                 FitLoss::Hinge(_) => "private_kernel_classifier",
             },
             Recipe::MeanCurve { .. } => "private_mean_curve",
+            Recipe::Cdf { probabilities: None, .. } => "private_cdf",
+            Recipe::Cdf { probabilities: Some(_), .. } => "private_quantiles",
         }
     }
 
@@ -192,6 +215,25 @@ impl Recipe {
                 }
                 v
             }
+            Recipe::Cdf { spec, contribution, alpha, leaves_log2, probabilities, .. } => {
+                let mut v = json!({
+                    "lo": spec.lo, "hi": spec.hi, "points": spec.points, "leaves": 1u64 << leaves_log2,
+                    "epsilon": spec.epsilon, "delta": spec.delta, "mechanism": spec.noise.name(),
+                    "calibration": spec.calibration.name(),
+                    "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
+                });
+                match spec.resolution {
+                    Resolution::Auto { max_log2 } => {
+                        v["leaves_rule"] = json!("auto");
+                        v["max_leaves"] = json!(1u64 << max_log2);
+                    }
+                    Resolution::Fixed { .. } => {}
+                }
+                if let Some(p) = probabilities {
+                    v["probabilities"] = json!(p);
+                }
+                v
+            }
         };
         v.to_string()
     }
@@ -204,6 +246,7 @@ impl Recipe {
             Recipe::Kde2d { surface, .. } => (surface, None),
             Recipe::KernelFit { coefficients, .. } => (coefficients, None),
             Recipe::MeanCurve { lifted, n, .. } => (lifted, Some(*n)),
+            Recipe::Cdf { levels, .. } => (levels, None),
         };
         let mut out = Vec::with_capacity(8 * (lifted.len() + 1));
         if let Some(n) = n {
@@ -327,6 +370,45 @@ impl Recipe {
                     ),
                 })
             }
+            "private_cdf" | "private_quantiles" => {
+                let leaves = count(&p, "leaves")?;
+                if !leaves.is_power_of_two() || leaves < 2 {
+                    return Err("stored release: bad leaves".into());
+                }
+                let leaves_log2 = leaves.trailing_zeros();
+                let resolution = match p.get("leaves_rule").and_then(Value::as_str) {
+                    Some("auto") => Resolution::Auto { max_log2: count(&p, "max_leaves")?.max(1).trailing_zeros() },
+                    _ => Resolution::Fixed { log2: leaves_log2 },
+                };
+                let probabilities = match p.get("probabilities") {
+                    None => None,
+                    Some(list) => Some(
+                        list.as_array()
+                            .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
+                            .ok_or("stored release: bad probabilities")?,
+                    ),
+                };
+                if probabilities.is_some() != (function == "private_quantiles") {
+                    return Err("stored release: probabilities do not match the function".into());
+                }
+                Ok(Recipe::Cdf {
+                    spec: CdfSpec {
+                        lo: field(&p, "lo")?,
+                        hi: field(&p, "hi")?,
+                        points: count(&p, "points")? as usize,
+                        resolution,
+                        noise: CdfNoise::parse(text(&p, "mechanism")?).ok_or("stored release: bad mechanism")?,
+                        epsilon: field(&p, "epsilon")?,
+                        delta: field(&p, "delta")?,
+                        calibration,
+                    },
+                    contribution,
+                    alpha: alpha()?,
+                    leaves_log2,
+                    levels: floats(data)?,
+                    probabilities,
+                })
+            }
             other => Err(format!("stored release of unknown function '{other}'")),
         }
     }
@@ -376,6 +458,15 @@ pub enum StoredCurve {
         kernel: CovKernel,
         /// Range ρ.
         range: f64,
+    },
+    /// A distribution-function release (`private_cdf`, `private_quantiles`).
+    Cdf {
+        /// The mechanism (public parameters).
+        mechanism: Box<CdfMechanism>,
+        /// The release as it was returned.
+        release: CdfRelease,
+        /// `private_quantiles`: its probabilities.
+        probabilities: Option<Vec<f64>>,
     },
 }
 
@@ -440,6 +531,27 @@ impl StoredCurve {
                 }
                 Ok(StoredCurve::MeanCurve { release, band, weights, kernel: spec.kernel, range: spec.range })
             }
+            Recipe::Cdf { spec, contribution, alpha, leaves_log2, levels, probabilities } => {
+                let mechanism = CdfMechanism::new(spec.clone(), *contribution)?;
+                if *leaves_log2 > spec.resolution.statistic_log2() {
+                    return Err("stored release: more leaves than its statistic".into());
+                }
+                let sizes = TreeShape::for_leaves_log2(*leaves_log2).level_sizes();
+                if levels.len() != sizes.iter().sum::<usize>() {
+                    return Err("stored release: levels of the wrong size".into());
+                }
+                let mut rest = levels.as_slice();
+                let split: Vec<Vec<f64>> = sizes
+                    .iter()
+                    .map(|&n| {
+                        let (head, tail) = rest.split_at(n);
+                        rest = tail;
+                        head.to_vec()
+                    })
+                    .collect();
+                let release = mechanism.post_process(*leaves_log2, &split, *alpha)?;
+                Ok(StoredCurve::Cdf { mechanism: Box::new(mechanism), release, probabilities: probabilities.clone() })
+            }
         }
     }
 
@@ -471,6 +583,11 @@ impl StoredCurve {
         }
         match self {
             StoredCurve::Kde2d { .. } => None,
+            StoredCurve::Cdf { mechanism, release, .. } => {
+                let spec = mechanism.spec();
+                let curve = release.curve.as_ref()?;
+                (x >= spec.lo && x <= spec.hi).then(|| curve.interpolant.eval(x))
+            }
             StoredCurve::KernelFit { mechanism, coefficients, .. } => {
                 let grid = mechanism.spec().grid;
                 // The same evaluation as the returned grid values: exact there, and anywhere.
