@@ -357,3 +357,39 @@ async fn bands_and_the_reported_smoothing_do_not_depend_on_one_row() {
     assert!(h(&g) > 0.1 && h(&g) < 0.1001, "{}", h(&g));
     assert!(h(&l) > 0.1001 && h(&l) <= 0.1 * (1.0f64 + 1.0 / 24.0).sqrt() + 1e-12, "{}", h(&l));
 }
+
+#[tokio::test]
+async fn distribution_releases_show_nothing_of_one_row_but_their_numbers() {
+    let n = Neighbours::new("nb-cdf").await;
+    let queries = [
+        // Ungrouped, both noises; the curve and its bands exist on both sides at ε = 5.
+        "SELECT cardinality(c['x']) AS nx, c['cdf'] IS NULL AS no_cdf, cardinality(c['band']) AS nb, c['release'] AS id \
+         FROM (SELECT private_cdf(x, 5, 0, points => 16) AS c FROM p)"
+            .to_string(),
+        "SELECT cardinality(c['x']) AS nx, c['cdf'] IS NULL AS no_cdf, cardinality(c['noise_band']) AS nb \
+         FROM (SELECT private_cdf(x, 5, 1e-6, points => 16, mechanism => 'gaussian', leaves => 64) AS c FROM p)"
+            .to_string(),
+        // Declared groups (g3 holds alice alone) and a privacy unit reaching two groups.
+        "SELECT g, cardinality(q['p']) AS np, q['release'] AS id \
+         FROM (SELECT g, private_quantiles(x, [0.1, 0.5, 0.9], 5, 0) AS q FROM q GROUP BY g)"
+            .to_string(),
+        "SELECT g, cardinality(c['x']) AS nx, c['release'] AS id FROM (SELECT g, private_cdf(x, 5, 0, points => 8) AS c FROM p GROUP BY g)"
+            .to_string(),
+        // Private keys: partition selection.
+        "SELECT name, cardinality(q['p']) AS np FROM (SELECT name, private_quantiles(x, [0.5], 5, 0, select_epsilon => 1, \
+         select_delta => 1e-6) AS q FROM p GROUP BY name)"
+            .to_string(),
+        // A refusal is the same on both sides.
+        "SELECT private_cdf(x, 5, 0, leaves => 3) FROM p".to_string(),
+    ];
+    for sql in &queries {
+        let (a, b) = n.observe(sql, 2).await;
+        assert_eq!(a, b, "{sql}: the neighbours differ");
+    }
+    let (a, _) = n.observe(&queries[0], 1).await;
+    assert_eq!(&a.rows[0][..3], ["16", "false", "16"], "{a:?}");
+    let (g, _) = n.observe(&queries[3], 2).await;
+    assert_eq!(g.rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["g0", "g1", "g2", "g3"]);
+    let (e, _) = n.observe(&queries[5], 2).await;
+    assert!(e.error.as_deref().is_some_and(|m| m.contains("power of two")), "{e:?}");
+}

@@ -256,6 +256,28 @@ impl CdfMechanism {
         self.levels.last().expect("at least one level").variance()
     }
 
+    /// What the noise actually sampled guarantees for one unit when the tree has `levels` levels
+    /// below the root: ε from the exact rationals of the discrete Laplace scales
+    /// (`Σ_l Δ₁/scale_l`), or ρ of the discrete Gaussians (`Σ_l Δ₂²/(2·S_l)`).
+    pub fn implied_privacy(&self, levels: usize) -> f64 {
+        let c = self.contribution;
+        let one = |noise: &LevelNoise| match *noise {
+            LevelNoise::Laplace { num, den } => c.count_l1() as f64 * den as f64 / num as f64,
+            LevelNoise::Gaussian(g) => (c.rows as f64).powi(2) * c.groups as f64 / (2.0 * g.variance() as f64),
+        };
+        one(&self.root) + levels as f64 * one(&self.level(levels))
+    }
+
+    /// The discrete Laplace scales (root, each level at `levels` levels), None for Gaussian noise.
+    pub fn laplace_scales(&self, levels: usize) -> Option<(f64, f64)> {
+        match (self.root, self.level(levels)) {
+            (LevelNoise::Laplace { num: a, den: b }, LevelNoise::Laplace { num: c, den: d }) => {
+                Some((a as f64 / b as f64, c as f64 / d as f64))
+            }
+            _ => None,
+        }
+    }
+
     /// Leaves of the accumulated statistic.
     pub fn statistic_leaves(&self) -> usize {
         1 << self.spec.resolution.statistic_log2()
