@@ -79,8 +79,11 @@ fn the_sampled_noise_implies_at_most_the_charged_privacy() {
             let rho = zcdp_rho(Calibration::Analytic, epsilon, 1e-6).unwrap();
             for levels in 1..=4 {
                 let implied = g.implied_privacy(levels);
-                // The discrete Gaussian's variance parameter is rounded up (less ρ, never more).
-                assert!(implied <= rho && implied > rho * 0.95, "{epsilon} {levels}: {implied} vs ρ {rho}");
+                // The discrete Gaussian's variance parameter is rounded up to a multiple of a power of
+                // two ≥ its square root (less ρ, never more): up to ≈ 30 % at σ² ≈ 25 (ε = 1, one
+                // row), under 3 % from σ² ≈ 2 500.
+                let floor = if epsilon >= 1.0 { 0.6 } else { 0.95 };
+                assert!(implied <= rho && implied > rho * floor, "{epsilon} {levels}: {implied} vs ρ {rho}");
             }
         }
     }
