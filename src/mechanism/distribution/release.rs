@@ -42,7 +42,7 @@ use rand::Rng;
 use super::monotone::{MonotoneCubic, isotonic};
 use super::tree::{MAX_LEAVES_LOG2, TreeShape};
 use crate::mechanism::contribution::Contribution;
-use crate::mechanism::noise::bands::{simulated_quantile, standard_laplace};
+use crate::mechanism::noise::bands::{SIMULATION_DRAWS, simulated_quantile, standard_laplace};
 use crate::mechanism::noise::calibration::{Calibration, zcdp_rho};
 use crate::mechanism::noise::lattice::rational_at_least;
 use crate::mechanism::noise::samplers::{DiscreteGaussian, discrete_laplace};
@@ -352,18 +352,15 @@ impl CdfMechanism {
         (k, out)
     }
 
-    /// Post-processing of released levels at resolution `2^k` (also what a stored release
-    /// recomputes): the distribution function, its grid values and bands at level `alpha`.
-    pub fn post_process(&self, k: u32, levels: &[Vec<f64>], alpha: f64) -> Result<CdfRelease, String> {
+    /// The least-squares prefix counts `P̂_0 = 0, …, P̂_L = ñ` of released levels at resolution
+    /// `2^k` (post-processing).
+    pub fn prefix_counts(&self, k: u32, levels: &[Vec<f64>]) -> Result<Vec<f64>, String> {
         let shape = TreeShape::for_leaves_log2(k);
         let sizes = shape.level_sizes();
         if levels.len() != sizes.len() || levels.iter().zip(&sizes).any(|(l, s)| l.len() != *s) {
             return Err("released levels of the wrong shape".into());
         }
-        let level = self.level(shape.levels());
-        let mut variance = vec![self.root.variance()];
-        variance.extend(std::iter::repeat_n(level.variance(), shape.levels()));
-        let leaves = shape.estimate_leaves(levels, &variance);
+        let leaves = shape.estimate_leaves(levels, &self.variances(&shape));
         let mut prefix = Vec::with_capacity(leaves.len() + 1);
         prefix.push(0.0);
         let mut running = 0.0;
@@ -371,21 +368,42 @@ impl CdfMechanism {
             running += c;
             prefix.push(running);
         }
-        let count = running;
-        let step = (self.spec.hi - self.spec.lo) / leaves.len() as f64;
+        Ok(prefix)
+    }
+
+    /// The (1 − α) quantile, in counts, of `max_j max(|e_j|, |e_L − e_j|)` for the prefix-count
+    /// noise of the tree at resolution `2^k` (simulated from the public seed, cached).
+    pub fn band_threshold(&self, k: u32, alpha: f64) -> f64 {
+        let shape = TreeShape::for_leaves_log2(k);
+        band_quantile(&shape, self.root, self.level(shape.levels()), alpha)
+    }
+
+    fn variances(&self, shape: &TreeShape) -> Vec<f64> {
+        let mut variance = vec![self.root.variance()];
+        variance.extend(std::iter::repeat_n(self.level(shape.levels()).variance(), shape.levels()));
+        variance
+    }
+
+    /// Post-processing of released levels at resolution `2^k` (also what a stored release
+    /// recomputes): the distribution function, its grid values and bands at level `alpha`.
+    pub fn post_process(&self, k: u32, levels: &[Vec<f64>], alpha: f64) -> Result<CdfRelease, String> {
+        let prefix = self.prefix_counts(k, levels)?;
+        let leaves = prefix.len() - 1;
+        let count = prefix[leaves];
+        let step = (self.spec.hi - self.spec.lo) / leaves as f64;
         let x: Vec<f64> = (0..self.spec.points)
             .map(|i| self.spec.lo + (self.spec.hi - self.spec.lo) * i as f64 / (self.spec.points - 1) as f64)
             .collect();
         if !(count >= 1.0) {
-            return Ok(CdfRelease { x, count, leaves: leaves.len(), curve: None });
+            return Ok(CdfRelease { x, count, leaves, curve: None });
         }
         let raw: Vec<f64> = prefix.iter().map(|p| p / count).collect();
         let mut edges: Vec<f64> = isotonic(&raw).into_iter().map(|v| v.clamp(0.0, 1.0)).collect();
         edges[0] = 0.0;
         *edges.last_mut().expect("edges") = 1.0;
         let interpolant = MonotoneCubic::new(self.spec.lo, step, edges);
-        let sup = band_quantile(&shape, self.root, level, alpha);
-        let sup_half = band_quantile(&shape, self.root, level, alpha / 2.0);
+        let sup = self.band_threshold(k, alpha);
+        let sup_half = self.band_threshold(k, alpha / 2.0);
         let noise_width = sup / count;
         let dkw = ((4.0 / alpha).ln() / (2.0 * count)).sqrt();
         let total_width = sup_half / count + dkw;
@@ -404,7 +422,7 @@ impl CdfMechanism {
         Ok(CdfRelease {
             x,
             count,
-            leaves: leaves.len(),
+            leaves,
             curve: Some(CdfCurve { interpolant, cdf, noise_band, band, noise_width, total_width }),
         })
     }
@@ -483,10 +501,13 @@ fn band_quantile(shape: &TreeShape, root: LevelNoise, level: LevelNoise, alpha: 
     }
     let sizes = shape.level_sizes();
     let nodes: usize = sizes.iter().sum();
-    let draws = (4_000_000 / nodes).clamp(500, 2000);
+    let draws = (8_000_000 / nodes).clamp(500, SIMULATION_DRAWS);
     let mut variance = vec![root.variance()];
     variance.extend(std::iter::repeat_n(level.variance(), shape.levels()));
-    let q = simulated_quantile(alpha, draws, |rng| {
+    // One standard error of the simulated tail probability is added to the level, so the
+    // simulation's own error makes the band wider, not narrower.
+    let conservative = alpha - (alpha * (1.0 - alpha) / draws as f64).sqrt();
+    let q = simulated_quantile(conservative.max(alpha / 2.0), draws, |rng| {
         let y: Vec<Vec<f64>> = sizes
             .iter()
             .enumerate()
