@@ -496,3 +496,20 @@ fn admin_analyst_commands_print_the_token_once_and_list_shares() {
     let (_, log, _) = admin_cmd(&cat, &["log"]);
     assert!(log.contains("(owner)"), "{log}");
 }
+
+/// A CDF and quantiles are drawn as curves with their bands (half-widths for the CDF, the lower
+/// and upper quantile bounds for the quantiles), terminal and SVG.
+#[test]
+fn distribution_functions_and_quantiles_are_plotted_with_their_bands() {
+    let dir = TempDir::new("cli-cdf");
+    let table = data(&dir);
+    let svg = dir.str("c.svg");
+    let sql = "SELECT private_cdf(x, 1, 0, lo => 0, hi => 1, points => 64) AS c, \
+               private_quantiles(x, [0.05, 0.25, 0.5, 0.75, 0.95], 1, 0, lo => 0, hi => 1) AS q FROM t";
+    let (code, out, err) = dpcurve(&["sql", "--table", &table, "-c", sql, "--plot", "--svg", &svg], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("c row 1 (cdf)") && out.contains("q row 2 (quantile)"), "{out}");
+    let doc = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(doc.matches("<polyline").count(), 2, "{doc}");
+    assert_eq!(doc.matches(r#"<polygon class="band""#).count(), 2, "both bands are shaded: {doc}");
+}

@@ -17,8 +17,17 @@ pub struct Series {
     pub xs: Vec<f64>,
     /// y coordinates.
     pub ys: Vec<f64>,
-    /// Half-widths of a band around the curve (drawn shaded), if the result carries one.
-    pub band: Option<Vec<f64>>,
+    /// A band around the curve (drawn shaded), if the result carries one.
+    pub band: Option<Band>,
+}
+
+/// A band around a curve.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Band {
+    /// Half-widths at each x (`noise_band`, `band`).
+    HalfWidths(Vec<f64>),
+    /// Its lower and upper edges at each x (`lower`, `upper`, as quantile bounds are).
+    Edges(Vec<f64>, Vec<f64>),
 }
 
 impl Series {
@@ -29,10 +38,14 @@ impl Series {
 
     /// The band's lower and upper edges, if any.
     fn edges(&self) -> Option<(Series, Series)> {
-        let band = self.band.as_ref()?;
-        let edge =
-            |sign: f64| Series::new("", self.xs.clone(), self.ys.iter().zip(band).map(|(y, w)| y + sign * w).collect());
-        Some((edge(-1.0), edge(1.0)))
+        let edge = |ys: Vec<f64>| Series::new("", self.xs.clone(), ys);
+        match self.band.as_ref()? {
+            Band::HalfWidths(band) => {
+                let shifted = |sign: f64| self.ys.iter().zip(band).map(|(y, w)| y + sign * w).collect();
+                Some((edge(shifted(-1.0)), edge(shifted(1.0))))
+            }
+            Band::Edges(lower, upper) => Some((edge(lower.clone()), edge(upper.clone()))),
+        }
     }
 }
 
@@ -271,12 +284,19 @@ pub fn curves(result: &QueryOutput) -> Vec<Series> {
                     format!("{} [{}] ({})", field.name(), keys.join(", "), fields[lists[1]].name())
                 };
                 // A release's band: the plug-in band (noise and sampling) if it has one, else the
-                // noise band.
+                // noise band, else explicit lower and upper edges (quantile bounds).
+                let field = |name: &str| {
+                    fields
+                        .iter()
+                        .position(|f| f.name() == name)
+                        .and_then(|i| float_values(s.column(i).as_ref(), r))
+                        .filter(|b| b.len() == ys.len())
+                };
                 let band = ["band", "noise_band"]
                     .iter()
-                    .filter_map(|n| fields.iter().position(|f| f.name() == n))
-                    .find_map(|i| float_values(s.column(i).as_ref(), r))
-                    .filter(|b| b.len() == ys.len());
+                    .find_map(|n| field(n))
+                    .map(Band::HalfWidths)
+                    .or_else(|| Some(Band::Edges(field("lower")?, field("upper")?)));
                 out.push(Series { name, xs, ys, band });
             }
         }
