@@ -54,6 +54,11 @@
 //! function, next to the non-private fit's own error; for the classifier the share of grid points
 //! whose predicted class differs from the Bayes classifier's (sign of the true function).
 //!
+//! `--study quantiles` measures `private_quantiles` (one pure-ε release of the 99 percentiles, default
+//! leaves) on the main grid's files, next to one `'auto'` KDE release's `curve_quantiles`, OpenDP's b-ary tree
+//! (leaves 16…4096, chosen with the truth) and OpenDP's per-quantile exponential mechanism (candidates chosen with
+//! the truth), at every n: `cargo bench --bench utility -- --study quantiles --eps 0.1,1 --reps 10`.
+//!
 //! `--study iclp` compares the pure-ε ICLP releases (Lin & Reimherr §4.4) with the other noises:
 //! `private_kde` on the mixture and the claw at the best of the 10 fixed bandwidths (ISE to the
 //! truth) with `mechanism => 'iclp'` (δ = 0), `'laplace'` (δ = 0, node counts) and `'gaussian'`
@@ -820,6 +825,102 @@ async fn iclp_study(o: &Options) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `--study quantiles`: `private_quantiles` against OpenDP's b-ary tree and per-quantile release.
+
+const QUANTILES: &str = "dpcurve private_quantiles";
+
+/// The 99 percentiles of one `private_quantiles` release (pure ε, default leaves).
+async fn private_quantiles(s: &DpSession, table: &str, eps: f64, lo: f64, hi: f64) -> Vec<f64> {
+    let ps = alphas().iter().map(|p| format!("{p}")).collect::<Vec<_>>().join(", ");
+    let sql = format!("SELECT private_quantiles(x, [{ps}], {eps}, 0, {lo}, {hi})['quantile'] FROM {table}");
+    let batches = s.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    floats(&batches[0].column(0).as_list::<i32>().value(0))
+}
+
+/// Mean rank error per (distribution, n, ε) of `private_quantiles`, of one `'auto'` KDE release's
+/// `curve_quantiles`, and of the peers (each at its best parameter, chosen with the truth).
+async fn quantiles_study(o: &Options) {
+    let s = DpSession::new(SessionOptions::default());
+    let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
+    let mut files: BTreeMap<String, Key> = BTreeMap::new();
+    let mut by_grid: BTreeMap<&str, Vec<serde_json::Value>> = BTreeMap::new();
+    let mut table = 0;
+    for dist in Dist::ALL {
+        let (lo, hi) = dist.range();
+        for &n in &o.n {
+            let started = std::time::Instant::now();
+            for rep in 0..o.reps {
+                let (path, mut xs) = data_file(&o.data, dist, n, rep);
+                xs.sort_by(f64::total_cmp);
+                table += 1;
+                let t = format!("q{table}");
+                s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
+                for &eps in &o.eps {
+                    let cell = cells.entry(key(dist, n, eps)).or_default();
+                    let q = private_quantiles(&s, &t, eps, lo, hi).await;
+                    cell.rank.entry((QUANTILES.into(), String::new())).or_default().push(rank_error(&q, &xs));
+                    let (_, q) = release(&s, &t, "'auto'", eps, lo, hi).await;
+                    cell.rank.entry((AUTO.into(), String::new())).or_default().push(rank_error(&q, &xs));
+                }
+                let file_key = format!("{}-{n}-{rep}", dist.name());
+                files.insert(file_key.clone(), key(dist, n, 0.0));
+                by_grid.entry(dist.name()).or_default().push(serde_json::json!({
+                    "file": path.to_string_lossy(), "key": file_key, "lo": lo, "hi": hi,
+                    "truth": [], "epsilons": [], "quantile_epsilons": o.eps,
+                }));
+            }
+            println!("{} n={n}: dpcurve done in {:.1} s", dist.name(), started.elapsed().as_secs_f64());
+        }
+    }
+    for dist in Dist::ALL {
+        let (lo, hi) = dist.range();
+        if let Some(j) = by_grid.remove(dist.name()) {
+            run_peers(o, &serde_json::json!({"grid": grid(lo, hi), "jobs": j}), &mut cells, &files);
+        }
+    }
+    println!("\n# 99 percentiles: mean |F_n(q̂_p) − p| (×1e-4; mean over {} repetitions)", o.reps);
+    println!("#  private_quantiles: one pure-ε release, default leaves ('auto'); KDE: one 'auto' release's curve_quantiles");
+    println!("#  peers at their best parameter chosen with the truth: OpenDP's b-ary tree (leaves) and per-quantile EM");
+    println!("#  ratio = peer / private_quantiles (goal: tree/ ≥ 1.5 at n ≥ 1e5, ε = 1; ≥ 1 everywhere)");
+    println!(
+        "{:<10} {:>8} {:>5} {:>9} {:>9} {:>9} {:>9}  {:>6} {:>6} {:>6}  parameters",
+        "dist", "n", "eps", "quantiles", "KDE", "tree", "EM", "tree/", "EM/", "KDE/"
+    );
+    let mut misses = Vec::new();
+    for (&(d, n, e), cell) in &cells {
+        let Some((_, ours)) = best(&cell.rank, QUANTILES) else { continue };
+        let eps = e as f64 / 1e6;
+        let kde = best(&cell.rank, AUTO).map_or(f64::NAN, |b| b.1);
+        let (tree, em) = (best(&cell.rank, TREE_PEER), best(&cell.rank, EM_PEER));
+        let v = |b: &Option<(String, f64)>| b.as_ref().map_or(f64::NAN, |b| b.1);
+        let p = |b: &Option<(String, f64)>| b.as_ref().map_or("—".to_string(), |b| b.0.clone());
+        let ratio = v(&tree) / ours;
+        let goal = if n >= 100_000 && eps == 1.0 { 1.5 } else { 1.0 };
+        let ok = !(ratio < goal);
+        if !ok {
+            misses.push(format!("{} n={n} ε={eps}: {ratio:.2}", Dist::ALL[d].name()));
+        }
+        println!(
+            "{:<10} {:>8} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>9.3}  {:>5.2}{} {:>6.2} {:>6.2}  {}, {}",
+            Dist::ALL[d].name(),
+            n,
+            eps,
+            ours * 1e4,
+            kde * 1e4,
+            v(&tree) * 1e4,
+            v(&em) * 1e4,
+            ratio,
+            if ok { " " } else { "*" },
+            v(&em) / ours,
+            kde / ours,
+            p(&tree),
+            p(&em),
+        );
+    }
+    println!("# cells missing the goal (*): {}", if misses.is_empty() { "none".into() } else { misses.join("; ") });
+}
+
 #[tokio::main]
 async fn main() {
     let o = Options::parse();
@@ -829,7 +930,8 @@ async fn main() {
         Some("kde2d") => return kde2d_study(&o).await,
         Some("regression") => return regression_study(&o).await,
         Some("iclp") => return iclp_study(&o).await,
-        Some(other) => panic!("unknown study {other} (sobolev, kde2d, regression, iclp)"),
+        Some("quantiles") => return quantiles_study(&o).await,
+        Some(other) => panic!("unknown study {other} (sobolev, kde2d, regression, iclp, quantiles)"),
         None => {}
     }
     let s = DpSession::new(SessionOptions::default());

@@ -206,7 +206,7 @@ def run(args):
             n = len(xs)
             b = dp.t.choose_branching_factor(size_guess=n)
             for eps in job["quantile_epsilons"]:
-                for leaves in [64, 256, 1024, 4096]:
+                for leaves in [16, 64, 256, 1024, 4096]:
                     edges = np.linspace(lo, hi, leaves + 1)
                     exact, _ = np.histogram(x, bins=edges)
                     noisy = opendp_tree(leaves, b, eps)([int(c) for c in exact])

@@ -102,6 +102,7 @@ fn every_runnable_example_of_the_book_runs_on_the_demo_catalog() {
         "private_kde2d.md",
         "private_kernel_regression.md",
         "private_mean_curve.md",
+        "private_cdf.md",
         "releases.md",
         "post-processing.md",
         "groups-and-units.md",

@@ -345,6 +345,25 @@ async fn sql_with_random_literal_parameters_never_panics() {
                 pick(&mut rng, &["0.05", "0.5", "1e-9", "1e6", "0"]),
                 pick(&mut rng, &[", lo_y => -1, hi_y => 2", ", points => 7", ""]),
             )
+        } else if i % 6 == 3 {
+            // The distribution functions (executed): random ε, δ, leaves, points, probabilities.
+            let leaves = pick(&mut rng, &["'auto'", "2", "64", "65536", "3", "0", "-8", "1e300", "NULL"]);
+            if rng.next_u32() % 2 == 0 {
+                format!(
+                    "SELECT private_cdf(x, {}, {}, lo => -1, hi => 2, points => {points}, leaves => {leaves}, \
+                     band_alpha => {}) FROM t",
+                    p(&mut rng),
+                    literal(delta(&mut rng)),
+                    pick(&mut rng, &["0.05", "1e-300", "0.999999", "0", "NULL"]),
+                )
+            } else {
+                let probs = pick(&mut rng, &["[0.5]", "[0, 1]", "[]", "[0.1, NULL]", "[-0.1]", "[1e300]", "NULL"]);
+                format!(
+                    "SELECT private_quantiles(x, {probs}, {}, {}, lo => -1, hi => 2, leaves => {leaves}) FROM t",
+                    p(&mut rng),
+                    literal(delta(&mut rng)),
+                )
+            }
         } else if cheap {
             let h = pick(&mut rng, &["0.05", "0.05", "0.5", "0.5", "1e-9", "1e6", "0", "-1", "'NaN'::double"]);
             format!(

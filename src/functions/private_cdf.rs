@@ -150,12 +150,10 @@ fn mechanism_from_literals(
         // Whichever adds less noise to the deepest tree the call may release (public).
         None | Some("auto") => {
             let laplace = build(CdfNoise::Laplace)?;
-            let gaussian = build(CdfNoise::Gaussian)?;
-            Ok(if gaussian.0.deepest_level_variance() < laplace.0.deepest_level_variance() {
-                gaussian
-            } else {
-                laplace
-            })
+            match build(CdfNoise::Gaussian) {
+                Ok(g) if g.0.deepest_level_variance() < laplace.0.deepest_level_variance() => Ok(g),
+                _ => Ok(laplace),
+            }
         }
         Some(other) => {
             Err(p.error(format!("argument 'mechanism' must be 'auto', 'laplace' or 'gaussian', got '{other}'")))
