@@ -185,7 +185,7 @@ def run(args):
         seed = abs(hash(key)) % (2**32)
         for eps in job["epsilons"]:
             lap = opendp_laplace(eps)
-            for bins in [4, 8, 16, 32, 64, 128, 256, 512, 1024]:
+            for bins in [4, 8, 16, 20, 32, 64, 128, 256, 512, 1024]:
                 edges = np.linspace(lo, hi, bins + 1)
                 exact, _ = np.histogram(x, bins=edges)
                 noisy = np.array(lap([int(c) for c in exact]))

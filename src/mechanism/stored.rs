@@ -54,7 +54,8 @@ pub enum Recipe {
         lifted: Vec<f64>,
         /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic and the chosen
         /// node spacing (the release's nodes are laid out on its bins).
-        layout_bandwidth: Option<(f64, f64)>,
+        /// and whether a pilot ran (without one the release had more of the call's ε).
+        layout_bandwidth: Option<(f64, f64, bool)>,
         /// The Sobolev-space (exponential-kernel) release (`space => 'sobolev'`).
         sobolev: bool,
         /// The ICLP (Laplace-process) release (`mechanism => 'iclp'`).
@@ -157,15 +158,19 @@ impl Recipe {
                 if *sobolev {
                     v["space"] = json!("sobolev");
                 }
-                if let Some((lb, node_spacing)) = layout_bandwidth {
+                if let Some((lb, node_spacing, pilot)) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
-                    // count and the pilot spent the rest of the call's ε.
-                    use crate::mechanism::density::auto_bandwidth::{COUNT_SHARE, FINAL_SHARE, PILOT_SHARE};
+                    // count (and the pilot, if one ran) spent the rest of the call's ε.
+                    use crate::mechanism::density::auto_bandwidth::{
+                        COUNT_SHARE, FINAL_SHARE, NO_PILOT_SHARE, PILOT_SHARE,
+                    };
                     v["bandwidth_rule"] = json!("auto");
                     v["layout_bandwidth"] = json!(lb);
                     v["node_spacing"] = json!(node_spacing);
-                    v["pilot_epsilon"] = json!(spec.epsilon / FINAL_SHARE * PILOT_SHARE);
-                    v["count_epsilon"] = json!(spec.epsilon / FINAL_SHARE * COUNT_SHARE);
+                    v["pilot"] = json!(pilot);
+                    let share = if *pilot { FINAL_SHARE } else { NO_PILOT_SHARE };
+                    v["pilot_epsilon"] = json!(if *pilot { spec.epsilon / FINAL_SHARE * PILOT_SHARE } else { 0.0 });
+                    v["count_epsilon"] = json!(spec.epsilon / share * COUNT_SHARE);
                 }
                 v
             }
@@ -286,6 +291,8 @@ impl Recipe {
                     Some(lb) => Some((
                         lb,
                         p.get("node_spacing").and_then(Value::as_f64).unwrap_or(field(&p, "bandwidth")? / 2.0),
+                        // Releases stored before the no-pilot rule all had a pilot.
+                        p.get("pilot").and_then(Value::as_bool).unwrap_or(true),
                     )),
                     None => None,
                 },
@@ -479,7 +486,7 @@ impl StoredCurve {
                     None if *iclp => KdeMechanism::iclp(spec.clone(), *contribution),
                     None if *sobolev => KdeMechanism::sobolev(spec.clone(), *contribution),
                     None => KdeMechanism::with_contribution(spec.clone(), *contribution),
-                    Some((lb, s)) => KdeLayout::new(spec.grid, *lb)
+                    Some((lb, s, _)) => KdeLayout::new(spec.grid, *lb)
                         .map_err(MechanismError::Kde)
                         .and_then(|layout| KdeMechanism::pure_epsilon_on(spec.clone(), layout, *contribution, *s)),
                 }
@@ -705,7 +712,7 @@ mod tests {
         let mut st = auto.layout().empty_state();
         auto.layout().add_all(&mut st, &(0..500).map(|i| 0.2 + 0.5 * (i as f64 * 0.618).fract()).collect::<Vec<_>>());
         for spacing in [h / 2.0, 1.5 * h] {
-            let m = auto.mechanism_at(h, spacing).unwrap();
+            let m = auto.mechanism_at(h, spacing, true).unwrap();
             let lifted = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(3)));
             let release = m.post_process(&m.curve_from_lifted(&lifted));
             let recipe = Recipe::Kde {
@@ -713,7 +720,7 @@ mod tests {
                 contribution: Contribution::ROW,
                 alpha: 0.05,
                 lifted,
-                layout_bandwidth: Some((auto.layout().bandwidth(), spacing)),
+                layout_bandwidth: Some((auto.layout().bandwidth(), spacing, true)),
                 sobolev: false,
                 iclp: false,
             };

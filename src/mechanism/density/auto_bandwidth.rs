@@ -8,6 +8,10 @@
 //! 1. **Count** (a share [`COUNT_SHARE`] of ε): the statistic binned onto two nodes (its ends),
 //!    discrete Laplace noise; the noisy total picks the pilot's resolution among
 //!    [`PILOT_NODES`]: the finest whose mean node count is ≥ [`RESOLUTION_RATIO`] noise sds.
+//!    When not even the coarsest is, its counts would be mostly noise: no pilot runs, the
+//!    release gets [`NO_PILOT_SHARE`] of ε, and h is the **reference rule**'s
+//!    ([`AutoKde::reference_choice`]): the candidate minimising the AMISE of a normal density
+//!    with sd [`REFERENCE_SD`]·range plus the exact integrated noise variance of that release.
 //! 2. **Pilot** (a share [`PILOT_SHARE`]): the statistic linearly re-binned onto nodes Δ apart,
 //!    with discrete Laplace noise (L1 sensitivity 1 per row, as the pure-ε KDE).
 //! 3. **Choice** (post-processing of count and pilot): n is their inverse-variance mean (below
@@ -54,6 +58,10 @@ pub const PILOT_NODES: [f64; 3] = [256.0, 512.0, 1024.0];
 pub const RESOLUTION_RATIO: f64 = 1.0;
 /// Number of candidate bandwidths (geometric from 2Δ to range/4).
 pub const CANDIDATES: usize = 48;
+/// The final release's share of ε when no pilot runs (the count's share is the rest).
+pub const NO_PILOT_SHARE: f64 = 1.0 - COUNT_SHARE;
+/// The reference density of the no-pilot rule: a normal whose sd is this fraction of the range.
+pub const REFERENCE_SD: f64 = 1.0 / 10.0;
 /// The final release's node spacings, as multiples of h: h/2 (the fixed-h release's) and 3h/2
 /// (a third of the nodes, so a third of the noise, for about 17 % more smoothing; its ripple
 /// between nodes is ≤ 2·exp(−2π²/2.25) ≈ 3e-4 of the level).
@@ -80,7 +88,8 @@ pub struct Choice {
     pub node_spacing: f64,
     /// The pilot's noisy count.
     pub n: f64,
-    /// The pilot's nodes.
+    /// The pilot's nodes (0: no pilot ran — the count was too small for one to be more than noise —
+    /// and h is the reference rule's; the final release then has [`NO_PILOT_SHARE`] of ε).
     pub pilot_nodes: usize,
     /// (h, node spacing, score) for every candidate.
     pub scores: Vec<(f64, f64, f64)>,
@@ -105,7 +114,9 @@ impl AutoKde {
         // can then never decide whether the release fails.
         for h in auto.candidates() {
             for f in NODE_FACTORS {
-                auto.mechanism_at(h, f * h)?;
+                for pilot in [true, false] {
+                    auto.mechanism_at(h, f * h, pilot)?;
+                }
             }
         }
         Ok(auto)
@@ -119,16 +130,54 @@ impl AutoKde {
     }
 
     /// The pilot for a noisy count: the finest whose mean node count is ≥ RESOLUTION_RATIO
-    /// noise sds (post-processing of the count).
-    fn pilot_for(&self, n: f64) -> &KdeMechanism {
-        self.pilots
-            .iter()
-            .rev()
-            .find(|p| {
-                let (_, _, nodes) = p.nodes().expect("the pilot is a pure-ε release");
-                n / nodes as f64 >= RESOLUTION_RATIO * p.sigma()
-            })
-            .unwrap_or(&self.pilots[0])
+    /// noise sds; None when not even the coarsest is (its counts would be mostly noise: the
+    /// reference rule chooses h and the pilot's share goes to the release). Post-processing of
+    /// the count.
+    fn pilot_for(&self, n: f64) -> Option<&KdeMechanism> {
+        self.pilots.iter().rev().find(|p| {
+            let (_, _, nodes) = p.nodes().expect("the pilot is a pure-ε release");
+            n / nodes as f64 >= RESOLUTION_RATIO * p.sigma()
+        })
+    }
+
+    /// The final release's integrated noise variance at bandwidth h with nodes ≈ s apart, for
+    /// n rows (`pilot`: which share of ε the release has), as a function of (h, s).
+    fn release_noise(&self, n: f64, pilot: bool) -> impl Fn(f64, f64) -> f64 {
+        let candidates = self.candidates();
+        let fine_spacing = candidates[0] / 2.0;
+        let sigma_f =
+            self.mechanism_at(candidates[0], candidates[0] / 2.0, pilot).map(|m| m.sigma()).unwrap_or(f64::INFINITY);
+        let range = self.grid.hi - self.grid.lo;
+        move |h: f64, s: f64| {
+            let spacing_f = s.max(fine_spacing / 8.0);
+            range * sigma_f.powi(2) * (std::f64::consts::PI.sqrt() * h / spacing_f)
+                / (2.0 * std::f64::consts::PI * n * n * h * h)
+        }
+    }
+
+    /// The reference rule (no pilot): the (h, node spacing) minimising the AMISE of a normal
+    /// density with sd [`REFERENCE_SD`]·range — its bias `h_eff⁴·R(f'')/4` at the release's
+    /// effective bandwidth, the sampling variance `1/(2√π·n·h_eff)` — plus the exact integrated
+    /// noise variance of the release at (h, s). A function of the noisy count and public
+    /// parameters only.
+    pub fn reference_choice(&self, count: f64) -> Choice {
+        let n = count.max(2.0);
+        let sd = REFERENCE_SD * (self.grid.hi - self.grid.lo);
+        let r = 3.0 / (8.0 * std::f64::consts::PI.sqrt() * sd.powi(5));
+        let release_noise = self.release_noise(n, false);
+        let mut scores = Vec::new();
+        for h in self.candidates() {
+            for f in NODE_FACTORS {
+                let h_eff = h * (1.0 + f * f / 6.0).sqrt();
+                let risk = h_eff.powi(4) * r / 4.0
+                    + 1.0 / (2.0 * std::f64::consts::PI.sqrt() * n * h_eff)
+                    + release_noise(h, f * h);
+                scores.push((h, f * h, risk));
+            }
+        }
+        let (bandwidth, node_spacing, _) =
+            scores.iter().copied().min_by(|a, b| a.2.total_cmp(&b.2)).expect("candidates");
+        Choice { bandwidth, node_spacing, n: count, pilot_nodes: 0, scores }
     }
 
     fn spec(grid: Grid, bandwidth: f64, epsilon: f64, normalise: Normalise) -> KdeSpec {
@@ -140,9 +189,11 @@ impl AutoKde {
         &self.layout
     }
 
-    /// The final release's mechanism at bandwidth h with nodes `node_spacing` apart.
-    pub fn mechanism_at(&self, h: f64, node_spacing: f64) -> Result<KdeMechanism, MechanismError> {
-        let spec = Self::spec(self.grid, h, self.epsilon * FINAL_SHARE, self.normalise);
+    /// The final release's mechanism at bandwidth h with nodes `node_spacing` apart, with
+    /// [`FINAL_SHARE`] of ε after a pilot, [`NO_PILOT_SHARE`] without one.
+    pub fn mechanism_at(&self, h: f64, node_spacing: f64, pilot: bool) -> Result<KdeMechanism, MechanismError> {
+        let share = if pilot { FINAL_SHARE } else { NO_PILOT_SHARE };
+        let spec = Self::spec(self.grid, h, self.epsilon * share, self.normalise);
         KdeMechanism::pure_epsilon_on(spec, self.layout.clone(), self.contribution, node_spacing)
     }
 
@@ -169,14 +220,7 @@ impl AutoKde {
         }
         let n = n_hat.max(2.0);
         let range = self.grid.hi - self.grid.lo;
-        let fine_spacing = candidates[0] / 2.0;
-        let sigma_f = self.mechanism_at(candidates[0], candidates[0] / 2.0).map(|m| m.sigma()).unwrap_or(f64::INFINITY);
-        // The final release's integrated noise variance at h with nodes ≈ s apart.
-        let release_noise = |h: f64, s: f64| {
-            let spacing_f = s.max(fine_spacing / 8.0);
-            range * sigma_f.powi(2) * (std::f64::consts::PI.sqrt() * h / spacing_f)
-                / (2.0 * std::f64::consts::PI * n * n * h * h)
-        };
+        let release_noise = self.release_noise(n, true);
         let nodes = counts.len();
         // Autocorrelation of the counts by lag, the diagonal corrected for the noise.
         let mut acf = vec![0.0; nodes];
@@ -257,10 +301,14 @@ impl AutoKde {
         mut rng: Option<&mut R>,
     ) -> Result<(KdeMechanism, Vec<f64>, Choice), MechanismError> {
         let n = self.count.noisy_lifted(state, rng.as_deref_mut()).iter().sum::<f64>();
-        let pilot = self.pilot_for(n);
-        let counts = pilot.noisy_lifted(state, rng.as_deref_mut());
-        let choice = self.choose(n, pilot, &counts);
-        let mechanism = self.mechanism_at(choice.bandwidth, choice.node_spacing)?;
+        let choice = match self.pilot_for(n) {
+            Some(pilot) => {
+                let counts = pilot.noisy_lifted(state, rng.as_deref_mut());
+                self.choose(n, pilot, &counts)
+            }
+            None => self.reference_choice(n),
+        };
+        let mechanism = self.mechanism_at(choice.bandwidth, choice.node_spacing, choice.pilot_nodes > 0)?;
         let lifted = mechanism.noisy_lifted(state, rng);
         Ok((mechanism, lifted, choice))
     }
@@ -447,7 +495,7 @@ mod tests {
             let coarse = &auto.pilots[0];
             let counts = coarse.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(50 + seed)));
             let coarse_choice = auto.choose(c.n, coarse, &counts);
-            let coarse_release = auto.mechanism_at(coarse_choice.bandwidth, coarse_choice.node_spacing).unwrap();
+            let coarse_release = auto.mechanism_at(coarse_choice.bandwidth, coarse_choice.node_spacing, true).unwrap();
             coarse_ise += release_ise(&coarse_release, 60 + seed) / 3.0;
         }
         let best_fixed = (0..12)
