@@ -8,11 +8,12 @@
 //! **Release** (adaptive composition, every step calibrated from public parameters only):
 //!
 //! 1. The total count with noise, a share [`ROOT_SHARE`] of the budget.
-//! 2. The resolution: `2^k` leaves with `2^k ≈ sqrt(ñ·ε₁)` (`ε₁` the per-unit noise level of one
-//!    level at the remaining budget; `k` in `[3, K]`), from the released count alone — where the
-//!    noise of a finer tree would cost more than its resolution gains (the rank error of a tree's
-//!    prefix grows like log^1.5 of its leaves, the error of interpolating inside a leaf falls like
-//!    its width). `leaves => N` fixes it instead.
+//! 2. The resolution: `2^k` leaves with `2^k ≈ max(sqrt(ñ·ε₁), ñ·ε₁²/72)` (`ε₁` the per-unit noise
+//!    level of one level at the remaining budget, 0.85·ε for Laplace noise; `k` in `[3, K]`), from
+//!    the released count alone — where the noise of a finer tree would cost more than its
+//!    resolution gains (the rank error of a tree's prefix grows like log^1.5 of its leaves; the
+//!    error of interpolating a smooth CDF inside a leaf falls like its width, the sample's own
+//!    roughness inside a leaf like the square root of its mass over n). `leaves => N` fixes it.
 //! 3. Every level of [`TreeShape::for_leaves_log2`]`(k)` below the root with noise, the rest of
 //!    the budget split equally over its levels: one unit changes one node per level by at most
 //!    `rows` in each of `groups` groups, so level sensitivity is `rows·groups` in L1 (discrete
@@ -320,9 +321,13 @@ impl CdfMechanism {
         match self.spec.resolution {
             Resolution::Fixed { log2 } => log2,
             Resolution::Auto { max_log2 } => {
-                // 2^k ≈ sqrt(ñ·ε₁), ε₁ = √2/sd the noise level of a single level per unit.
+                // 2^k ≈ max(sqrt(ñ·ε₁), ñ·ε₁²/72), ε₁ = √2/sd the noise level of one level per unit
+                // (Laplace: 0.85·ε). The first balances the prefix noise against interpolating a
+                // smooth CDF inside a leaf; the second against the sample's own roughness inside
+                // a leaf (√(1/(4ñL)) of rank), which takes over at large n·ε² (module docs).
                 let unit = std::f64::consts::SQRT_2 / self.single_level_sd;
-                let target = (count.max(1.0) * unit).sqrt().max(1.0).log2().round();
+                let n = count.max(1.0);
+                let target = (n * unit).sqrt().max(n * unit * unit / 72.0).max(1.0).log2().round();
                 let k = if target.is_finite() { target as i64 } else { 0 };
                 k.clamp(i64::from(MIN_AUTO_LOG2.min(max_log2)), i64::from(max_log2)) as u32
             }
