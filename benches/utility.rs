@@ -8,6 +8,10 @@
 //! cargo bench --bench utility -- --n 1e3,1e5 --eps 1 --reps 3  # a quick look
 //! ```
 //!
+//! The peers' results are kept in `target/bench-data/utility-peers-<hash>.jsonl`, named by the
+//! hash of their job file and script, and reused by a run with the same jobs (`--fresh-peers`
+//! re-runs them).
+//!
 //! For every distribution (a two-normal mixture, the Marron–Wand claw, a log-normal; each on a
 //! public range, truncated to it), n in `--n` and repetition, one Parquet file is generated
 //! (deterministic seeds). For every ε in `--eps` one pure-ε query
@@ -86,6 +90,7 @@ struct Options {
     data: PathBuf,
     python: String,
     tuned: bool,
+    fresh_peers: bool,
     study: Option<String>,
     penalties: Vec<f64>,
 }
@@ -103,6 +108,7 @@ impl Options {
             data: Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("bench-data"),
             python: "python3".into(),
             tuned: true,
+            fresh_peers: false,
             study: None,
             penalties: vec![10.0, 100.0, 1000.0, 10000.0, f64::NAN],
         };
@@ -116,6 +122,7 @@ impl Options {
                 "--data" => o.data = PathBuf::from(value()),
                 "--python" => o.python = value(),
                 "--no-tuned" => o.tuned = false,
+                "--fresh-peers" => o.fresh_peers = true,
                 "--study" => o.study = Some(value()),
                 "--penalty" => {
                     o.penalties = value()
@@ -278,18 +285,19 @@ fn floats(a: &dyn Array) -> Vec<f64> {
     a.as_primitive::<Float64Type>().values().to_vec()
 }
 
-/// One release: (density on the grid, the 99 percentiles).
-async fn release(s: &DpSession, table: &str, bandwidth: &str, eps: f64, lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>) {
+/// One release: (density on the grid, the 99 percentiles, the bandwidth used).
+async fn release(s: &DpSession, table: &str, bandwidth: &str, eps: f64, lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>, f64) {
     let ps = alphas().iter().map(|p| format!("{p}")).collect::<Vec<_>>().join(", ");
     let sql = format!(
-        "SELECT k['density'], curve_quantiles(k, [{ps}]) \
+        "SELECT k['density'], curve_quantiles(k, [{ps}]), k['bandwidth'] \
          FROM (SELECT private_kde(x, {bandwidth}, {eps}, 0, {lo}, {hi}, {POINTS}) AS k FROM {table})"
     );
     let batches = s.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     let b = &batches[0];
     let density = floats(&b.column(0).as_list::<i32>().value(0));
     let quantiles = floats(&b.column(1).as_list::<i32>().value(0));
-    (density, quantiles)
+    let h = b.column(2).as_primitive::<Float64Type>().value(0);
+    (density, quantiles, h)
 }
 
 /// Fixed bandwidths tried for "dpcurve, tuned": geometric from range/512 to range/8.
@@ -304,6 +312,8 @@ fn fixed_bandwidths(lo: f64, hi: f64) -> Vec<f64> {
 struct Cell {
     ise: BTreeMap<(String, String), Vec<f64>>,
     rank: BTreeMap<(String, String), Vec<f64>>,
+    /// The bandwidths `'auto'` chose.
+    auto_h: Vec<f64>,
 }
 
 type Key = (usize, usize, u64); // (distribution, n, ε in 1e-6 units)
@@ -327,7 +337,24 @@ fn best(m: &BTreeMap<(String, String), Vec<f64>>, method: &str) -> Option<(Strin
 fn run_peers(o: &Options, jobs: &serde_json::Value, cells: &mut BTreeMap<Key, Cell>, files: &BTreeMap<String, Key>) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches").join("utility_peers.py");
     let jobs_path = o.data.join("utility-jobs.json");
-    std::fs::write(&jobs_path, serde_json::to_vec(jobs).unwrap()).unwrap();
+    let job_bytes = serde_json::to_vec(jobs).unwrap();
+    std::fs::write(&jobs_path, &job_bytes).unwrap();
+    // The peers' results depend only on the job file and the script: kept in a file named by
+    // their hash, so a run that changes only dpcurve's side does not re-run them.
+    let digest = {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(&job_bytes);
+        h.update(std::fs::read(&script).unwrap_or_default());
+        h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let cache = o.data.join(format!("utility-peers-{digest}.jsonl"));
+    if !o.fresh_peers
+        && let Ok(stdout) = std::fs::read_to_string(&cache)
+    {
+        println!("\n# peers: reused {} (same jobs and script; --fresh-peers re-runs them)", cache.display());
+        return read_peers(&stdout, cells, files);
+    }
     let venv = o.data.join("venv-utility");
     println!("\n# peers: {} (virtual environment {})", script.display(), venv.display());
     let out = std::process::Command::new(&o.python)
@@ -340,8 +367,17 @@ fn run_peers(o: &Options, jobs: &serde_json::Value, cells: &mut BTreeMap<Key, Ce
         Ok(out) => return println!("  peers skipped: {} exited with {}", script.display(), out.status),
         Err(e) => return println!("  peers skipped: cannot run {}: {e}", o.python),
     };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !stdout.lines().any(|l| l.starts_with("SKIP ")) {
+        std::fs::write(&cache, &stdout).unwrap();
+    }
+    read_peers(&stdout, cells, files);
+}
+
+/// Adds the peers' output lines to `cells`.
+fn read_peers(stdout: &str, cells: &mut BTreeMap<Key, Cell>, files: &BTreeMap<String, Key>) {
     let mut lines = 0;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in stdout.lines() {
         if let Some(reason) = line.strip_prefix("SKIP ") {
             return println!("  peers skipped: {reason}");
         }
@@ -370,17 +406,22 @@ const EM_PEER: &str = "opendp quantile (EM)";
 fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
     println!("\n# integrated squared error to the true density (mean over {} repetitions)", o.reps);
     println!("#  ratio = dpcurve 'auto' / best tuned peer (goal: ≤ 1.25 everywhere); /h20 = 'auto' / an untuned");
-    println!("#  20-bin OpenDP histogram (goal: ≤ 1)");
+    println!("#  20-bin OpenDP histogram (goal: ≤ 1); auto h = median bandwidth 'auto' chose, best h = the tuned one");
     println!(
-        "{:<10} {:>8} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>7} {:>6}  best peer (parameter)",
-        "dist", "n", "eps", "auto", "tuned h", "OpenDP", "diffpriv", "smoothed", "ratio", "/h20"
+        "{:<10} {:>8} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>7} {:>6} {:>8} {:>8}  best peer (parameter)",
+        "dist", "n", "eps", "auto", "tuned h", "OpenDP", "diffpriv", "smoothed", "ratio", "/h20", "auto h", "best h"
     );
     let mut worst: f64 = 0.0;
     let mut misses = Vec::new();
     for (&(d, n, e), cell) in cells {
         let eps = e as f64 / 1e6;
         let Some((_, auto)) = best(&cell.ise, AUTO) else { continue };
-        let tuned = best(&cell.ise, TUNED).map_or(f64::NAN, |b| b.1);
+        let tuned_best = best(&cell.ise, TUNED);
+        let tuned = tuned_best.as_ref().map_or(f64::NAN, |b| b.1);
+        let best_h = tuned_best.as_ref().and_then(|b| b.0.strip_prefix("h=")?.parse::<f64>().ok()).unwrap_or(f64::NAN);
+        let mut hs = cell.auto_h.clone();
+        hs.sort_by(f64::total_cmp);
+        let auto_h = hs.get(hs.len() / 2).copied().unwrap_or(f64::NAN);
         let peers: Vec<_> = ISE_PEERS.iter().map(|p| best(&cell.ise, p)).collect();
         let best_peer = ISE_PEERS
             .iter()
@@ -402,7 +443,7 @@ fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
         }
         let v = |b: &Option<(String, f64)>| b.as_ref().map_or(f64::NAN, |b| b.1);
         println!(
-            "{:<10} {:>8} {:>5} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3e}  {:>6.2}{} {:>6.2}  {who}",
+            "{:<10} {:>8} {:>5} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3e}  {:>6.2}{} {:>6.2} {:>8.4} {:>8.4}  {who}",
             Dist::ALL[d].name(),
             n,
             eps,
@@ -414,6 +455,8 @@ fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
             ratio,
             if goal_ok { " " } else { "*" },
             h20,
+            auto_h,
+            best_h,
         );
     }
     println!(
@@ -882,7 +925,7 @@ async fn quantiles_study(o: &Options) {
                     let cell = cells.entry(key(dist, n, eps)).or_default();
                     let q = private_quantiles(&s, &t, eps, lo, hi, "'auto'").await;
                     cell.rank.entry((QUANTILES.into(), String::new())).or_default().push(rank_error(&q, &xs));
-                    let (_, q) = release(&s, &t, "'auto'", eps, lo, hi).await;
+                    let (_, q, _) = release(&s, &t, "'auto'", eps, lo, hi).await;
                     cell.rank.entry((AUTO.into(), String::new())).or_default().push(rank_error(&q, &xs));
                 }
                 let file_key = format!("{}-{n}-{rep}", dist.name());
@@ -999,13 +1042,17 @@ async fn main() {
                 s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
                 for &eps in &o.eps {
                     let cell = cells.entry(key(dist, n, eps)).or_default();
-                    let mut record = |method: &str, param: String, (density, quantiles): (Vec<f64>, Vec<f64>)| {
-                        let id = (method.to_string(), param);
-                        cell.ise.entry(id.clone()).or_default().push(ise(&density, &truth, lo, hi));
-                        if n >= QUANTILE_MIN_N {
-                            cell.rank.entry(id).or_default().push(rank_error(&quantiles, &xs));
-                        }
-                    };
+                    let mut record =
+                        |method: &str, param: String, (density, quantiles, h): (Vec<f64>, Vec<f64>, f64)| {
+                            if method == AUTO {
+                                cell.auto_h.push(h);
+                            }
+                            let id = (method.to_string(), param);
+                            cell.ise.entry(id.clone()).or_default().push(ise(&density, &truth, lo, hi));
+                            if n >= QUANTILE_MIN_N {
+                                cell.rank.entry(id).or_default().push(rank_error(&quantiles, &xs));
+                            }
+                        };
                     record(AUTO, String::new(), release(&s, &t, "'auto'", eps, lo, hi).await);
                     if o.tuned {
                         for h in fixed_bandwidths(lo, hi) {
