@@ -161,16 +161,15 @@ impl Recipe {
                 if let Some((lb, node_spacing, pilot)) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
                     // count (and the pilot, if one ran) spent the rest of the call's ε.
-                    use crate::mechanism::density::auto_bandwidth::{
-                        COUNT_SHARE, FINAL_SHARE, NO_PILOT_SHARE, PILOT_SHARE,
-                    };
+                    use crate::mechanism::density::auto_bandwidth::{FINAL_SHARE, NO_PILOT_SHARE, PILOT_SHARE};
                     v["bandwidth_rule"] = json!("auto");
                     v["layout_bandwidth"] = json!(lb);
                     v["node_spacing"] = json!(node_spacing);
                     v["pilot"] = json!(pilot);
                     let share = if *pilot { FINAL_SHARE } else { NO_PILOT_SHARE };
-                    v["pilot_epsilon"] = json!(if *pilot { spec.epsilon / FINAL_SHARE * PILOT_SHARE } else { 0.0 });
-                    v["count_epsilon"] = json!(spec.epsilon / share * COUNT_SHARE);
+                    let pilot_share = if *pilot { PILOT_SHARE } else { 0.0 };
+                    v["pilot_epsilon"] = json!(spec.epsilon / share * pilot_share);
+                    v["count_epsilon"] = json!(spec.epsilon / share * (1.0 - share - pilot_share));
                 }
                 v
             }

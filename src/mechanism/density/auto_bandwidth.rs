@@ -8,22 +8,26 @@
 //! 1. **Count** (a share [`COUNT_SHARE`] of ε): the statistic binned onto two nodes (its ends),
 //!    discrete Laplace noise; the noisy total picks the pilot's resolution among
 //!    [`PILOT_NODES`]: the finest whose mean node count is ≥ [`RESOLUTION_RATIO`] noise sds.
-//!    When not even the coarsest is, its counts would be mostly noise: no pilot runs, the
-//!    release gets [`NO_PILOT_SHARE`] of ε, and h is the **reference rule**'s
-//!    ([`AutoKde::reference_choice`]): the candidate minimising the AMISE of a normal density
-//!    with sd [`REFERENCE_SD`]·range plus the exact integrated noise variance of that release.
+//!    When not even the coarsest is, its counts would be mostly noise: no pilot runs; a second
+//!    count ([`SECOND_COUNT_SHARE`] of ε; at such small n the first one's noise is a large part
+//!    of n) sharpens ñ (inverse-variance mean of the two), the release gets [`NO_PILOT_SHARE`]
+//!    of ε, and h is the **reference rule**'s ([`AutoKde::reference_choice`]): the candidate
+//!    minimising the AMISE of a normal density with sd [`REFERENCE_SD`]·range plus the exact
+//!    integrated noise variance of that release.
 //! 2. **Pilot** (a share [`PILOT_SHARE`]): the statistic linearly re-binned onto nodes Δ apart,
 //!    with discrete Laplace noise (L1 sensitivity 1 per row, as the pure-ε KDE).
 //! 3. **Choice** (post-processing of count and pilot): n is their inverse-variance mean (below
 //!    [`NOISE_FLOOR`] sds it is noise, and the smoothest candidate is taken). For candidate
-//!    bandwidths h from 2Δ to (hi − lo)/4, the binned least-squares cross-validation score
+//!    bandwidths h from the pilot's node spacing Δ (at least twice the finest's) to (hi − lo)/4,
+//!    the binned least-squares cross-validation score
 //!    `LSCV(h) = ∫f̂_h² − 2/(n(n−1))·Σ_{i≠l} K_h(X_i − X_l)`, computed from the noisy node counts
-//!    with the known noise variance removed from the diagonal (E c̃_j² = c_j² + σ²), plus the
+//!    with the known noise variance removed from the diagonal (E c̃_j² = c_j² + σ²) and each row's
+//!    own binned contribution (⅔·K_h(0) + ⅓·K_h(Δ) on average) removed from the cross term, plus the
 //!    integrated variance the *final* release's noise adds at h, `L·σ_f²·(√π·h/Δ_f)/(2π·ñ²·h²)`,
 //!    over the candidates below Terrell's maximal-smoothing bound (the AMISE minimiser at the
 //!    smallest R(f'') a density of the pilot's standard deviation can have, noise included).
 //!    The choice is the score's largest local minimiser (Hall & Marron 1991; the global one is
-//!    often a spurious small h at small n). LSCV estimates the MISE up to a constant without
+//!    often a spurious small h at small n), or a smoother candidate that scores no worse. LSCV estimates the MISE up to a constant without
 //!    assuming a shape, so multimodal densities (the claw) are not smoothed away the way
 //!    normal-reference and plug-in rules do.
 //!    Each candidate h is scored twice, for final-release nodes h/2 and 3h/2 apart
@@ -33,7 +37,8 @@
 //! 4. **Release** ([`FINAL_SHARE`] of ε): the pure-ε KDE at the chosen h and node spacing over
 //!    the same statistic.
 //!
-//! The three releases compose to ε (pure); which pilot runs is a function of the count release,
+//! The three releases compose to ε (pure); which pilot (or second count) runs is a function of the
+//! count release,
 //! and the chosen h a function of the count and pilot releases only (adaptive composition of
 //! pure-ε mechanisms, each calibrated before any data are read).
 
@@ -53,13 +58,15 @@ pub const FINAL_SHARE: f64 = 1.0 - COUNT_SHARE - PILOT_SHARE;
 /// Below this many standard deviations of its noise the estimated n counts as noise.
 pub const NOISE_FLOOR: f64 = 3.0;
 /// Pilot resolutions: nodes per grid range (the finest the noisy count allows is used).
-pub const PILOT_NODES: [f64; 3] = [256.0, 512.0, 1024.0];
+pub const PILOT_NODES: [f64; 5] = [64.0, 128.0, 256.0, 512.0, 1024.0];
 /// A pilot resolution is allowed when the mean node count is at least this many noise sds.
 pub const RESOLUTION_RATIO: f64 = 1.0;
 /// Number of candidate bandwidths (geometric from 2Δ to range/4).
 pub const CANDIDATES: usize = 48;
-/// The final release's share of ε when no pilot runs (the count's share is the rest).
-pub const NO_PILOT_SHARE: f64 = 1.0 - COUNT_SHARE;
+/// Share of the call's ε spent on a second count when no pilot runs.
+pub const SECOND_COUNT_SHARE: f64 = 0.05;
+/// The final release's share of ε when no pilot runs (the two counts' shares are the rest).
+pub const NO_PILOT_SHARE: f64 = 1.0 - COUNT_SHARE - SECOND_COUNT_SHARE;
 /// The reference density of the no-pilot rule: a normal whose sd is this fraction of the range.
 pub const REFERENCE_SD: f64 = 1.0 / 10.0;
 /// The final release's node spacings, as multiples of h: h/2 (the fixed-h release's) and 3h/2
@@ -76,6 +83,7 @@ pub struct AutoKde {
     contribution: Contribution,
     layout: KdeLayout,
     count: KdeMechanism,
+    second_count: KdeMechanism,
     pilots: Vec<KdeMechanism>,
 }
 
@@ -106,10 +114,13 @@ impl AutoKde {
             KdeMechanism::pure_epsilon_on(Self::spec(grid, h, e, normalise), layout.clone(), c, h / 2.0)
         };
         // The count: nodes at the two ends of the layout (a bandwidth far above the range).
-        let count = pure(4.0 * range * (1.0 + 16.0 / PILOT_NODES[0]), epsilon * COUNT_SHARE)?;
+        // (Nodes ≥ 2·range apart: one at each end of the layout, whose reach is range/64.)
+        let count_bandwidth = 4.25 * range;
+        let count = pure(count_bandwidth, epsilon * COUNT_SHARE)?;
+        let second_count = pure(count_bandwidth, epsilon * SECOND_COUNT_SHARE)?;
         let pilots =
             PILOT_NODES.iter().map(|m| pure(2.0 * range / m, epsilon * PILOT_SHARE)).collect::<Result<Vec<_>, _>>()?;
-        let auto = Self { grid, epsilon, normalise, contribution: c, layout, count, pilots };
+        let auto = Self { grid, epsilon, normalise, contribution: c, layout, count, second_count, pilots };
         // Every candidate's final mechanism is built here, at planning: which one the data pick
         // can then never decide whether the release fails.
         for h in auto.candidates() {
@@ -256,22 +267,25 @@ impl AutoKde {
         let h_hi = h_max;
         // Linear binning on nodes s apart smooths like a kernel of variance s²/6 more: the
         // score of (h, s) is LSCV at the effective bandwidth plus the release's noise at (h, s).
+        // LSCV(h) = ∫f̂_h² − 2·cross(h) = Σ_a w_a(h)·pair_sum(s_a(h)) + the self terms: the
+        // weighted Gaussians `terms(h)`. A row's own contribution to the pilot's pair sum is
+        // (1−t)²+t² at lag 0 and 2t(1−t) at lag 1 (t its place between two nodes): ⅔·φ(0) + ⅓·φ(Δ)
+        // on average, removed from the cross term.
+        let phi = |s: f64, x: f64| (-0.5 * (x / s).powi(2)).exp() / (s * (2.0 * std::f64::consts::PI).sqrt());
+        let terms = |h: f64| [(std::f64::consts::SQRT_2 * h, 1.0 / (n * n)), (h, -2.0 / (n * (n - 1.0)))];
         let lscv = |h: f64| {
-            let integral_sq = pair_sum(std::f64::consts::SQRT_2 * h) / (n * n);
-            let phi0 = 1.0 / (h * (2.0 * std::f64::consts::PI).sqrt());
-            let cross = (pair_sum(h) - n * phi0) / (n * (n - 1.0));
-            integral_sq - 2.0 * cross
+            let own = n * (2.0 * phi(h, 0.0) + phi(h, spacing)) / 3.0;
+            terms(h).iter().map(|&(s, w)| w * pair_sum(s)).sum::<f64>() + 2.0 * own / (n * (n - 1.0))
         };
         let mut scores = Vec::new();
-        let mut best: Option<(f64, f64, f64)> = None;
+        // Per node factor: (the score's chosen minimum, the pick).
+        let mut best: Option<(f64, (f64, f64, f64))> = None;
         for f in NODE_FACTORS {
+            let widen = (1.0 + f * f / 6.0).sqrt();
             let per_factor: Vec<(f64, f64, f64)> = candidates
                 .iter()
-                .filter(|&&h| (h >= 2.0 * spacing * (1.0 - 1e-9) || h == h_hi) && h <= h_max)
-                .map(|&h| {
-                    let h_eff = h * (1.0 + f * f / 6.0).sqrt();
-                    (h, f * h, lscv(h_eff) + release_noise(h, f * h))
-                })
+                .filter(|&&h| (h >= spacing * (1.0 - 1e-9) || h == h_hi) && h <= h_max)
+                .map(|&h| (h, f * h, lscv(widen * h) + release_noise(h, f * h)))
                 .collect();
             // The largest local minimiser of the score (Hall & Marron 1991): LSCV's global
             // minimum is often a spurious small h at small n; the candidate at the upper end
@@ -279,17 +293,19 @@ impl AutoKde {
             let largest_local = (0..per_factor.len().saturating_sub(1))
                 .rev()
                 .find(|&k| (k == 0 || per_factor[k - 1].2 > per_factor[k].2) && per_factor[k + 1].2 > per_factor[k].2);
-            let pick = match largest_local {
-                Some(k) => Some(per_factor[k]),
-                None => per_factor.iter().copied().min_by(|a, b| a.2.total_cmp(&b.2)),
-            };
-            if let Some(p) = pick
-                && best.is_none_or(|b| p.2 < b.2)
-            {
-                best = Some(p);
+            let pick = largest_local
+                .or_else(|| (0..per_factor.len()).min_by(|&a, &b| per_factor[a].2.total_cmp(&per_factor[b].2)));
+            if let Some(k) = pick {
+                // The smoothest candidate scoring no worse than that minimiser.
+                let s0 = per_factor[k].2;
+                let smooth = (k..per_factor.len()).rev().find(|&j| per_factor[j].2 <= s0).unwrap_or(k);
+                if best.is_none_or(|b| s0 < b.0) {
+                    best = Some((s0, per_factor[smooth]));
+                }
             }
             scores.extend(per_factor);
         }
+        let best = best.map(|b| b.1);
         let (bandwidth, node_spacing, _) = best.unwrap_or((h_hi, NODE_FACTORS[0] * h_hi, 0.0));
         Choice { bandwidth, node_spacing, n, pilot_nodes: counts.len(), scores }
     }
@@ -306,7 +322,11 @@ impl AutoKde {
                 let counts = pilot.noisy_lifted(state, rng.as_deref_mut());
                 self.choose(n, pilot, &counts)
             }
-            None => self.reference_choice(n),
+            None => {
+                let n2 = self.second_count.noisy_lifted(state, rng.as_deref_mut()).iter().sum::<f64>();
+                let (w1, w2) = (self.count.sigma().powi(-2), self.second_count.sigma().powi(-2));
+                self.reference_choice((w1 * n + w2 * n2) / (w1 + w2))
+            }
         };
         let mechanism = self.mechanism_at(choice.bandwidth, choice.node_spacing, choice.pilot_nodes > 0)?;
         let lifted = mechanism.noisy_lifted(state, rng);
@@ -474,8 +494,8 @@ mod tests {
         // n = 10⁶ claw draws on [−3, 3], ε = 1: the noisy count allows the finest pilot
         // (range/1024), LSCV can go down to the claw's scale, and the ISE is within 25 % of the
         // best of 12 fixed bandwidths (chosen with the truth, at the full ε). Negative control:
-        // the same choice from the coarsest pilot (range/256, the only one before) cannot go
-        // below h = range/128 and loses by more than 3×.
+        // the same choice from a coarse pilot (range/128) cannot go below h = range/128 and
+        // loses by more than 3×.
         let grid = Grid { lo: -3.0, hi: 3.0, points: 512 };
         let auto = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW).unwrap();
         let xs = draws(1_000_000, 31, true);
@@ -489,10 +509,10 @@ mod tests {
         let (mut auto_ise, mut coarse_ise) = (0.0, 0.0);
         for seed in 0..3 {
             let (m, l, c) = auto.release(&st, Some(&mut ChaCha20Rng::seed_from_u64(seed))).unwrap();
-            assert_eq!(c.pilot_nodes, auto.pilots[2].nodes().unwrap().2);
+            assert_eq!(c.pilot_nodes, auto.pilots[auto.pilots.len() - 1].nodes().unwrap().2);
             let r = m.post_process(&m.curve_from_lifted(&l));
             auto_ise += ise(&r.density.unwrap(), &r.x, claw_density) / 3.0;
-            let coarse = &auto.pilots[0];
+            let coarse = &auto.pilots[1]; // range/128
             let counts = coarse.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(50 + seed)));
             let coarse_choice = auto.choose(c.n, coarse, &counts);
             let coarse_release = auto.mechanism_at(coarse_choice.bandwidth, coarse_choice.node_spacing, true).unwrap();
