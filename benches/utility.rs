@@ -8,6 +8,9 @@
 //! cargo bench --bench utility -- --n 1e3,1e5 --eps 1 --reps 3  # a quick look
 //! ```
 //!
+//! `--seed S` draws repetition r's noise from seed S + r (the same for every method and build:
+//! two versions compare on common noise); without it every release draws fresh OS noise.
+//!
 //! The peers' results are kept in `target/bench-data/utility-peers-<hash>.jsonl`, named by the
 //! hash of their job file and script, and reused by a run with the same jobs (`--fresh-peers`
 //! re-runs them).
@@ -91,6 +94,7 @@ struct Options {
     python: String,
     tuned: bool,
     fresh_peers: bool,
+    seed: Option<u64>,
     study: Option<String>,
     penalties: Vec<f64>,
 }
@@ -109,6 +113,7 @@ impl Options {
             python: "python3".into(),
             tuned: true,
             fresh_peers: false,
+            seed: None,
             study: None,
             penalties: vec![10.0, 100.0, 1000.0, 10000.0, f64::NAN],
         };
@@ -123,6 +128,7 @@ impl Options {
                 "--python" => o.python = value(),
                 "--no-tuned" => o.tuned = false,
                 "--fresh-peers" => o.fresh_peers = true,
+                "--seed" => o.seed = Some(parse_count(&value()) as u64),
                 "--study" => o.study = Some(value()),
                 "--penalty" => {
                     o.penalties = value()
@@ -1039,6 +1045,13 @@ async fn main() {
                 xs.sort_by(f64::total_cmp);
                 table += 1;
                 let t = format!("t{table}");
+                // `--seed S`: repetition r draws its noise from seed S + r (every method the
+                // same), so two builds compare on the same noise; otherwise fresh OS noise.
+                let seeded = o.seed.map(|seed| {
+                    let noise = dpcurve::NoiseSource::TestSeed(seed + rep as u64);
+                    DpSession::new(SessionOptions { noise, ..Default::default() })
+                });
+                let s = seeded.as_ref().unwrap_or(&s);
                 s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
                 for &eps in &o.eps {
                     let cell = cells.entry(key(dist, n, eps)).or_default();

@@ -69,6 +69,9 @@ pub const SECOND_COUNT_SHARE: f64 = 0.05;
 pub const NO_PILOT_SHARE: f64 = 1.0 - COUNT_SHARE - SECOND_COUNT_SHARE;
 /// The reference density of the no-pilot rule: a normal whose sd is this fraction of the range.
 pub const REFERENCE_SD: f64 = 1.0 / 10.0;
+/// When the score falls all the way to the smallest candidate, a smoother one is taken if its
+/// score is within this many sds of the pilot's noise of the smallest's.
+pub const BOUNDARY_SE: f64 = 1.0;
 /// The final release's node spacings, as multiples of h: h/2 (the fixed-h release's) and 3h/2
 /// (a third of the nodes, so a third of the noise, for about 17 % more smoothing; its ripple
 /// between nodes is ≤ 2·exp(−2π²/2.25) ≈ 3e-4 of the level).
@@ -216,6 +219,11 @@ impl AutoKde {
     /// Chooses h from the noisy count `count` and the noisy node counts of `pilot`
     /// (post-processing): binned LSCV plus the final release's noise.
     pub fn choose(&self, count: f64, pilot: &KdeMechanism, counts: &[f64]) -> Choice {
+        self.choose_with(count, pilot, counts, BOUNDARY_SE)
+    }
+
+    /// [`Self::choose`] with the boundary rule's slack `boundary_se` (noise sds).
+    fn choose_with(&self, count: f64, pilot: &KdeMechanism, counts: &[f64], boundary_se: f64) -> Choice {
         let (_, spacing, _) = pilot.nodes().expect("the pilot is a pure-ε release");
         let noise_var = pilot.sigma().powi(2);
         // n: the inverse-variance mean of the count and the pilot's total.
@@ -277,6 +285,29 @@ impl AutoKde {
             let own = n * (2.0 * phi(h, 0.0) + phi(h, spacing)) / 3.0;
             terms(h).iter().map(|&(s, w)| w * pair_sum(s)).sum::<f64>() + 2.0 * own / (n * (n - 1.0))
         };
+        // The sd the pilot's noise gives the difference of two scores. The difference is the
+        // quadratic form c̃ᵀDc̃ of the noisy counts c̃ = c + e (e iid, variance σ², the discrete
+        // Laplace's fourth moment 6σ⁴), D Toeplitz with kernel d = Σ_a w_a·φ_{s_a}, so
+        // Var = 4σ²·cᵀD²c + 2σ⁴·‖D‖²_F + 3σ⁴·Σ_j D_jj², and a sum over nodes Δ apart of products
+        // of Gaussians is a Gaussian: D² has kernel Σ_{a,b} w_a·w_b·φ_{√(s_a²+s_b²)}/Δ.
+        let score_sd = |h: f64, h0: f64| {
+            let mut all = Vec::with_capacity(4);
+            all.extend(terms(h));
+            all.extend(terms(h0).map(|(s, w)| (s, -w)));
+            let (mut quad, mut frobenius) = (0.0, 0.0);
+            for &(sa, wa) in &all {
+                for &(sb, wb) in &all {
+                    let s = (sa * sa + sb * sb).sqrt();
+                    quad += wa * wb * pair_sum(s) / spacing;
+                    frobenius += wa * wb * nodes as f64 * phi(s, 0.0) / spacing;
+                }
+            }
+            let d0 = all.iter().map(|&(s, w)| w * phi(s, 0.0)).sum::<f64>();
+            let var = 4.0 * noise_var * quad.max(0.0)
+                + 2.0 * noise_var.powi(2) * frobenius.max(0.0)
+                + 3.0 * noise_var.powi(2) * nodes as f64 * d0 * d0;
+            var.sqrt()
+        };
         let mut scores = Vec::new();
         // Per node factor: (the score's chosen minimum, the pick).
         let mut best: Option<(f64, (f64, f64, f64))> = None;
@@ -296,9 +327,15 @@ impl AutoKde {
             let pick = largest_local
                 .or_else(|| (0..per_factor.len()).min_by(|&a, &b| per_factor[a].2.total_cmp(&per_factor[b].2)));
             if let Some(k) = pick {
-                // The smoothest candidate scoring no worse than that minimiser.
-                let s0 = per_factor[k].2;
-                let smooth = (k..per_factor.len()).rev().find(|&j| per_factor[j].2 <= s0).unwrap_or(k);
+                // The smoothest candidate scoring no worse than that minimiser. When the score's
+                // minimum is the smallest candidate, its fall towards it is the pilot's noise
+                // (its diagonal's error weighs ∝ 1/h) as often as the data: the smoothest
+                // candidate within one noise sd of it ([`BOUNDARY_SE`]).
+                let (h0, _, s0) = per_factor[k];
+                let slack = |j: usize| {
+                    if k == 0 { boundary_se * score_sd(widen * per_factor[j].0, widen * h0) } else { 0.0 }
+                };
+                let smooth = (k..per_factor.len()).rev().find(|&j| per_factor[j].2 - s0 <= slack(j)).unwrap_or(k);
                 if best.is_none_or(|b| s0 < b.0) {
                     best = Some((s0, per_factor[smooth]));
                 }
@@ -538,5 +575,43 @@ mod tests {
         );
         assert!(auto_ise <= 1.25 * best_fixed, "{auto_ise} vs {best_fixed}");
         assert!(coarse_ise > 3.0 * auto_ise, "negative control: {coarse_ise} vs {auto_ise}");
+    }
+
+    #[test]
+    fn a_score_that_falls_to_the_smallest_candidate_within_the_pilots_noise_does_not_pick_it() {
+        // n = 10⁵ draws of ½N(0.3, 0.1²) + ½N(0.7, 0.1²) on [0, 1], ε = 0.1: the pilot's noise
+        // makes the cross-validation score fall all the way to the smallest candidate in some
+        // releases (its diagonal's error weighs ∝ 1/h). Over 40 pilots, the boundary rule never
+        // keeps the smallest candidate (range/512), and the mean ISE of the final releases is
+        // lower. Negative control: the same pilots without the rule keep it at least twice.
+        let grid = Grid { lo: 0.0, hi: 1.0, points: 512 };
+        let truth = |x: f64| {
+            let phi = |z: f64| (-(z * z) / (2.0 * 0.01)).exp() / (0.1 * (2.0 * std::f64::consts::PI).sqrt());
+            0.5 * phi(x - 0.3) + 0.5 * phi(x - 0.7)
+        };
+        let auto = AutoKde::new(grid, 0.1, Normalise::Project, Contribution::ROW).unwrap();
+        let xs: Vec<f64> = draws(100_000, 17, false).iter().map(|x| 0.5 + 0.2 * x).collect();
+        let mut st = auto.layout().empty_state();
+        auto.layout().add_all(&mut st, &xs);
+        let smallest = auto.candidates()[0] * (1.0 + 1e-9);
+        let (mut with_rule, mut without) = ((0, 0.0), (0, 0.0));
+        for seed in 0..40 {
+            let mut rng = ChaCha20Rng::seed_from_u64(1_000 + seed);
+            let n = auto.count.noisy_lifted(&st, Some(&mut rng)).iter().sum::<f64>();
+            let pilot = auto.pilot_for(n).expect("n·ε = 10⁴ runs a pilot");
+            let counts = pilot.noisy_lifted(&st, Some(&mut rng));
+            for (boundary_se, tally) in [(BOUNDARY_SE, &mut with_rule), (0.0, &mut without)] {
+                let c = auto.choose_with(n, pilot, &counts, boundary_se);
+                let m = auto.mechanism_at(c.bandwidth, c.node_spacing, true).unwrap();
+                let l = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(2_000 + seed)));
+                let r = m.post_process(&m.curve_from_lifted(&l));
+                tally.0 += usize::from(c.bandwidth <= smallest);
+                tally.1 += ise(&r.density.unwrap(), &r.x, truth) / 40.0;
+            }
+        }
+        eprintln!("smallest-candidate picks / mean ISE: with the rule {with_rule:?}, without {without:?}");
+        assert_eq!(with_rule.0, 0, "{with_rule:?}");
+        assert!(with_rule.1 < without.1, "{with_rule:?} vs {without:?}");
+        assert!(without.0 >= 2, "negative control: {without:?}");
     }
 }
