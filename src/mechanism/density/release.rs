@@ -581,7 +581,7 @@ impl KdeMechanism {
     /// The smoothing of the noiseless release, as the standard deviation of its effective
     /// kernel. Linear binning onto points `s` apart smooths like a hat of half-width `s`
     /// (variance `s²/6`) on top of the Gaussian kernel's h: the pure-ε release bins onto its
-    /// nodes (h/2 apart at a fixed h, up to 3h/2 with `bandwidth => 'auto'`), the others onto
+    /// nodes (h/2 apart at a fixed h, up to 5h/3 with `bandwidth => 'auto'`), the others onto
     /// bins ≤ h/16 apart, and exact mode not at all. So `sqrt(h² + s²/6)`.
     pub fn smoothing(&self) -> f64 {
         let h = self.spec.bandwidth;
