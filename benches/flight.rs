@@ -4,7 +4,7 @@
 //! process (`AnalystSession::query`, same catalog, same analyst share), in the same run.
 //!
 //! ```text
-//! cargo bench --bench flight                       # 400 queries, 1 and 8 clients
+//! cargo bench --bench flight                       # 400 queries, 1, 4, 8 and 16 clients
 //! cargo bench --bench flight -- --queries 2000 --clients 1,4,8 --rows 1e5
 //! cargo bench --bench flight -- --abuse --seconds 60   # another analyst attacks meanwhile
 //! ```
@@ -16,7 +16,10 @@
 //! floods of free GetFlightInfo and CreatePreparedStatement calls. Bob's p50/p99 both ways.
 //!
 //! Both paths pay the durable ledger debit (fsync) of every release; the ratio is what the
-//! network service adds on top.
+//! network service adds on top. Concurrent debits of one process share a commit (group commit):
+//! the bench also times the debit alone (`Catalog::charge_as` from 1, 4, 8, 16 threads on the
+//! same catalog file, one analyst share) with the debits per commit, and prints each path's
+//! throughput against its own at one client.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,7 +29,7 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use datafusion::arrow::array::{Float64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
-use dpcurve::policy::Catalog;
+use dpcurve::policy::{Catalog, Charge};
 use dpcurve::server::{ServeOptions, serve};
 use dpcurve::{Admin, AnalystSession, SessionOptions};
 use futures::TryStreamExt;
@@ -43,7 +46,7 @@ struct Options {
 }
 
 fn options() -> Options {
-    let mut o = Options { queries: 400, clients: vec![1, 8], rows: 10_000, abuse: false, seconds: 60.0 };
+    let mut o = Options { queries: 400, clients: vec![1, 4, 8, 16], rows: 10_000, abuse: false, seconds: 60.0 };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -87,6 +90,38 @@ where
     let qps = all.len() as f64 / started.elapsed().as_secs_f64();
     all.sort();
     (qps, all)
+}
+
+/// The durable debit alone: `debits` charges of ε = 1e-6 by analyst "bench" on table "p",
+/// split over `clients` threads sharing `catalog`: (debits/s, sorted latencies, debits per commit).
+fn debit_only(catalog: &Catalog, debits: usize, clients: usize) -> (f64, Vec<Duration>, f64) {
+    let charge = [Charge {
+        table: "p".into(),
+        function: "private_kde".into(),
+        cost: dpcurve::mechanism::noise::budget::Budget::charge(1e-6, 0.0).unwrap(),
+    }];
+    let commits = catalog.debit_commits();
+    let started = Instant::now();
+    let mut all: Vec<Duration> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..clients)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..debits / clients)
+                        .map(|_| {
+                            let t = Instant::now();
+                            catalog.charge_as(&charge, "debit bench", Some("bench")).unwrap();
+                            t.elapsed()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    let rate = all.len() as f64 / started.elapsed().as_secs_f64();
+    all.sort();
+    let per_commit = all.len() as f64 / (catalog.debit_commits() - commits).max(1) as f64;
+    (rate, all, per_commit)
 }
 
 fn pct(v: &[Duration], p: f64) -> f64 {
@@ -160,6 +195,21 @@ async fn main() {
     let _: Vec<RecordBatch> =
         warm.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap().try_collect().await.unwrap();
 
+    let ledger = Catalog::open(&catalog_path).unwrap();
+    let (mut base_debit, mut base_in, mut base_fl) = (f64::NAN, f64::NAN, f64::NAN);
+    for &clients in &o.clients {
+        let (rate, lat, per_commit) = debit_only(&ledger, o.queries, clients);
+        if clients == 1 {
+            base_debit = rate;
+        }
+        println!(
+            "{:<12} {clients:>8} {rate:>10.1} {:>9.2} {:>9.2}   ({per_commit:.1} debits per commit; {:.2}× one thread's rate)",
+            "debit alone",
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            rate / base_debit
+        );
+    }
     for &clients in &o.clients {
         let s = Arc::clone(&session);
         let (qps_in, lat_in) = measure(o.queries, clients, move |_| {
@@ -200,10 +250,16 @@ async fn main() {
             pct(&lat_fl, 0.5),
             pct(&lat_fl, 0.99)
         );
+        if clients == 1 {
+            (base_in, base_fl) = (qps_in, qps_fl);
+        }
         println!(
-            "  ratio flight/in-process at {clients} client(s): throughput {:.2}×, p50 latency {:.2}×",
+            "  ratio flight/in-process at {clients} client(s): throughput {:.2}×, p50 latency {:.2}×; \
+             throughput vs 1 client: in process {:.2}×, Flight SQL {:.2}×",
             qps_fl / qps_in,
-            pct(&lat_fl, 0.5) / pct(&lat_in, 0.5)
+            pct(&lat_fl, 0.5) / pct(&lat_in, 0.5),
+            qps_in / base_in,
+            qps_fl / base_fl
         );
     }
     let _ = stop_tx.send(());

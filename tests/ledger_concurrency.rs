@@ -1,5 +1,6 @@
 //! The ledger under contention and under a crash: threads and OS processes sharing one
-//! catalog file, and a process killed with SIGKILL in the middle of queries.
+//! catalog file, concurrent queries of one process sharing commits, and a process killed with
+//! SIGKILL in the middle of queries.
 
 mod common;
 
@@ -108,6 +109,41 @@ fn threads_and_processes_racing_for_a_budget_get_exactly_what_fits() {
     assert_eq!(p.spent.epsilon_units, Budget::total(3.0, 0.0).unwrap().epsilon_units);
     assert_eq!(p.spent.delta_units, Budget::total(0.0, 30e-6).unwrap().delta_units);
     assert_eq!(c.release_log(Some("p")).unwrap().len(), fits);
+}
+
+/// One process running many queries at once on one catalog connection (as `dpcurve serve`
+/// does): their debits share commits (group commit), each still checked in turn against the
+/// running total. A budget that fits exactly 10 releases, raced for by 32 concurrent queries
+/// of one session: exactly 10 succeed, every other is refused as exhausted, and the ledger
+/// shows exactly the total and 10 log entries.
+#[test]
+fn concurrent_queries_sharing_commits_get_exactly_what_fits() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let (_dir, catalog) = rt.block_on(setup("group", 1.0));
+    let session = Arc::new(rt.block_on(AnalystSession::open(&catalog, SessionOptions::default())).unwrap());
+    let outcomes: Vec<Result<(), String>> = rt.block_on(async {
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let s = Arc::clone(&session);
+                tokio::spawn(async move { s.query(QUERY).await.map(|_| ()).map_err(|e| e.to_string()) })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let ok = outcomes.iter().filter(|o| o.is_ok()).count();
+    for e in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+        assert!(e.contains("privacy budget exhausted"), "{e}");
+    }
+    assert_eq!(ok, 10, "exactly the releases that fit must succeed");
+    let c = Catalog::open(&catalog).unwrap();
+    let p = c.table("p").unwrap().unwrap().policy.unwrap();
+    assert_eq!(p.spent.epsilon_units, Budget::total(1.0, 0.0).unwrap().epsilon_units);
+    assert_eq!(p.spent.delta_units, Budget::total(0.0, 10e-6).unwrap().delta_units);
+    assert_eq!(c.release_log(Some("p")).unwrap().len(), 10);
 }
 
 /// A process killed with SIGKILL while running queries leaves a ledger in which every

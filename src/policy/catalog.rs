@@ -4,7 +4,8 @@
 //! private table's policy (total ε and δ, public column bounds, public curve length), the
 //! budget spent so far, and the release log. The file runs in WAL mode with
 //! `synchronous = FULL`, so a committed debit survives a crash; every check-and-debit is
-//! one `BEGIN IMMEDIATE` transaction, so processes sharing the file serialise on it.
+//! made in a `BEGIN IMMEDIATE` transaction, so processes sharing the file serialise on it
+//! (concurrent debits of one process share one: `debits`).
 //! A file that is not a dpcurve catalog, has another format version, or fails SQLite's
 //! integrity check is refused with a clear message (fail closed).
 
@@ -18,9 +19,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 pub use super::error::PolicyError;
 use super::error::storage;
 use super::locations::{check_location_syntax, locations_overlap};
-use super::query_log::QueryRecord;
 use super::schema::{SCHEMA, UPGRADE_1_TO_2, UPGRADE_2_TO_3, UPGRADE_3_TO_4, UPGRADE_4_TO_5};
-use super::shares::{debit_share, require_active};
 use crate::mechanism::noise::budget::Budget;
 
 /// The catalog format this version reads and writes.
@@ -151,6 +150,8 @@ pub struct Catalog {
     /// NORMAL` in WAL mode: atomic, durable at the next checkpoint). The ledger's debits keep
     /// `FULL`; a crash can lose the most recently stored releases, never a charge.
     store: Mutex<Option<Connection>>,
+    /// Concurrent debits waiting to share the next commit (group commit).
+    debits: debits::DebitQueue,
 }
 
 /// The release log's text of a query from its (head, length, sha256) columns at `at`.
@@ -234,7 +235,12 @@ impl Catalog {
             return Err(not_catalog(format!("cannot switch to WAL journaling (got {mode})")));
         }
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;").map_err(storage)?;
-        let catalog = Catalog { path: path.to_path_buf(), conn: Mutex::new(conn), store: Mutex::new(None) };
+        let catalog = Catalog {
+            path: path.to_path_buf(),
+            conn: Mutex::new(conn),
+            store: Mutex::new(None),
+            debits: debits::DebitQueue::default(),
+        };
         catalog.init_or_check(create).map_err(|e| match e {
             PolicyError::Catalog(m) => not_catalog(m),
             other => other,
@@ -718,103 +724,6 @@ impl Catalog {
     pub fn table(&self, name: &str) -> Result<Option<TableInfo>, PolicyError> {
         Ok(self.tables()?.into_iter().find(|t| t.name == name))
     }
-
-    /// Checks and debits all charges of one query execution of the table owner's session
-    /// (no analyst): see [`Catalog::charge_as`].
-    pub fn charge(&self, charges: &[Charge], query: &str) -> Result<Vec<i64>, PolicyError> {
-        self.charge_as(charges, query, None)
-    }
-
-    /// Checks and debits all charges of one query execution atomically and durably: either
-    /// every table has room for its total — and, for an analyst, the analyst's share of every
-    /// table has room too — and everything is debited and logged (under the analyst's name),
-    /// or nothing changes and the first table without room is reported. Returns the release
-    /// log's id of each charge, in order.
-    pub fn charge_as(&self, charges: &[Charge], query: &str, analyst: Option<&str>) -> Result<Vec<i64>, PolicyError> {
-        self.charge_reserving(charges, &QueryRecord::of(query), analyst, 0).map(|(ids, _)| ids)
-    }
-
-    /// [`Catalog::charge_as`], and in the same transaction reserves `releases` consecutive
-    /// stored-release ids for this execution: returns the charges' log ids and the first
-    /// reserved release id. The execution numbers its releases from that id in a canonical
-    /// order fixed by the plan (call, then group), so the ids an analyst sees never depend on
-    /// the order in which the data made the releases finish; unused ids stay unused.
-    pub fn charge_reserving(
-        &self,
-        charges: &[Charge],
-        query: &QueryRecord,
-        analyst: Option<&str>,
-        releases: u64,
-    ) -> Result<(Vec<i64>, i64), PolicyError> {
-        let mut per_table: BTreeMap<&str, Budget> = BTreeMap::new();
-        for c in charges {
-            let e = per_table.entry(&c.table).or_default();
-            *e = e.checked_add(&c.cost).ok_or_else(|| PolicyError::Invalid("query cost overflows".into()))?;
-        }
-        self.with_tx(|tx| {
-            if let Some(a) = analyst {
-                require_active(tx, a)?;
-            }
-            for (&table, &cost) in &per_table {
-                let row: Option<(i64, i64, i64, i64)> = tx
-                    .query_row(
-                        "SELECT epsilon_total, delta_total, epsilon_spent, delta_spent FROM policies WHERE table_name = ?1",
-                        [table],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-                    )
-                    .optional()
-                    .map_err(storage)?;
-                let (et, dt, es, ds) = row.ok_or_else(|| {
-                    PolicyError::Invalid(format!("table '{table}' has no privacy policy in the catalog"))
-                })?;
-                let total = Budget { epsilon_units: et, delta_units: dt };
-                let spent = Budget { epsilon_units: es, delta_units: ds };
-                let remaining = total.checked_sub(&spent).unwrap_or(Budget::ZERO);
-                if !cost.fits_within(&remaining) {
-                    return Err(PolicyError::BudgetExhausted {
-                        table: table.to_string(),
-                        analyst: None,
-                        cost,
-                        remaining,
-                    });
-                }
-                if let Some(a) = analyst {
-                    debit_share(tx, a, table, cost)?;
-                }
-                let new = spent.checked_add(&cost).expect("fits within the total");
-                tx.execute(
-                    "UPDATE policies SET epsilon_spent = ?2, delta_spent = ?3 WHERE table_name = ?1",
-                    params![table, new.epsilon_units, new.delta_units],
-                )
-                .map_err(storage)?;
-            }
-            // The statement once per execution, bounded (query_log): its charges point at it.
-            let (head, length, sha256, ticket) = query.columns();
-            tx.execute(
-                &format!(
-                    "INSERT INTO queries (at, analyst, head, length, sha256, ticket) \
-                     VALUES ({NOW}, ?1, ?2, ?3, ?4, ?5)"
-                ),
-                params![analyst, head, length, sha256, ticket],
-            )
-            .map_err(storage)?;
-            let query_id = tx.last_insert_rowid();
-            let mut ids = Vec::with_capacity(charges.len());
-            for c in charges {
-                tx.execute(
-                    &format!(
-                        "INSERT INTO releases (at, table_name, function, epsilon, delta, analyst, query_id) \
-                         VALUES ({NOW}, ?1, ?2, ?3, ?4, ?5, ?6)"
-                    ),
-                    params![c.table, c.function, c.cost.epsilon_units, c.cost.delta_units, analyst, query_id],
-                )
-                .map_err(storage)?;
-                ids.push(tx.last_insert_rowid());
-            }
-            let first = reserve_release_ids(tx, releases)?;
-            Ok((ids, first))
-        })
-    }
 }
 
 fn validate_name(name: &str) -> Result<(), PolicyError> {
@@ -831,6 +740,7 @@ fn validate_name(name: &str) -> Result<(), PolicyError> {
     }
 }
 
+mod debits;
 mod releases;
 #[cfg(test)]
 mod tests;
