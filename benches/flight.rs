@@ -64,12 +64,34 @@ fn options() -> Options {
     o
 }
 
+/// CPU time (user + system) this process has used, in seconds: the server, the clients and
+/// the in-process session all run in it, so it is all the CPU the queries cost on this machine.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes one plain struct that we own.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// What a run cost: (queries/s, sorted latencies, CPU ms per query, cores busy on average).
+struct Run {
+    qps: f64,
+    latencies: Vec<Duration>,
+    cpu_ms: f64,
+    cores: f64,
+}
+
 /// Latencies of `queries` queries split over `clients` concurrent workers running `one`.
-async fn measure<F, Fut>(queries: usize, clients: usize, one: F) -> (f64, Vec<Duration>)
+async fn measure<F, Fut>(queries: usize, clients: usize, one: F) -> Run
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static + Clone,
     Fut: std::future::Future<Output = Duration> + Send + 'static,
 {
+    let cpu = cpu_seconds();
     let started = Instant::now();
     let per = queries / clients;
     let mut tasks = Vec::new();
@@ -87,9 +109,10 @@ where
     for t in tasks {
         all.extend(t.await.unwrap());
     }
-    let qps = all.len() as f64 / started.elapsed().as_secs_f64();
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu;
     all.sort();
-    (qps, all)
+    Run { qps: all.len() as f64 / wall, cpu_ms: cpu * 1e3 / all.len() as f64, cores: cpu / wall, latencies: all }
 }
 
 /// The durable debit alone: `debits` charges of ε = 1e-6 by analyst "bench" on table "p",
@@ -212,7 +235,7 @@ async fn main() {
     }
     for &clients in &o.clients {
         let s = Arc::clone(&session);
-        let (qps_in, lat_in) = measure(o.queries, clients, move |_| {
+        let inproc = measure(o.queries, clients, move |_| {
             let s = Arc::clone(&s);
             async move {
                 let t = Instant::now();
@@ -226,7 +249,7 @@ async fn main() {
             pool.push(Arc::new(tokio::sync::Mutex::new(flight_client(&addr, &token).await)));
         }
         let pool = Arc::new(pool);
-        let (qps_fl, lat_fl) = measure(o.queries, clients, move |c| {
+        let flight = measure(o.queries, clients, move |c| {
             let pool = Arc::clone(&pool);
             async move {
                 let mut client = pool[c].lock().await;
@@ -238,28 +261,34 @@ async fn main() {
             }
         })
         .await;
-        println!(
-            "{:<12} {clients:>8} {qps_in:>10.1} {:>9.2} {:>9.2}",
-            "in-process",
-            pct(&lat_in, 0.5),
-            pct(&lat_in, 0.99)
-        );
-        println!(
-            "{:<12} {clients:>8} {qps_fl:>10.1} {:>9.2} {:>9.2}",
-            "flight-sql",
-            pct(&lat_fl, 0.5),
-            pct(&lat_fl, 0.99)
-        );
+        for (name, r) in [("in-process", &inproc), ("flight-sql", &flight)] {
+            println!(
+                "{name:<12} {clients:>8} {:>10.1} {:>9.2} {:>9.2}   (CPU {:.2} ms per query, {:.2} cores busy)",
+                r.qps,
+                pct(&r.latencies, 0.5),
+                pct(&r.latencies, 0.99),
+                r.cpu_ms,
+                r.cores
+            );
+        }
         if clients == 1 {
-            (base_in, base_fl) = (qps_in, qps_fl);
+            (base_in, base_fl) = (inproc.qps, flight.qps);
+            // All the machine's cores busy at the CPU one query costs: no client count can go
+            // above this rate, whatever the ledger does.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            println!(
+                "  CPU ceiling on {cores} cores: in process {:.2}× the 1-client rate, Flight SQL {:.2}×",
+                cores / (inproc.cpu_ms * 1e-3) / inproc.qps,
+                cores / (flight.cpu_ms * 1e-3) / flight.qps
+            );
         }
         println!(
             "  ratio flight/in-process at {clients} client(s): throughput {:.2}×, p50 latency {:.2}×; \
              throughput vs 1 client: in process {:.2}×, Flight SQL {:.2}×",
-            qps_fl / qps_in,
-            pct(&lat_fl, 0.5) / pct(&lat_in, 0.5),
-            qps_in / base_in,
-            qps_fl / base_fl
+            flight.qps / inproc.qps,
+            pct(&flight.latencies, 0.5) / pct(&inproc.latencies, 0.5),
+            inproc.qps / base_in,
+            flight.qps / base_fl
         );
     }
     let _ = stop_tx.send(());

@@ -2,8 +2,10 @@
 //!
 //! Every debit is durable (`synchronous = FULL`: an fsync per commit) before the execution
 //! reads a row. One fsync per debit bounds a busy server by the disk, so concurrent debits of
-//! one process share a commit: each execution queues its request, and whichever holds the
-//! ledger connection next takes every queued request into one `BEGIN IMMEDIATE` transaction.
+//! one process share a commit: each execution queues its request; one call at a time commits,
+//! taking every queued request into one `BEGIN IMMEDIATE` transaction, while the others wait
+//! for the end of that commit — then either their outcome is there, or one of them commits
+//! the requests that queued meanwhile.
 //! Each is checked, in queue order, against the running totals and shares (the earlier ones'
 //! debits included) inside its own savepoint: one refused rolls back alone and is reported to
 //! its execution alone. The transaction commits once, and only then does any of them proceed.
@@ -13,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use rusqlite::{OptionalExtension, params};
 
@@ -34,8 +36,30 @@ struct Pending {
 /// Debits waiting for the next commit of this process's ledger connection.
 #[derive(Debug, Default)]
 pub(super) struct DebitQueue {
-    pending: Mutex<Vec<Arc<Pending>>>,
+    state: Mutex<QueueState>,
+    /// Signalled when a commit has ended (its debits have their outcomes).
+    committed: Condvar,
     commits: AtomicU64,
+}
+
+/// Marks the end of a commit and wakes the calls waiting for it.
+struct CommitEnd<'a>(&'a DebitQueue);
+
+impl Drop for CommitEnd<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.committing = false;
+        self.0.committed.notify_all();
+    }
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    /// Debits not yet taken into a commit, in arrival order.
+    pending: Vec<Arc<Pending>>,
+    /// Whether a call is committing (it took the pending debits and holds or awaits the
+    /// connection): the others wait for its end instead of for the connection.
+    committing: bool,
 }
 
 impl Catalog {
@@ -76,20 +100,36 @@ impl Catalog {
             releases,
             outcome: Mutex::new(None),
         });
-        self.debits.pending.lock().expect("debit queue lock").push(Arc::clone(&me));
-        let mut conn = self.conn.lock().expect("catalog lock");
-        // A commit made while this call waited for the connection may already hold its debit.
-        if let Some(done) = me.outcome.lock().expect("debit lock").take() {
-            return done;
+        let queue = &self.debits;
+        let mut state = queue.state.lock().expect("debit queue lock");
+        state.pending.push(Arc::clone(&me));
+        loop {
+            if let Some(done) = me.outcome.lock().expect("debit lock").take() {
+                return done;
+            }
+            if state.committing {
+                // Another call is committing; this debit is in its batch or in the next one.
+                state = queue.committed.wait(state).expect("debit queue lock");
+                continue;
+            }
+            // This call commits everything waiting, its own debit included.
+            state.committing = true;
+            let batch = std::mem::take(&mut state.pending);
+            drop(state);
+            {
+                // Ends the commit for the waiting calls even if this one unwinds.
+                let _end = CommitEnd(queue);
+                let outcomes = {
+                    let mut conn = self.conn.lock().expect("catalog lock");
+                    Self::commit_batch(&mut conn, &batch)
+                };
+                queue.commits.fetch_add(1, Ordering::Relaxed);
+                for (p, outcome) in batch.iter().zip(outcomes) {
+                    *p.outcome.lock().expect("debit lock") = Some(outcome);
+                }
+            }
+            state = queue.state.lock().expect("debit queue lock");
         }
-        let batch = std::mem::take(&mut *self.debits.pending.lock().expect("debit queue lock"));
-        let outcomes = Self::commit_batch(&mut conn, &batch);
-        self.debits.commits.fetch_add(1, Ordering::Relaxed);
-        for (p, outcome) in batch.iter().zip(outcomes) {
-            *p.outcome.lock().expect("debit lock") = Some(outcome);
-        }
-        drop(conn);
-        me.outcome.lock().expect("debit lock").take().expect("this call's debit was in the batch it committed")
     }
 
     /// Debits `batch` in order in one transaction, each in its own savepoint; one commit. A
@@ -187,12 +227,13 @@ mod tests {
 
     #[test]
     fn queued_debits_share_one_commit_each_checked_in_order_and_a_refused_one_alone() {
-        // Six executions queue while the connection is busy; the next holder debits them all in
-        // one transaction, in queue order, against the running total ε = 1: 0.3 and 0.3 fit,
-        // 0.5 no longer does (0.4 left), 0.2 and 0.2 fit (exactly), 0.1 does not. One commit;
-        // the refused ones debit and log nothing, and do not undo the others. (A build that
-        // commits each debit alone makes six commits; one that aborts the batch on a refusal
-        // loses the fitting debits after it.)
+        // Six executions arrive while the connection is busy: the first takes its own debit and
+        // waits for the connection, the other five queue behind it and are debited together in
+        // the next transaction, in queue order, against the running total ε = 1: 0.3 and 0.3
+        // fit, 0.5 no longer does (0.4 left), 0.2 and 0.2 fit (exactly), 0.1 does not. Two
+        // commits; the refused ones debit and log nothing, and do not undo the others. (A
+        // build that commits each debit alone makes six commits; one that aborts the batch on
+        // a refusal loses the fitting debits after it.)
         let p = std::env::temp_dir().join(format!("dpcurve-cat-group-{}.db", std::process::id()));
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
@@ -215,7 +256,14 @@ mod tests {
                 .enumerate()
                 .map(|(i, &e)| {
                     let h = s.spawn(move || c.charge(&[charge(e)], "q"));
-                    while c.debits.pending.lock().unwrap().len() < i + 1 {
+                    // The first call takes its own debit and waits for the connection; the
+                    // others queue behind it, in order.
+                    loop {
+                        let st = c.debits.state.lock().unwrap();
+                        if st.committing && st.pending.len() == i {
+                            break;
+                        }
+                        drop(st);
                         std::thread::yield_now();
                     }
                     h
@@ -226,7 +274,7 @@ mod tests {
         });
         let fitted: Vec<bool> = results.iter().map(Result::is_ok).collect();
         assert_eq!(fitted, [true, true, false, true, true, false], "{results:?}");
-        assert_eq!(c.debit_commits(), before + 1, "one commit for the whole queue");
+        assert_eq!(c.debit_commits(), before + 2, "one commit for the first, one for the five queued behind it");
         let left = |r: &Result<Vec<i64>, PolicyError>| match r {
             Err(PolicyError::BudgetExhausted { remaining, .. }) => *remaining,
             other => panic!("{other:?}"),
