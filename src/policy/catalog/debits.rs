@@ -225,39 +225,35 @@ fn debit(tx: &rusqlite::Transaction<'_>, p: &Pending) -> Result<(Vec<i64>, i64),
 mod tests {
     use super::*;
 
-    #[test]
-    fn queued_debits_share_one_commit_each_checked_in_order_and_a_refused_one_alone() {
-        // Six executions arrive while the connection is busy: the first takes its own debit and
-        // waits for the connection, the other five queue behind it and are debited together in
-        // the next transaction, in queue order, against the running total ε = 1: 0.3 and 0.3
-        // fit, 0.5 no longer does (0.4 left), 0.2 and 0.2 fit (exactly), 0.1 does not. Two
-        // commits; the refused ones debit and log nothing, and do not undo the others. (A
-        // build that commits each debit alone makes six commits; one that aborts the batch on
-        // a refusal loses the fitting debits after it.)
-        let p = std::env::temp_dir().join(format!("dpcurve-cat-group-{}.db", std::process::id()));
+    fn catalog(tag: &str) -> Catalog {
+        let p = std::env::temp_dir().join(format!("dpcurve-cat-group-{tag}-{}.db", std::process::id()));
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
         }
         let c = Catalog::create_or_open(&p).unwrap();
         c.register_table("t", "/data/t.parquet").unwrap();
+        c.register_table("u", "/data/u.parquet").unwrap();
         c.make_private("t", Budget::total(1.0, 0.0).unwrap()).unwrap();
-        let charge = |e: f64| Charge {
-            table: "t".into(),
-            function: "private_kde".into(),
-            cost: Budget::charge(e, 0.0).unwrap(),
-        };
-        let costs = [0.3, 0.3, 0.5, 0.2, 0.2, 0.1];
+        c.make_private("u", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        c
+    }
+
+    fn charge(table: &str, e: f64) -> Charge {
+        Charge { table: table.into(), function: "private_kde".into(), cost: Budget::charge(e, 0.0).unwrap() }
+    }
+
+    /// Runs `requests` (analyst, charges) while the connection is busy: the first takes its
+    /// own debit and waits for the connection, the others queue behind it in order and share
+    /// the next commit. Their results, in order, and the commits made.
+    fn queued(c: &Catalog, requests: &[(Option<&str>, Vec<Charge>)]) -> (Vec<Result<Vec<i64>, PolicyError>>, u64) {
         let before = c.debit_commits();
-        let c = &c;
-        let results: Vec<_> = std::thread::scope(|s| {
+        let results = std::thread::scope(|s| {
             let busy = c.conn.lock().unwrap();
-            let handles: Vec<_> = costs
+            let handles: Vec<_> = requests
                 .iter()
                 .enumerate()
-                .map(|(i, &e)| {
-                    let h = s.spawn(move || c.charge(&[charge(e)], "q"));
-                    // The first call takes its own debit and waits for the connection; the
-                    // others queue behind it, in order.
+                .map(|(i, (analyst, charges))| {
+                    let h = s.spawn(move || c.charge_as(charges, "q", *analyst));
                     loop {
                         let st = c.debits.state.lock().unwrap();
                         if st.committing && st.pending.len() == i {
@@ -272,16 +268,68 @@ mod tests {
             drop(busy);
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        let fitted: Vec<bool> = results.iter().map(Result::is_ok).collect();
-        assert_eq!(fitted, [true, true, false, true, true, false], "{results:?}");
-        assert_eq!(c.debit_commits(), before + 2, "one commit for the first, one for the five queued behind it");
-        let left = |r: &Result<Vec<i64>, PolicyError>| match r {
+        (results, c.debit_commits() - before)
+    }
+
+    fn remaining(r: &Result<Vec<i64>, PolicyError>) -> Budget {
+        match r {
             Err(PolicyError::BudgetExhausted { remaining, .. }) => *remaining,
             other => panic!("{other:?}"),
-        };
-        assert_eq!(left(&results[2]), Budget::total(0.4, 0.0).unwrap());
-        assert_eq!(left(&results[5]), Budget::ZERO);
+        }
+    }
+
+    #[test]
+    fn queued_debits_share_one_commit_each_checked_in_order_against_the_total() {
+        // Against the running total ε = 1, in queue order: 0.3 (alone in the first commit), then
+        // together 0.3 fits, 0.5 no longer does (0.4 left), 0.2 and 0.2 fit (exactly), 0.1 does
+        // not. Two commits; the refused ones debit and log nothing and do not undo the others.
+        // (A build that commits each debit alone makes six commits; one that aborts the batch
+        // on a refusal loses the fitting debits after it; one that checks the batch against the
+        // total before it lets 0.5 through.)
+        let c = catalog("total");
+        let requests: Vec<_> = [0.3, 0.3, 0.5, 0.2, 0.2, 0.1].iter().map(|&e| (None, vec![charge("t", e)])).collect();
+        let (results, commits) = queued(&c, &requests);
+        let fitted: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        assert_eq!(fitted, [true, true, false, true, true, false], "{results:?}");
+        assert_eq!(commits, 2, "one commit for the first, one for the five queued behind it");
+        assert_eq!(remaining(&results[2]), Budget::total(0.4, 0.0).unwrap());
+        assert_eq!(remaining(&results[5]), Budget::ZERO);
         assert_eq!(c.table("t").unwrap().unwrap().policy.unwrap().spent, Budget::total(1.0, 0.0).unwrap());
         assert_eq!(c.release_log(Some("t")).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn queued_debits_are_checked_against_each_analysts_running_share_and_refusals_stay_whole() {
+        // Shares of t: alice 0.5, bob 0.9; of u: bob 0.05. In one commit after the first:
+        // alice 0.3 fits, alice 0.3 exceeds her share (0.2 left), bob 0.3 fits, bob's query
+        // over t and u is refused by his share of u and debits t neither, alice 0.2 fits her
+        // share exactly, bob 0.7 exceeds both his share (0.6 left) and t's running total (1 in
+        // all, 0.2 left after the others), which is checked first.
+        let c = catalog("shares");
+        c.add_analyst("alice").unwrap();
+        c.add_analyst("bob").unwrap();
+        c.grant("alice", "t", Budget::total(0.5, 0.0).unwrap()).unwrap();
+        c.grant("bob", "t", Budget::total(0.9, 0.0).unwrap()).unwrap();
+        c.grant("bob", "u", Budget::total(0.05, 0.0).unwrap()).unwrap();
+        let requests = [
+            (Some("alice"), vec![charge("t", 0.3)]),
+            (Some("alice"), vec![charge("t", 0.3)]),
+            (Some("bob"), vec![charge("t", 0.3)]),
+            (Some("bob"), vec![charge("t", 0.1), charge("u", 0.1)]),
+            (Some("alice"), vec![charge("t", 0.2)]),
+            (Some("bob"), vec![charge("t", 0.7)]),
+        ];
+        let (results, commits) = queued(&c, &requests);
+        let fitted: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        assert_eq!(fitted, [true, false, true, false, true, false], "{results:?}");
+        assert_eq!(commits, 2);
+        assert!(matches!(&results[1], Err(PolicyError::BudgetExhausted { analyst: Some(a), .. }) if a == "alice"));
+        assert_eq!(remaining(&results[1]), Budget::total(0.2, 0.0).unwrap());
+        assert!(matches!(&results[3], Err(PolicyError::BudgetExhausted { analyst: Some(a), .. }) if a == "bob"));
+        assert!(matches!(&results[5], Err(PolicyError::BudgetExhausted { analyst: None, .. })));
+        assert_eq!(remaining(&results[5]), Budget::total(0.2, 0.0).unwrap());
+        assert_eq!(c.table("t").unwrap().unwrap().policy.unwrap().spent, Budget::total(0.8, 0.0).unwrap());
+        assert_eq!(c.table("u").unwrap().unwrap().policy.unwrap().spent, Budget::ZERO);
+        assert_eq!(c.release_log(Some("t")).unwrap().len(), 3);
     }
 }
