@@ -262,11 +262,7 @@ mod tests {
     use crate::policy::Charge;
 
     fn catalog(name: &str) -> Catalog {
-        let p = std::env::temp_dir().join(format!("dpcurve-analysts-{name}-{}.db", std::process::id()));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
-        }
-        let c = Catalog::create_or_open(&p).unwrap();
+        let c = Catalog::create_or_open(&crate::policy::catalog::fresh_test_path(&format!("analysts-{name}"))).unwrap();
         for t in ["p", "q"] {
             c.register_table(t, &format!("/data/{t}.parquet")).unwrap();
             c.make_private(t, Budget::total(1.0, 1e-5).unwrap()).unwrap();

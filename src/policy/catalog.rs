@@ -744,3 +744,13 @@ mod debits;
 mod releases;
 #[cfg(test)]
 mod tests;
+
+/// Tests: a path for a fresh catalog file named after `tag` (the file and its WAL removed).
+#[cfg(test)]
+pub(crate) fn fresh_test_path(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("dpcurve-cat-{tag}-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+    }
+    p
+}

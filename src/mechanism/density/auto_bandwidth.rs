@@ -148,7 +148,7 @@ impl AutoKde {
             for f in NODE_FACTORS {
                 auto.mechanism_at(h, f * h, false)?;
                 let spacing = pilot_spacing(h, f);
-                for &h2 in candidates.iter().filter(|&&h2| h2 >= REFINE_MIN_RATIO * spacing * (1.0 - 1e-9)) {
+                for h2 in auto.final_candidates(spacing) {
                     auto.mechanism_at(h2, spacing, true)?;
                 }
             }
@@ -348,16 +348,23 @@ impl AutoKde {
         Choice { bandwidth, node_spacing, n, pilot_nodes: counts.len(), scores }
     }
 
+    /// The bandwidths the final choice may take for a release whose nodes were placed
+    /// `node_spacing` apart (the spacing asked for, which [`Self::new`] validates with each of
+    /// them): the candidates ≥ [`REFINE_MIN_RATIO`]·`node_spacing`.
+    fn final_candidates(&self, node_spacing: f64) -> Vec<f64> {
+        self.candidates().into_iter().filter(|&h| h >= REFINE_MIN_RATIO * node_spacing * (1.0 - 1e-9)).collect()
+    }
+
     /// The final choice of h, from the release's own noisy node counts `counts` (nodes
-    /// `spacing` apart, noise variance `noise_var`; post-processing): binned least-squares
+    /// `spacing` apart, noise variance `noise_var`; post-processing), among `candidates`: binned least-squares
     /// cross-validation — `∫f̂_h²` of the release itself (exact in the counts) minus twice the
     /// cross term at the kernel that, both rows having been binned (s²/6 each), smooths like
     /// the release (s²/6 once), each node's own rows removed — plus the integrated variance of
-    /// the release's noise at h, over the candidates ≥ [`REFINE_MIN_RATIO`]·spacing; the
+    /// the release's noise at h, over `candidates` ([`Self::final_candidates`]); the
     /// largest local minimiser. The counts carry the final share of ε (about three times the
     /// pilot's), so their score is far less noisy than the pilot's; the pilot only placed
     /// the nodes. `h1` (the pilot's choice) when their total is indistinguishable from noise.
-    fn refine(&self, counts: &[f64], spacing: f64, noise_var: f64, h1: f64) -> f64 {
+    fn refine(&self, counts: &[f64], spacing: f64, noise_var: f64, candidates: &[f64], h1: f64) -> f64 {
         let total = counts.iter().sum::<f64>();
         if total < NOISE_FLOOR * (noise_var * counts.len() as f64).sqrt() {
             return h1;
@@ -365,8 +372,6 @@ impl AutoKde {
         let n = total.max(2.0);
         let pairs = PairSums::new(counts, spacing, noise_var);
         let range = self.grid.hi - self.grid.lo;
-        let candidates: Vec<f64> =
-            self.candidates().into_iter().filter(|&h| h >= REFINE_MIN_RATIO * spacing * (1.0 - 1e-9)).collect();
         let scores: Vec<f64> = candidates
             .iter()
             .map(|&h| {
@@ -415,7 +420,10 @@ impl AutoKde {
         let lifted = mechanism.noisy_lifted(state, rng);
         if pilot {
             let (_, spacing, _) = mechanism.nodes().expect("the release is a pure-ε release");
-            let h = self.refine(&lifted, spacing, mechanism.sigma().powi(2), choice.bandwidth);
+            // Candidates from the spacing asked for (the one validated at planning), scores
+            // at the spacing the nodes got (a whole number of bins, never more).
+            let candidates = self.final_candidates(choice.node_spacing);
+            let h = self.refine(&lifted, spacing, mechanism.sigma().powi(2), &candidates, choice.bandwidth);
             if h != choice.bandwidth {
                 choice.bandwidth = h;
                 mechanism = self.mechanism_at(h, choice.node_spacing, pilot)?;
@@ -761,9 +769,11 @@ mod tests {
                 let r = m.post_process(&m.curve_from_lifted(&lifted));
                 ise(&r.density.unwrap(), &r.x, truth)
             };
-            refit += curve_ise(auto.refine(&lifted, spacing, m.sigma().powi(2), c.bandwidth)) / reps as f64;
+            let candidates = auto.final_candidates(c.node_spacing);
+            refit +=
+                curve_ise(auto.refine(&lifted, spacing, m.sigma().powi(2), &candidates, c.bandwidth)) / reps as f64;
             kept += curve_ise(c.bandwidth) / reps as f64;
-            noiseless += curve_ise(auto.refine(&lifted, spacing, 0.0, c.bandwidth)) / reps as f64;
+            noiseless += curve_ise(auto.refine(&lifted, spacing, 0.0, &candidates, c.bandwidth)) / reps as f64;
         }
         eprintln!(
             "mean ISE: h from the release's counts {refit:.5}, the pilot's h {kept:.5}, noise ignored {noiseless:.5}"

@@ -226,11 +226,7 @@ mod tests {
     use super::*;
 
     fn catalog(tag: &str) -> Catalog {
-        let p = std::env::temp_dir().join(format!("dpcurve-cat-group-{tag}-{}.db", std::process::id()));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
-        }
-        let c = Catalog::create_or_open(&p).unwrap();
+        let c = Catalog::create_or_open(&fresh_test_path(&format!("group-{tag}"))).unwrap();
         c.register_table("t", "/data/t.parquet").unwrap();
         c.register_table("u", "/data/u.parquet").unwrap();
         c.make_private("t", Budget::total(1.0, 0.0).unwrap()).unwrap();

@@ -25,11 +25,7 @@ const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; CREATE TABLE r4 (id INTEGE
         UPDATE meta SET value = '4' WHERE key = 'version';";
 
 fn temp(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("dpcurve-cat-{name}-{}.db", std::process::id()));
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
-    }
-    p
+    fresh_test_path(name)
 }
 
 fn b(e: f64, d: f64) -> Budget {
