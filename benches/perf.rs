@@ -28,7 +28,8 @@
 //!
 //! Options: `--rows LIST` (default 1e6,1e7), `--curves LIST` (default 1e5), `--reps N`
 //! (default 7), `--data DIR` (default `target/bench-data`;
-//! generated files are reused), `--python PATH` (default `python3`).
+//! generated files are reused), `--python PATH` (default `python3`), `--groups LIST` (the
+//! `groups` variants to run besides the baseline: `plain,units,selection`, the default).
 //! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
 //! of them alike; a ratio's spread is the range of the per-round ratios.
 
@@ -59,6 +60,7 @@ struct Options {
     only: Option<Vec<String>>,
     data: PathBuf,
     python: String,
+    groups: Vec<String>,
 }
 
 fn parse_count(s: &str) -> usize {
@@ -76,6 +78,7 @@ impl Options {
             only: None,
             data: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target").join("bench-data"),
             python: "python3".into(),
+            groups: vec!["plain".into(), "units".into(), "selection".into()],
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -88,6 +91,7 @@ impl Options {
                 "--only" => o.only = Some(value().split(',').map(|s| s.trim().to_string()).collect()),
                 "--data" => o.data = PathBuf::from(value()),
                 "--python" => o.python = value(),
+                "--groups" => o.groups = value().split(',').map(|s| s.trim().to_string()).collect(),
                 other => panic!("unknown option {other} (see the header of benches/perf.rs)"),
             }
         }
@@ -627,8 +631,17 @@ async fn groups(o: &Options, report: &mut Report) {
         ),
     ];
     let on = [0, 0, 1, 2];
-    let variants: Vec<_> = names.iter().zip(sqls).zip(on).map(|((n, q), i)| (*n, &sessions[i], q)).collect();
+    let wanted = ["baseline", "plain", "units", "selection"];
+    let variants: Vec<_> = names
+        .iter()
+        .zip(sqls)
+        .zip(on)
+        .zip(wanted)
+        .filter(|(_, w)| *w == "baseline" || o.groups.iter().any(|g| g == w))
+        .map(|(((n, q), i), _)| (*n, &sessions[i], q))
+        .collect();
     let times = interleaved(&variants, o.reps).await;
+    let names: Vec<&str> = variants.iter().map(|v| v.0).collect();
     report_against(report, "groups", &format!("{} rows, 100 keys", human(rows)), &names, &times, 0);
     drop(variants);
     drop(sessions);

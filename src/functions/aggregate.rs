@@ -22,12 +22,13 @@ use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, Signature,
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, GroupsAccumulator, Signature,
 };
 use rand::rngs::ChaCha20Rng;
 
 use super::arrays::{fixed_point_state, fixed_point_type, for_each_fixed_point_row};
 use super::call::{CallContext, PolicyArgs, PrivateCall, PrivateFunction};
+use super::groups::{GroupRows, PrivateGroups, update_groups_by_take};
 use super::params::FunctionParams;
 use super::permits::Permits;
 use crate::mechanism::noise::budget::Budget;
@@ -103,6 +104,14 @@ pub trait Release: fmt::Debug + Send + Sync + 'static {
 
     /// Adds the rows of one batch (the coerced data arguments).
     fn update(&self, statistic: &mut Self::Statistic, values: &[ArrayRef]) -> Result<()>;
+
+    /// Adds the rows of one batch to their groups' statistics: `rows` lists each group's rows
+    /// (GROUP BY's vectorised form). The default takes each group's rows into arrays and calls
+    /// [`Release::update`]; a function may read the batch's columns in place instead, with the
+    /// same (exact) result.
+    fn update_groups(&self, statistics: &mut [Self::Statistic], values: &[ArrayRef], rows: &GroupRows) -> Result<()> {
+        update_groups_by_take(self, statistics, values, rows)
+    }
 
     /// Memory one call needs: (one accumulator's state, the release's work), in bytes.
     fn memory_bytes(&self) -> (u64, u64);
@@ -185,6 +194,16 @@ impl<S: PrivateSpec> PrivateUdaf<S> {
         AggregateUDF::from(Self::new(noise))
     }
 
+    /// The call of a physical aggregate expression (validated again).
+    fn physical_call(&self, args: &AccumulatorArgs) -> Result<S::Call> {
+        let p = self.spec.params();
+        p.check_accumulator_args(args)?;
+        let values = p.literals_from_physical(args.exprs)?;
+        let data_types: Vec<DataType> =
+            args.expr_fields.iter().take(p.data.len()).map(|f| f.data_type().clone()).collect();
+        Ok(self.call(&values, &data_types)?.0)
+    }
+
     /// The call for literal `values` and data arguments of `data_types`.
     pub fn call(&self, values: &[Option<ScalarValue>], data_types: &[DataType]) -> Result<(S::Call, Budget)> {
         self.spec.call(values, data_types, self.cx.contribution)
@@ -241,13 +260,20 @@ impl<S: PrivateSpec> AggregateUDFImpl for PrivateUdaf<S> {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let p = self.spec.params();
-        p.check_accumulator_args(&args)?;
-        let values = p.literals_from_physical(args.exprs)?;
-        let data_types: Vec<DataType> =
-            args.expr_fields.iter().take(p.data.len()).map(|f| f.data_type().clone()).collect();
-        let (call, _) = self.call(&values, &data_types)?;
-        Ok(Box::new(PrivateAccumulator::new(p.function, call, self.cx.clone())))
+        let call = self.physical_call(&args)?;
+        Ok(Box::new(PrivateAccumulator::new(self.spec.params().function, call, self.cx.clone())))
+    }
+
+    fn groups_accumulator_supported(&self, _args: AccumulatorArgs) -> bool {
+        true
+    }
+
+    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        let call = self.physical_call(&args)?;
+        let function = self.spec.params().function;
+        let state_types = self.spec.state_fields(function).iter().map(|f| f.data_type().clone()).collect();
+        let result_type = DataType::Struct(self.spec.result_fields());
+        Ok(Box::new(PrivateGroups::new(function, call, self.cx.clone(), result_type, state_types)))
     }
 
     fn documentation(&self) -> Option<&Documentation> {
@@ -283,15 +309,21 @@ impl<C: Release> PrivateAccumulator<C> {
     pub fn statistic(&mut self) -> &mut C::Statistic {
         &mut self.statistic
     }
+}
 
-    fn release(&mut self) -> Result<ScalarValue> {
-        let name = self.function;
-        self.cx.permits.take(name)?;
-        let mut rng = self.cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
-        let (output, recipe) = self.call.release(&mut self.statistic, rng.as_mut(), &self.cx)?;
-        let id = self.cx.permits.keep(name, &recipe)?;
-        self.call.result(output, id)
-    }
+/// Releases one statistic of `call` (SPEC §5.1: the permit is taken before any noise is drawn;
+/// the stored release is kept before the result is returned).
+pub(crate) fn release_statistic<C: Release>(
+    name: &'static str,
+    call: &C,
+    statistic: &mut C::Statistic,
+    cx: &CallContext,
+) -> Result<ScalarValue> {
+    cx.permits.take(name)?;
+    let mut rng = cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
+    let (output, recipe) = call.release(statistic, rng.as_mut(), cx)?;
+    let id = cx.permits.keep(name, &recipe)?;
+    call.result(output, id)
 }
 
 impl<C: Release> Accumulator for PrivateAccumulator<C> {
@@ -309,7 +341,7 @@ impl<C: Release> Accumulator for PrivateAccumulator<C> {
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
         if self.released.is_none() {
-            self.released = Some(self.release()?);
+            self.released = Some(release_statistic(self.function, &self.call, &mut self.statistic, &self.cx)?);
         }
         Ok(self.released.clone().expect("set above"))
     }

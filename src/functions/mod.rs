@@ -4,6 +4,7 @@
 pub mod aggregate;
 pub mod arrays;
 pub mod call;
+pub mod groups;
 pub mod kernel_fit;
 pub mod named_args;
 pub mod params;

@@ -22,6 +22,7 @@ use rand::rngs::ChaCha20Rng;
 use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
 use super::arrays::float_list;
 use super::call::{CallContext, PolicyArgs};
+use super::groups::GroupRows;
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use crate::mechanism::density::auto_bandwidth::AutoKde;
 use crate::mechanism::density::kde::MAX_POINTS;
@@ -365,6 +366,20 @@ impl Release for KdeRun {
         Ok(())
     }
 
+    fn update_groups(&self, statistics: &mut [BufferedSums], values: &[ArrayRef], rows: &GroupRows) -> Result<()> {
+        let column = values[0].as_primitive::<Float64Type>();
+        let layout = self.mechanism.layout();
+        for (g, indices) in rows.iter() {
+            match column.nulls().filter(|n| n.null_count() > 0) {
+                None => layout.accumulate_rows(&mut statistics[g], column.values(), indices, |_| true),
+                Some(nulls) => {
+                    layout.accumulate_rows(&mut statistics[g], column.values(), indices, |i| nulls.is_valid(i))
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn memory_bytes(&self) -> (u64, u64) {
         self.mechanism.memory_bytes()
     }
@@ -410,9 +425,13 @@ impl Release for KdeRun {
 mod tests {
     use super::*;
     use crate::functions::aggregate::PrivateAccumulator;
+    use crate::functions::groups::PrivateGroups;
     use crate::mechanism::{Calibration, NoiseSource};
+    use datafusion::arrow::array::{BooleanArray, UInt32Array};
+    use datafusion::logical_expr::EmitTo;
     use datafusion::logical_expr::Volatility;
     use datafusion::logical_expr::{Accumulator, AggregateUDFImpl};
+    use rand::{RngExt, SeedableRng};
 
     fn accumulator(noise: NoiseSource) -> PrivateAccumulator<KdeRun> {
         let spec = KdeSpec {
@@ -469,6 +488,121 @@ mod tests {
         assert_eq!(with_nulls.statistic().totals(), dense.statistic().totals());
         let mass: i128 = dense.statistic().totals().iter().sum();
         assert_eq!(mass, 3 << 40, "three rows, one unit each");
+    }
+
+    fn run(bandwidth: f64) -> KdeRun {
+        let spec = KdeSpec {
+            grid: Grid { lo: 0.0, hi: 1.0, points: 50 },
+            bandwidth,
+            epsilon: 1.0,
+            delta: 1e-6,
+            calibration: Calibration::Analytic,
+            normalise: Normalise::Project,
+        };
+        let mechanism = KdeCall::Fixed(Box::new(KdeMechanism::new(spec).unwrap()));
+        KdeRun { mechanism, alpha: crate::mechanism::noise::bands::DEFAULT_ALPHA }
+    }
+
+    fn groups(run: KdeRun) -> PrivateGroups<KdeRun> {
+        let cx = CallContext { noise: NoiseSource::TestSeed(3), ..Default::default() };
+        let state_types = Kde::default().state_fields(NAME).iter().map(|f| f.data_type().clone()).collect();
+        PrivateGroups::new(NAME, run, cx, DataType::Struct(Kde::default().result_fields()), state_types)
+    }
+
+    /// Three batches over 7 groups (the total grows between batches), with nulls, NaN, values
+    /// beyond the grid and a FILTER on the second batch; `keep(batch, row)` as the filter.
+    fn batches() -> Vec<(ArrayRef, Vec<usize>, Option<BooleanArray>, usize)> {
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        (0..3)
+            .map(|b| {
+                let total = [5, 7, 7][b];
+                let xs: Float64Array = (0..700)
+                    .map(|i| match i % 53 {
+                        0 => None,
+                        1 => Some(f64::NAN),
+                        2 => Some(3.0),
+                        _ => Some(rng.random::<f64>() * 1.4 - 0.2),
+                    })
+                    .collect();
+                let g = (0..700).map(|_| rng.random_range(0..total)).collect();
+                let filter = (b == 1).then(|| (0..700).map(|i| (i % 3 != 0).then_some(i % 5 != 0)).collect());
+                (Arc::new(xs) as ArrayRef, g, filter, total)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_grouped_form_equals_one_accumulator_per_group() {
+        use datafusion::logical_expr::GroupsAccumulator;
+        // Binned (h = 0.1) and exact (h = 10⁻⁵: more than 2²⁰ bins) layouts; the function's own
+        // update_groups and the default (take, then update).
+        for (h, by_take) in [(0.1, false), (0.1, true), (1e-5, false)] {
+            assert_eq!(run(h).mechanism.layout().is_binned(), h > 0.01);
+            let mut grouped = groups(run(h));
+            let mut each: Vec<PrivateAccumulator<KdeRun>> = (0..7)
+                .map(|_| {
+                    let cx = CallContext { noise: NoiseSource::TestSeed(3), ..Default::default() };
+                    PrivateAccumulator::new(NAME, run(h), cx)
+                })
+                .collect();
+            for (xs, g, filter, total) in batches() {
+                if by_take {
+                    grouped.grow(total);
+                    let mut rows = GroupRows::default();
+                    rows.order(&g, filter.as_ref(), total);
+                    let call = run(h);
+                    crate::functions::groups::update_groups_by_take(
+                        &call,
+                        grouped.statistics_mut(),
+                        &[xs.clone()],
+                        &rows,
+                    )
+                    .unwrap();
+                } else {
+                    grouped.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+                }
+                for (k, acc) in each.iter_mut().enumerate() {
+                    let rows: Vec<u32> = (0..g.len() as u32)
+                        .filter(|&i| g[i as usize] == k)
+                        .filter(|&i| filter.as_ref().is_none_or(|f| f.is_valid(i as usize) && f.value(i as usize)))
+                        .collect();
+                    let taken = datafusion::arrow::compute::take(&xs, &UInt32Array::from(rows), None).unwrap();
+                    acc.update_batch(&[taken]).unwrap();
+                }
+            }
+            // State round trip in a permuted group order, then release group by group.
+            let state = grouped.state(EmitTo::All).unwrap();
+            let order = [6, 5, 4, 3, 2, 1, 0];
+            let mut merged = groups(run(h));
+            merged.merge_batch(&state, &order, 7).unwrap();
+            let first = merged.evaluate(EmitTo::First(3)).unwrap();
+            let rest = merged.evaluate(EmitTo::All).unwrap();
+            assert_eq!((first.len(), rest.len()), (3, 4));
+            for (k, acc) in each.iter_mut().enumerate() {
+                let at = order[k];
+                let got = if at < 3 {
+                    ScalarValue::try_from_array(&first, at)
+                } else {
+                    ScalarValue::try_from_array(&rest, at - 3)
+                };
+                assert_eq!(got.unwrap(), acc.evaluate().unwrap(), "h = {h}, group {k}");
+            }
+            // The statistics compared are not trivially empty.
+            let mass: i128 = each.iter_mut().map(|a| a.statistic().totals().iter().sum::<i128>()).sum();
+            assert!(mass > 0, "h = {h}");
+        }
+    }
+
+    #[test]
+    fn rows_converted_to_state_merge_into_the_same_statistic() {
+        use datafusion::logical_expr::GroupsAccumulator;
+        let (xs, g, filter, total) = batches().swap_remove(1);
+        let mut direct = groups(run(0.1));
+        direct.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        let mut converted = groups(run(0.1));
+        let rows = converted.convert_to_state(&[xs], filter.as_ref()).unwrap();
+        converted.merge_batch(&rows, &g, total).unwrap();
+        assert_eq!(direct.state(EmitTo::All).unwrap(), converted.state(EmitTo::All).unwrap());
     }
 
     #[test]

@@ -198,18 +198,25 @@ impl Bound {
         (self.groups, self.rows)
     }
 
-    /// Merges state `l` of `lists` (a list of (group order, row order, encoded row)) into `sample`.
-    fn merge_into(&self, sample: &mut Sample, lists: &ListArray, l: usize) -> Result<()> {
-        if lists.is_null(l) {
-            return Ok(());
-        }
-        let entries = lists.value(l);
-        let entries = entries.as_struct();
+    /// Merges the states in `lists` (each a list of (group order, row order, encoded row)) into
+    /// `samples[into(l)]` for list `l` — read from the lists' flat entries, without a sliced
+    /// array per list.
+    fn merge_lists(&self, lists: &ListArray, samples: &mut [Sample], into: impl Fn(usize) -> usize) -> Result<()> {
+        let entries = lists.values().as_struct();
         let (g, o) = (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary());
         let r = entries.column(2).as_binary::<i32>();
         let parser = self.converter.parser();
-        for i in 0..entries.len() {
-            sample.offer(self.limits(), key(g.value(i))?, key(o.value(i))?, || Ok(parser.parse(r.value(i)).owned()))?;
+        let offsets = lists.value_offsets();
+        for l in 0..lists.len() {
+            if lists.is_null(l) {
+                continue;
+            }
+            let sample = &mut samples[into(l)];
+            for i in offsets[l] as usize..offsets[l + 1] as usize {
+                sample.offer(self.limits(), key(g.value(i))?, key(o.value(i))?, || {
+                    Ok(parser.parse(r.value(i)).owned())
+                })?;
+            }
         }
         Ok(())
     }
@@ -280,11 +287,7 @@ impl Accumulator for UnitBoundAccumulator {
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let lists = states[0].as_list::<i32>();
-        for l in 0..lists.len() {
-            self.bound.merge_into(&mut self.sample, lists, l)?;
-        }
-        Ok(())
+        self.bound.merge_lists(states[0].as_list::<i32>(), std::slice::from_mut(&mut self.sample), |_| 0)
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
@@ -348,13 +351,10 @@ impl GroupsAccumulator for UnitBoundGroups {
 
     fn merge_batch(&mut self, values: &[ArrayRef], group_indices: &[usize], total_num_groups: usize) -> Result<()> {
         self.resize(total_num_groups);
-        let lists = values[0].as_list::<i32>();
-        for (l, &unit) in group_indices.iter().enumerate() {
-            let sample = &mut self.samples[unit];
-            let before = sample.size();
-            self.bound.merge_into(sample, lists, l)?;
-            self.bytes = self.bytes + sample.size() - before;
-        }
+        let before: usize = group_indices.iter().map(|&u| self.samples[u].size()).sum();
+        self.bound.merge_lists(values[0].as_list::<i32>(), &mut self.samples, |l| group_indices[l])?;
+        let after: usize = group_indices.iter().map(|&u| self.samples[u].size()).sum();
+        self.bytes = (self.bytes + after).saturating_sub(before);
         Ok(())
     }
 

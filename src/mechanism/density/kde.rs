@@ -447,22 +447,39 @@ impl KdeLayout {
     /// dropped). Bit-identical to adding every value with [`KdeLayout::add`].
     pub fn accumulate(&self, acc: &mut BufferedSums, values: &[f64]) {
         for chunk in values.chunks(FLUSH_ROWS) {
-            let pending = acc.buffer(chunk.len());
-            match &self.mode {
-                Mode::Binned { origin, spacing, nbins, .. } => {
-                    let (origin, inv, nbins) = (*origin, 1.0 / spacing, *nbins);
-                    let pending = &mut pending[..nbins];
-                    for &x in chunk {
-                        let (l, left, right, ok) = linear_bin(x, origin, inv, nbins);
-                        let mask = -(ok as i64);
-                        pending[l] += left & mask;
-                        pending[l + 1] += right & mask;
-                    }
+            self.accumulate_chunk(acc, chunk.len(), chunk.iter().copied());
+        }
+    }
+
+    /// Adds the values at `rows` of `values` to `acc`, those where `valid(row)` is false
+    /// dropped (GROUP BY: one group's rows of a batch, nulls dropped). Bit-identical to
+    /// [`KdeLayout::accumulate`] on the valid values (pass `|_| true` when all are).
+    pub fn accumulate_rows(&self, acc: &mut BufferedSums, values: &[f64], rows: &[u32], valid: impl Fn(usize) -> bool) {
+        for chunk in rows.chunks(FLUSH_ROWS) {
+            // A dropped row is NaN, which binning drops (branch-free).
+            let xs = chunk.iter().map(|&i| if valid(i as usize) { values[i as usize] } else { f64::NAN });
+            self.accumulate_chunk(acc, chunk.len(), xs);
+        }
+    }
+
+    /// Adds `len` (≤ [`FLUSH_ROWS`]) values.
+    #[inline(always)]
+    fn accumulate_chunk(&self, acc: &mut BufferedSums, len: usize, values: impl Iterator<Item = f64>) {
+        let pending = acc.buffer(len);
+        match &self.mode {
+            Mode::Binned { origin, spacing, nbins, .. } => {
+                let (origin, inv, nbins) = (*origin, 1.0 / spacing, *nbins);
+                let pending = &mut pending[..nbins];
+                for x in values {
+                    let (l, left, right, ok) = linear_bin(x, origin, inv, nbins);
+                    let mask = -(ok as i64);
+                    pending[l] += left & mask;
+                    pending[l + 1] += right & mask;
                 }
-                Mode::Exact { .. } => {
-                    for &x in chunk {
-                        self.add_exact(|k, w| pending[k] += w, x);
-                    }
+            }
+            Mode::Exact { .. } => {
+                for x in values {
+                    self.add_exact(|k, w| pending[k] += w, x);
                 }
             }
         }
