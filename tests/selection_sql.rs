@@ -204,3 +204,40 @@ async fn private_keys_without_a_selection_and_misplaced_arguments_are_refused() 
     assert!(e.contains("[rule memory-limit]") && e.contains("5000 groups"), "{e}");
     assert_eq!(f.spent("rows"), Budget::ZERO);
 }
+
+#[tokio::test]
+async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() {
+    // The same groups under an integer key (counted by value, then hashed) and under a string
+    // key (hashed on every row): code 1 has exactly τ = 15 rows, code 2 one fewer, code 3 many.
+    let dir = TempDir::new("sel-int-keys");
+    let (mut code, mut name, mut x) = (Vec::new(), Vec::new(), Vec::new());
+    for (c, rows) in [(1i64, 15), (2, 14), (3, 200)] {
+        for i in 0..rows {
+            code.push(c);
+            name.push(format!("c{c}"));
+            x.push((i % 31) as f64 / 31.0);
+        }
+    }
+    common::write_columns(
+        &dir.path("t.parquet"),
+        vec![
+            ("code", Arc::new(datafusion::arrow::array::Int64Array::from(code)) as ArrayRef),
+            ("name", Arc::new(StringArray::from(name))),
+            ("x", Arc::new(Float64Array::from(x))),
+        ],
+    );
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("t", &dir.str("t.parquet")).await.unwrap();
+    admin.make_private("t", 1000.0, 1e-2).unwrap();
+    admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+    let opts = SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
+    let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+    let by = |k: &str| format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k}", kde(SELECT));
+    let codes = cities(&s, &by("code")).await;
+    let names = cities(&s, &by("name")).await;
+    assert_eq!(codes.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["1", "3"], "count ≥ τ = 15 exactly");
+    for ((c, a), (n, b)) in codes.iter().zip(&names) {
+        assert_eq!(format!("c{c}"), *n);
+        assert_eq!(a.to_bits(), b.to_bits(), "group {c}: the same rows");
+    }
+}

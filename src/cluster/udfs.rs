@@ -83,7 +83,7 @@ pub(crate) fn decode(name: &str, buf: &[u8]) -> Result<ScalarUDF> {
         }
         Some(&TAG_NOT_SELECTED_YET) => {
             let key = (rest.word().ok_or_else(bad)?, rest.word().ok_or_else(bad)?);
-            ScalarUDF::from(SelectedFilter::holding(None, key))
+            ScalarUDF::from(SelectedFilter::holding(None, key)?)
         }
         Some(&TAG_SELECTED) => {
             let key = (rest.word().ok_or_else(bad)?, rest.word().ok_or_else(bad)?);
@@ -93,7 +93,7 @@ pub(crate) fn decode(name: &str, buf: &[u8]) -> Result<ScalarUDF> {
                 let len = rest.word().and_then(|l| usize::try_from(l).ok()).ok_or_else(bad)?;
                 keys.push(rest.bytes(len).ok_or_else(bad)?.to_vec());
             }
-            ScalarUDF::from(SelectedFilter::holding(Some(keys), key))
+            ScalarUDF::from(SelectedFilter::holding(Some(keys), key)?)
         }
         Some(&TAG_DIV) => ScalarUDF::from(TotalIntDiv::new(false)),
         Some(&TAG_MOD) => ScalarUDF::from(TotalIntDiv::new(true)),
@@ -141,12 +141,14 @@ mod tests {
     fn functions_round_trip_with_what_they_carry() {
         let order = round_trip(ScalarUDF::from(SampleOrder::with_key((11, 12))));
         assert_eq!(order.inner().downcast_ref::<SampleOrder>().unwrap().key(), (11, 12));
+        let (a, b) = ([1u8; 16].to_vec(), [2u8; 16].to_vec());
         let filter =
-            round_trip(ScalarUDF::from(SelectedFilter::holding(Some(vec![b"b".to_vec(), b"a".to_vec()]), (5, 6))));
+            round_trip(ScalarUDF::from(SelectedFilter::holding(Some(vec![b.clone(), a.clone()]), (5, 6)).unwrap()));
         let got = filter.inner().downcast_ref::<SelectedFilter>().unwrap();
-        assert_eq!(got.selected().unwrap(), Some(vec![b"a".to_vec(), b"b".to_vec()]));
+        assert_eq!(got.selected().unwrap(), Some(vec![a, b]));
+        assert!(SelectedFilter::holding(Some(vec![b"short".to_vec()]), (5, 6)).is_err(), "keys are 16-byte hashes");
         assert_eq!(got.hash_key(), (5, 6));
-        let none = round_trip(ScalarUDF::from(SelectedFilter::holding(None, (7, 8))));
+        let none = round_trip(ScalarUDF::from(SelectedFilter::holding(None, (7, 8)).unwrap()));
         let none = none.inner().downcast_ref::<SelectedFilter>().unwrap();
         assert_eq!((none.selected().unwrap(), none.hash_key()), (None, (7, 8)));
         assert!(

@@ -79,7 +79,7 @@ impl SelectionStage {
             s.set_available(n as u64);
             s.set_selected(chosen.clone());
         });
-        self.keys.set(kept.into_iter().map(|(_, k)| k).collect())?;
+        self.keys.set(kept.into_iter().map(|(_, k)| k))?;
         Ok(n)
     }
 }

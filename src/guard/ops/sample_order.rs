@@ -61,14 +61,26 @@ impl SampleOrder {
 
     /// The order keys of the rows of `columns`.
     pub fn keys(&self, columns: &[ArrayRef]) -> Result<ArrayRef> {
-        let rows = canonical_rows(columns)?;
-        let mut out = FixedSizeBinaryBuilder::with_capacity(rows.num_rows(), 16);
-        for row in rows.iter() {
-            let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
-            h.write(row.as_ref());
-            out.append_value(u128::from(h.finish128()).to_be_bytes())?;
+        let hashes = self.hashes(columns)?;
+        let mut out = FixedSizeBinaryBuilder::with_capacity(hashes.len(), 16);
+        for h in hashes {
+            out.append_value(h.to_be_bytes())?;
         }
         Ok(Arc::new(out.finish()))
+    }
+
+    /// The order keys of the rows of `columns` as numbers (the keys' bytes are their big-endian
+    /// form).
+    pub fn hashes(&self, columns: &[ArrayRef]) -> Result<Vec<u128>> {
+        let rows = canonical_rows(columns)?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
+                h.write(row.as_ref());
+                u128::from(h.finish128())
+            })
+            .collect())
     }
 }
 

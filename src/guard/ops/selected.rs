@@ -4,10 +4,10 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use datafusion::arrow::array::{AsArray, BooleanArray};
+use datafusion::arrow::array::BooleanArray;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility};
@@ -19,17 +19,49 @@ use super::sample_order::SampleOrder;
 /// gate selects nothing.
 #[derive(Debug, Default)]
 pub struct SelectedKeys {
-    keys: Mutex<Option<HashSet<Vec<u8>>>>,
+    keys: Mutex<Option<KeySet>>,
+}
+
+/// Selected key hashes. They are keyed 128-bit hashes under a secret per-query key, so their
+/// bits are already uniform: the set's hasher folds them instead of hashing them again.
+type KeySet = HashSet<u128, BuildHasherDefault<Fold>>;
+
+/// A hasher for keys that are already uniformly random 128-bit hashes.
+#[derive(Default)]
+struct Fold(u64);
+
+impl Hasher for Fold {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (v as u64) ^ ((v >> 64) as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A 16-byte key hash as its number (big-endian, as [`SampleOrder::keys`] writes it).
+fn key_number(bytes: &[u8]) -> Result<u128> {
+    let bytes: [u8; 16] =
+        bytes.try_into().map_err(|_| DataFusionError::Internal("a selected key hash is not 16 bytes".into()))?;
+    Ok(u128::from_be_bytes(bytes))
 }
 
 impl SelectedKeys {
-    fn lock(&self) -> Result<MutexGuard<'_, Option<HashSet<Vec<u8>>>>> {
+    fn lock(&self) -> Result<MutexGuard<'_, Option<KeySet>>> {
         self.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))
     }
 
-    /// Hands the selected key hashes to the filter.
-    pub fn set(&self, keys: HashSet<Vec<u8>>) -> Result<()> {
-        *self.lock()? = Some(keys);
+    /// Hands the selected key hashes (16 bytes each) to the filter.
+    pub fn set(&self, keys: impl IntoIterator<Item = Vec<u8>>) -> Result<()> {
+        let set = keys.into_iter().map(|k| key_number(&k)).collect::<Result<KeySet>>()?;
+        *self.lock()? = Some(set);
         Ok(())
     }
 }
@@ -59,7 +91,7 @@ impl SelectedFilter {
     pub(crate) fn selected(&self) -> Result<Option<Vec<Vec<u8>>>> {
         let guard = self.keys.lock()?;
         Ok(guard.as_ref().map(|set| {
-            let mut keys: Vec<Vec<u8>> = set.iter().cloned().collect();
+            let mut keys: Vec<Vec<u8>> = set.iter().map(|k| k.to_be_bytes().to_vec()).collect();
             keys.sort();
             keys
         }))
@@ -67,9 +99,12 @@ impl SelectedFilter {
 
     #[cfg(feature = "cluster")]
     /// A filter holding `selected` (the copy decoded on an executor).
-    pub(crate) fn holding(selected: Option<Vec<Vec<u8>>>, hash_key: (u64, u64)) -> Self {
-        let keys = SelectedKeys { keys: Mutex::new(selected.map(|k| k.into_iter().collect())) };
-        Self::new(Arc::new(keys), hash_key)
+    pub(crate) fn holding(selected: Option<Vec<Vec<u8>>>, hash_key: (u64, u64)) -> Result<Self> {
+        let keys = SelectedKeys::default();
+        if let Some(k) = selected {
+            keys.set(k)?;
+        }
+        Ok(Self::new(Arc::new(keys), hash_key))
     }
 }
 
@@ -113,9 +148,8 @@ impl ScalarUDFImpl for SelectedFilter {
         let out: BooleanArray = match guard.as_ref() {
             None => BooleanArray::from(vec![false; n]),
             Some(selected) => {
-                let hashes = SampleOrder::with_key(self.hash_key).keys(&columns)?;
-                let hashes = hashes.as_fixed_size_binary();
-                (0..n).map(|i| Some(selected.contains(hashes.value(i)))).collect()
+                let hashes = SampleOrder::with_key(self.hash_key).hashes(&columns)?;
+                hashes.iter().map(|h| Some(selected.contains(h))).collect()
             }
         };
         debug_assert_eq!(out.len(), n);

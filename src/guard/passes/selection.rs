@@ -13,7 +13,9 @@
 //! Execution, after the gate's debit:
 //! 1. a first pass counts each candidate group's units (after the per-unit bound of L groups,
 //!    one row per unit and group; rows when the row is the unit), grouped by the key's keyed
-//!    128-bit hash, never its value — a plain count, which spills to disk like any aggregate;
+//!    128-bit hash, never its value — a plain count, which spills to disk like any aggregate
+//!    (when rows are units and every key is a fixed-width integer-like value, the count groups
+//!    by the value, which takes no more memory than its hash, and hashes each candidate once);
 //! 2. the gate adds exact discrete Laplace noise of scale `L/ε_sel` to each count and keeps
 //!    the groups reaching the threshold τ ([`PartitionSelection`]: a group of one unit passes
 //!    with probability ≤ δ_sel/L), then the `select_max_groups` highest noisy counts among them
@@ -30,10 +32,11 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
+use datafusion::common::{DFSchema, DataFusionError, Result, internal_err, plan_err};
 use datafusion::functions_aggregate::expr_fn::count;
-use datafusion::logical_expr::{Filter, LogicalPlan, LogicalPlanBuilder, ScalarUDF, col, lit};
+use datafusion::logical_expr::{Expr, ExprSchemable, Filter, LogicalPlan, LogicalPlanBuilder, ScalarUDF, col, lit};
 
 use crate::functions::{PermitSlot, context_of};
 use crate::guard::checking::Checking;
@@ -113,19 +116,32 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
             let order = Arc::new(ScalarUDF::from(order));
             let key_hash = order.call(agg.group_expr.clone());
             // First pass: units per candidate key hash (one kept row per unit and group: K = 1).
-            let keyed = LogicalPlanBuilder::from(agg.input.as_ref().clone())
-                .project(vec![key_hash.clone().alias(GROUP_KEY)])?
-                .build()?;
-            let counted = match unit {
-                Some(u) => {
-                    let first = Contribution::new(1, per_unit).map_err(|e| DataFusionError::Plan(e.to_string()))?;
-                    bound_rows(&keyed, u, &table, &order, first, &[col(GROUP_KEY)])?
-                }
-                None => keyed,
+            let first_pass = if unit.is_none() && fixed_width_keys(&agg.group_expr, agg.input.schema())? {
+                // Rows are units and keys fixed-width: count by the key's value (16 bytes or
+                // fewer per key, as its hash would be), then hash each candidate once.
+                let counted = LogicalPlanBuilder::from(agg.input.as_ref().clone())
+                    .aggregate(agg.group_expr.clone(), vec![count(lit(1i64)).alias(COUNT_COLUMN)])?
+                    .build()?;
+                let keys: Vec<Expr> =
+                    counted.schema().columns().into_iter().take(agg.group_expr.len()).map(Expr::Column).collect();
+                LogicalPlanBuilder::from(counted)
+                    .project(vec![order.call(keys).alias(GROUP_KEY), col(COUNT_COLUMN)])?
+                    .build()?
+            } else {
+                let keyed = LogicalPlanBuilder::from(agg.input.as_ref().clone())
+                    .project(vec![key_hash.clone().alias(GROUP_KEY)])?
+                    .build()?;
+                let counted = match unit {
+                    Some(u) => {
+                        let first = Contribution::new(1, per_unit).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                        bound_rows(&keyed, u, &table, &order, first, &[col(GROUP_KEY)])?
+                    }
+                    None => keyed,
+                };
+                LogicalPlanBuilder::from(counted)
+                    .aggregate(vec![col(GROUP_KEY)], vec![count(lit(1i64)).alias(COUNT_COLUMN)])?
+                    .build()?
             };
-            let first_pass = LogicalPlanBuilder::from(counted)
-                .aggregate(vec![col(GROUP_KEY)], vec![count(lit(1i64)).alias(COUNT_COLUMN)])?
-                .build()?;
             // Second pass: the selected groups' rows only, then their bound.
             let selected = Arc::new(SelectedKeys::default());
             let member =
@@ -147,4 +163,19 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
         })?
         .data;
     Ok((plan, stages))
+}
+
+/// Whether every key is of a fixed-width type whose values group exactly as their canonical
+/// encodings do (integers, decimals, dates, times, durations, booleans — not floats, whose
+/// grouping and encoding may disagree on −0 and NaN payloads): such keys can be counted by value
+/// and hashed after the count, with the same candidates and counts as hashing every row.
+fn fixed_width_keys(keys: &[Expr], schema: &DFSchema) -> Result<bool> {
+    for k in keys {
+        let t = k.get_type(schema)?;
+        let fixed = t == DataType::Boolean || (t.primitive_width().is_some_and(|w| w <= 16) && !t.is_floating());
+        if !fixed {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
