@@ -21,7 +21,7 @@
 //! zCDP calibration. Everything after that — the inverse transform, clamping, normalising,
 //! the mass estimate — is post-processing.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rand::Rng;
 use rustfft::{FftPlanner, num_complex::Complex};
@@ -98,10 +98,19 @@ pub struct KdeMechanism {
     lattice: LatticeMechanism,
     /// The pure-ε release (δ = 0), if this is one.
     laplace: Option<LaplaceNodes>,
+    /// The pure-ε release's kernel weights on the nodes at each grid point and its mean noise
+    /// variance factor: public geometry, computed once per mechanism (a GROUP BY releases every
+    /// group with one mechanism) and shared by its clones.
+    node_tables: Arc<OnceLock<(Vec<Taps>, f64)>>,
     /// The Sobolev-space (H¹, exponential-kernel noise) release, if this is one.
     sobolev: Option<SobolevMap>,
     /// The ICLP release (Lin & Reimherr §4.4): discrete Laplace noise on the lifted coordinates.
     iclp: bool,
+}
+
+/// `Σ_i weight_i·w[first + i]`: a pure-ε release's kernel sum at one point.
+fn tap_sum(t: &Taps, w: &[f64]) -> f64 {
+    t.weights.iter().zip(&w[t.first..]).map(|(k, v)| k * v).sum()
 }
 
 /// The pure-ε KDE (δ = 0): the binned statistic linearly re-binned onto nodes every r bins
@@ -146,7 +155,7 @@ impl KdeMechanism {
         let basis = KdeBasis::cached(&layout)?;
         let sensitivity = c.per_group() * basis.stat_sensitivity + 2.0 * basis.float_error;
         let lattice = LatticeMechanism::gaussian_over(sensitivity, basis.dim(), rho, c.groups)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: None, iclp: false })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, node_tables: Arc::default(), sobolev: None, iclp: false })
     }
 
     /// The Sobolev-space release (Hall et al. §4.2, [`crate::mechanism::density::sobolev`]): the same statistic and
@@ -175,7 +184,7 @@ impl KdeMechanism {
             c.per_group() * crate::mechanism::density::sobolev::h1_sensitivity() + 2.0 * map.float_slack();
         let lattice = LatticeMechanism::gaussian_over(sensitivity, spec.grid.points, rho, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: Some(map), iclp: false })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, node_tables: Arc::default(), sobolev: Some(map), iclp: false })
     }
 
     /// The ICLP release (Lin & Reimherr §4.4; pure ε, `mechanism => 'iclp'`): the Gaussian
@@ -209,7 +218,7 @@ impl KdeMechanism {
             spec.epsilon,
             c.groups,
         )?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, sobolev: None, iclp: true })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, node_tables: Arc::default(), sobolev: None, iclp: true })
     }
 
     fn iclp_sensitivity(basis: &KdeBasis) -> f64 {
@@ -278,7 +287,7 @@ impl KdeMechanism {
         let lattice = LatticeMechanism::laplace_over(c.per_group() + 2.0 * float_error, nodes, spec.epsilon, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
         let laplace = Some(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes });
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace, sobolev: None, iclp: false })
+        Ok(KdeMechanism { spec, layout, basis, lattice, laplace, node_tables: Arc::default(), sobolev: None, iclp: false })
     }
 
     /// The pure-ε release's nodes: (position of node 0, spacing, count).
@@ -293,8 +302,25 @@ impl KdeMechanism {
 
     /// The pure-ε release's kernel sum of node counts `w` at x (the nodes within 8h).
     fn node_sum_at(&self, n: &LaplaceNodes, w: &[f64], x: f64) -> f64 {
-        let t = self.node_taps(n, x);
-        t.weights.iter().zip(&w[t.first..]).map(|(k, v)| k * v).sum()
+        tap_sum(&self.node_taps(n, x), w)
+    }
+
+    /// The pure-ε release's taps at every grid point and `mean_k Σ_i K(t_k − node_i)²` over a
+    /// sample of at most 257 grid points (computed once per mechanism).
+    fn node_tables(&self, n: &LaplaceNodes) -> &(Vec<Taps>, f64) {
+        self.node_tables.get_or_init(|| {
+            let g = self.spec.grid;
+            let taps: Vec<Taps> = (0..g.points).map(|k| self.node_taps(n, g.at(k))).collect();
+            let sample = g.points.min(257);
+            let mean = (0..sample)
+                .map(|j| {
+                    let x = g.lo + (g.hi - g.lo) * j as f64 / (sample - 1).max(1) as f64;
+                    self.node_taps(n, x).weights.iter().map(|k| k * k).sum::<f64>()
+                })
+                .sum::<f64>()
+                / sample as f64;
+            (taps, mean)
+        })
     }
 
     /// The noise variance of the released kernel sum at a grid point, averaged over the grid
@@ -303,22 +329,7 @@ impl KdeMechanism {
     pub fn noise_variance(&self) -> f64 {
         let s2 = self.sigma().powi(2);
         let Some(n) = &self.laplace else { return s2 };
-        let g = self.spec.grid;
-        let sample = g.points.min(257);
-        let mean: f64 = (0..sample)
-            .map(|j| {
-                let x = g.lo + (g.hi - g.lo) * j as f64 / (sample - 1).max(1) as f64;
-                let h = self.spec.bandwidth;
-                let reach = TRUNCATION_BANDWIDTHS * h;
-                (0..n.nodes)
-                    .map(|i| n.origin + i as f64 * n.spacing)
-                    .filter(|p| (p - x).abs() <= reach)
-                    .map(|p| crate::mechanism::density::kde::gaussian_kernel(x, p, h).powi(2))
-                    .sum::<f64>()
-            })
-            .sum::<f64>()
-            / sample as f64;
-        s2 * mean
+        s2 * self.node_tables(n).1
     }
 
     /// The parameters.
@@ -342,7 +353,12 @@ impl KdeMechanism {
             return (state, 64 * self.spec.grid.points as u64);
         }
         let b = &self.basis;
-        let work = 8 * (b.lift.len() + b.synth.len()) as u64 + 96 * b.m as u64;
+        let mut work = 8 * (b.lift.len() + b.synth.len()) as u64 + 96 * b.m as u64;
+        if let Some(n) = &self.laplace {
+            // The node tables: at most 2·8h/spacing + 1 weights (and their index) per grid point.
+            let taps = (2.0 * TRUNCATION_BANDWIDTHS * self.spec.bandwidth / n.spacing).ceil() as u64 + 3;
+            work += 8 * taps * self.spec.grid.points as u64;
+        }
         (state, work)
     }
 
@@ -414,8 +430,7 @@ impl KdeMechanism {
             return map.synthesise(w);
         }
         if let Some(n) = &self.laplace {
-            let g = self.spec.grid;
-            return (0..g.points).map(|k| self.node_sum_at(n, w, g.at(k))).collect();
+            return self.node_tables(n).0.iter().map(|t| tap_sum(t, w)).collect();
         }
         let y = self.circle_from_lifted(w);
         let lat = self.layout.lattice();
@@ -633,8 +648,8 @@ impl KdeMechanism {
                 key,
                 |(_, s)| 8 * (s.len() + 1),
                 || {
-                    let taps: Vec<Taps> = (0..g.points).map(|k| self.node_taps(n, g.at(k))).collect();
-                    let q = bands::laplace_sup_quantile_banded(alpha, &taps, n.nodes);
+                    let taps = &self.node_tables(n).0;
+                    let q = bands::laplace_sup_quantile_banded(alpha, taps, n.nodes);
                     Ok::<_, std::convert::Infallible>((q, taps.iter().map(Taps::norm).collect()))
                 },
             )
