@@ -20,16 +20,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch};
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use datafusion::arrow::compute::{cast, take_arrays};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::Accumulator;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
@@ -159,88 +159,83 @@ impl ExecutionPlan for CanonicalGroupsExec {
         let out_schema = Arc::clone(&schema);
         let all = async move {
             let converter = RowConverter::new(key_types.iter().map(|t| SortField::new(t.clone())).collect())?;
-            // The public groups: declared, in declared order; or selected, found in the states
-            // (the membership filter lets only the selected groups' rows through, and every
-            // selected group has rows) and sorted once all are seen.
-            let (mut encoded, declared_columns) = match &groups {
-                PublicGroups::Declared(tuples) => {
-                    let (e, c) = declared_groups(tuples, &converter, &key_types)?;
-                    (e, Some(c))
-                }
-                PublicGroups::Selected(_) => (Vec::new(), None),
-            };
-            let mut index: HashMap<Vec<u8>, usize> = encoded.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
-            let selecting = declared_columns.is_none();
-            let mut states: Vec<Option<Vec<Box<dyn Accumulator>>>> = (0..encoded.len()).map(|_| None).collect();
-            let widths: Vec<usize> =
-                aggr.iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<Vec<_>>>()?;
             let mut merged = futures::stream::select_all(streams);
-            while let Some(batch) = merged.next().await {
-                let batch = batch?;
-                let rows = converter.convert_columns(&batch.columns()[..width])?;
-                for (r, key) in rows.iter().enumerate() {
-                    let g = match index.get(key.as_ref()) {
-                        Some(&g) => g,
-                        None if selecting => {
-                            encoded.push(key.as_ref().to_vec());
-                            states.push(None);
-                            index.insert(key.as_ref().to_vec(), encoded.len() - 1);
-                            encoded.len() - 1
-                        }
-                        None => continue,
-                    };
-                    if states[g].is_none() {
-                        states[g] = Some(aggr.iter().map(|a| a.create_accumulator()).collect::<Result<Vec<_>>>()?);
+            // The public groups, indexed in canonical order: declared, in declared order; or
+            // selected, found in the states (the membership filter lets only the selected groups'
+            // rows through, and every selected group has rows) and sorted once all are seen.
+            let mut pending = Vec::new();
+            let (encoded, key_columns) = match &groups {
+                PublicGroups::Declared(tuples) => declared_groups(tuples, &converter, &key_types)?,
+                PublicGroups::Selected(slot) => {
+                    let mut keys = std::collections::BTreeSet::new();
+                    while let Some(batch) = merged.next().await {
+                        let batch = batch?;
+                        keys.extend(
+                            converter.convert_columns(&batch.columns()[..width])?.iter().map(|k| k.as_ref().to_vec()),
+                        );
+                        pending.push(batch);
                     }
-                    let accs = states[g].as_mut().expect("created above");
-                    let mut offset = width;
-                    for (acc, n) in accs.iter_mut().zip(&widths) {
-                        let cols: Vec<ArrayRef> =
-                            batch.columns()[offset..offset + n].iter().map(|c| c.slice(r, 1)).collect();
-                        acc.merge_batch(&cols)?;
-                        offset += n;
-                    }
-                }
-            }
-            let key_columns = match (&groups, declared_columns) {
-                (PublicGroups::Declared(_), Some(columns)) => columns,
-                (PublicGroups::Selected(slot), _) => {
                     // Sorted by value; never more than were selected (two keys whose 128-bit
                     // hashes collide, probability 2⁻¹²⁸ per pair, are the only way to see more).
                     let selected = slot.selected().map_or(0, |k| k.len());
-                    let mut order: Vec<usize> = (0..encoded.len()).collect();
-                    order.sort_by(|&a, &b| encoded[a].cmp(&encoded[b]));
-                    order.truncate(selected);
-                    let mut sorted = Vec::with_capacity(order.len());
-                    for &i in &order {
-                        sorted.push(states[i].take());
-                    }
-                    states = sorted;
-                    encoded = order.iter().map(|&i| std::mem::take(&mut encoded[i])).collect();
+                    let keys: Vec<Vec<u8>> = keys.into_iter().take(selected).collect();
                     let parser = converter.parser();
-                    converter.convert_rows(encoded.iter().map(|k| parser.parse(k)))?
-                }
-                (PublicGroups::Declared(_), None) => {
-                    return Err(DataFusionError::Internal("declared groups without key columns".into()));
+                    let columns = converter.convert_rows(keys.iter().map(|k| parser.parse(k)))?;
+                    (keys, columns)
                 }
             };
-            // Every public group, in canonical order, exactly once.
-            let mut values: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(encoded.len()); aggr.len()];
-            for state in states.iter_mut() {
-                let mut accs = match state.take() {
-                    Some(a) => a,
-                    None => aggr.iter().map(|a| a.create_accumulator()).collect::<Result<Vec<_>>>()?,
-                };
-                for (out, acc) in values.iter_mut().zip(accs.iter_mut()) {
-                    out.push(acc.evaluate()?);
+            let index: HashMap<&[u8], usize> = encoded.iter().enumerate().map(|(i, k)| (k.as_slice(), i)).collect();
+            let groups = encoded.len();
+            // One vectorised accumulator per aggregate over the public groups (DataFusion's
+            // adapter for an aggregate without one).
+            let mut accs = aggr
+                .iter()
+                .map(|a| match a.groups_accumulator_supported() {
+                    true => a.create_groups_accumulator(),
+                    false => {
+                        let a = Arc::clone(a);
+                        Ok(Box::new(GroupsAccumulatorAdapter::new(move || a.create_accumulator()))
+                            as Box<dyn GroupsAccumulator>)
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let widths: Vec<usize> =
+                aggr.iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<Vec<_>>>()?;
+            // Merges a batch of partial states: rows of public groups only (others are dropped
+            // like filtered rows); every group exists from the first merge on, rows or not.
+            let mut merge = |batch: &RecordBatch| -> Result<()> {
+                let rows = converter.convert_columns(&batch.columns()[..width])?;
+                let (mut kept, mut group_indices) = (Vec::new(), Vec::new());
+                for (r, key) in rows.iter().enumerate() {
+                    if let Some(&g) = index.get(key.as_ref()) {
+                        kept.push(r as u32);
+                        group_indices.push(g);
+                    }
                 }
+                let kept = UInt32Array::from(kept);
+                let mut offset = width;
+                for (acc, n) in accs.iter_mut().zip(&widths) {
+                    let states = take_arrays(&batch.columns()[offset..offset + n], &kept, None)?;
+                    acc.merge_batch(&states, &group_indices, groups)?;
+                    offset += n;
+                }
+                Ok(())
+            };
+            merge(&RecordBatch::new_empty(Arc::clone(&input_schema)))?;
+            for batch in &pending {
+                merge(batch)?;
             }
-            if encoded.is_empty() {
+            while let Some(batch) = merged.next().await {
+                merge(&batch?)?;
+            }
+            if groups == 0 {
                 return Ok::<_, DataFusionError>(RecordBatch::new_empty(schema));
             }
+            // Every public group, in canonical order, exactly once (an empty group is released
+            // from an empty state).
             let mut columns = key_columns;
-            for v in values {
-                columns.push(ScalarValue::iter_to_array(v)?);
+            for acc in accs.iter_mut() {
+                columns.push(acc.evaluate(EmitTo::All)?);
             }
             // Keys and values may differ from the output in nullability or dictionary encoding only.
             let columns = columns

@@ -155,7 +155,16 @@ impl KdeMechanism {
         let basis = KdeBasis::cached(&layout)?;
         let sensitivity = c.per_group() * basis.stat_sensitivity + 2.0 * basis.float_error;
         let lattice = LatticeMechanism::gaussian_over(sensitivity, basis.dim(), rho, c.groups)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, node_tables: Arc::default(), sobolev: None, iclp: false })
+        Ok(KdeMechanism {
+            spec,
+            layout,
+            basis,
+            lattice,
+            laplace: None,
+            node_tables: Arc::default(),
+            sobolev: None,
+            iclp: false,
+        })
     }
 
     /// The Sobolev-space release (Hall et al. §4.2, [`crate::mechanism::density::sobolev`]): the same statistic and
@@ -184,7 +193,16 @@ impl KdeMechanism {
             c.per_group() * crate::mechanism::density::sobolev::h1_sensitivity() + 2.0 * map.float_slack();
         let lattice = LatticeMechanism::gaussian_over(sensitivity, spec.grid.points, rho, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, node_tables: Arc::default(), sobolev: Some(map), iclp: false })
+        Ok(KdeMechanism {
+            spec,
+            layout,
+            basis,
+            lattice,
+            laplace: None,
+            node_tables: Arc::default(),
+            sobolev: Some(map),
+            iclp: false,
+        })
     }
 
     /// The ICLP release (Lin & Reimherr §4.4; pure ε, `mechanism => 'iclp'`): the Gaussian
@@ -218,7 +236,16 @@ impl KdeMechanism {
             spec.epsilon,
             c.groups,
         )?;
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace: None, node_tables: Arc::default(), sobolev: None, iclp: true })
+        Ok(KdeMechanism {
+            spec,
+            layout,
+            basis,
+            lattice,
+            laplace: None,
+            node_tables: Arc::default(),
+            sobolev: None,
+            iclp: true,
+        })
     }
 
     fn iclp_sensitivity(basis: &KdeBasis) -> f64 {
@@ -287,7 +314,16 @@ impl KdeMechanism {
         let lattice = LatticeMechanism::laplace_over(c.per_group() + 2.0 * float_error, nodes, spec.epsilon, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
         let laplace = Some(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes });
-        Ok(KdeMechanism { spec, layout, basis, lattice, laplace, node_tables: Arc::default(), sobolev: None, iclp: false })
+        Ok(KdeMechanism {
+            spec,
+            layout,
+            basis,
+            lattice,
+            laplace,
+            node_tables: Arc::default(),
+            sobolev: None,
+            iclp: false,
+        })
     }
 
     /// The pure-ε release's nodes: (position of node 0, spacing, count).
