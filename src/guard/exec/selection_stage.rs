@@ -12,6 +12,7 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::functions::PermitSlot;
+use crate::guard::ops::sample_order::canonical_rows;
 use crate::guard::ops::selected::SelectedKeys;
 use crate::mechanism::NoiseSource;
 use crate::mechanism::selection::PartitionSelection;
@@ -55,10 +56,12 @@ impl SelectionStage {
     /// `max_groups` highest, and hands the keys to the membership filter. Returns how many.
     pub fn select(&self, batches: &[RecordBatch]) -> Result<usize> {
         let mut rng = self.noise.release_rng().map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let mut kept: Vec<(i128, Vec<u8>)> = Vec::new();
+        // (noisy count, key hash, the key's canonical encoding when the first pass counted by value)
+        let mut kept: Vec<(i128, Vec<u8>, Option<Vec<u8>>)> = Vec::new();
         for b in batches {
             let keys = b.column(0).as_fixed_size_binary();
             let counts = b.column(1).as_primitive::<Int64Type>();
+            let values = if b.num_columns() > 2 { Some(canonical_rows(&b.columns()[2..])?) } else { None };
             for row in 0..b.num_rows() {
                 let key = keys.value(row).to_vec();
                 let c = counts.value(row).max(0) as u64;
@@ -67,19 +70,22 @@ impl SelectionStage {
                     None => c as i128, // test hook: noise off
                 };
                 if noisy >= self.selection.threshold() as i128 {
-                    kept.push((noisy, key));
+                    kept.push((noisy, key, values.as_ref().map(|v| v.row(row).as_ref().to_vec())));
                 }
             }
         }
         kept.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         kept.truncate(self.max_groups);
         let n = kept.len();
-        let chosen: Vec<Vec<u8>> = kept.iter().map(|(_, k)| k.clone()).collect();
+        let chosen: Vec<Vec<u8>> = kept.iter().map(|(_, k, _)| k.clone()).collect();
         self.slots.iter().for_each(|s| {
             s.set_available(n as u64);
             s.set_selected(chosen.clone());
         });
-        self.keys.set(kept.into_iter().map(|(_, k)| k))?;
+        match kept.iter().map(|(_, _, v)| v.clone()).collect::<Option<Vec<_>>>() {
+            Some(values) if n > 0 => self.keys.set_with_values(chosen, values)?,
+            _ => self.keys.set(chosen)?,
+        }
         Ok(n)
     }
 }

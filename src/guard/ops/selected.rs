@@ -12,14 +12,22 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility};
 
-use super::sample_order::SampleOrder;
+use super::sample_order::{SampleOrder, canonical_rows};
 
 /// The selected keys of one execution, shared by the gate (which fills it) and the membership
 /// filter (which reads it). Empty until the gate has run the selection: a plan run below the
 /// gate selects nothing.
 #[derive(Debug, Default)]
 pub struct SelectedKeys {
-    keys: Mutex<Option<KeySet>>,
+    keys: Mutex<Option<Selected>>,
+}
+
+/// What the gate selected: the key hashes, and — when the first pass counted keys by value —
+/// the keys' canonical row encodings, so the filter tests a row's key without hashing it.
+#[derive(Debug)]
+struct Selected {
+    hashes: KeySet,
+    values: Option<HashSet<Box<[u8]>, foldhash::fast::RandomState>>,
 }
 
 /// Selected key hashes. They are keyed 128-bit hashes under a secret per-query key, so their
@@ -54,14 +62,22 @@ fn key_number(bytes: &[u8]) -> Result<u128> {
 }
 
 impl SelectedKeys {
-    fn lock(&self) -> Result<MutexGuard<'_, Option<KeySet>>> {
+    fn lock(&self) -> Result<MutexGuard<'_, Option<Selected>>> {
         self.keys.lock().map_err(|_| DataFusionError::Execution("selection lock poisoned".into()))
     }
 
     /// Hands the selected key hashes (16 bytes each) to the filter.
     pub fn set(&self, keys: impl IntoIterator<Item = Vec<u8>>) -> Result<()> {
-        let set = keys.into_iter().map(|k| key_number(&k)).collect::<Result<KeySet>>()?;
-        *self.lock()? = Some(set);
+        let hashes = keys.into_iter().map(|k| key_number(&k)).collect::<Result<KeySet>>()?;
+        *self.lock()? = Some(Selected { hashes, values: None });
+        Ok(())
+    }
+
+    /// Hands the selected key hashes and the same keys' canonical row encodings to the filter.
+    pub fn set_with_values(&self, keys: Vec<Vec<u8>>, values: Vec<Vec<u8>>) -> Result<()> {
+        let hashes = keys.iter().map(|k| key_number(k)).collect::<Result<KeySet>>()?;
+        let values = Some(values.into_iter().map(Vec::into_boxed_slice).collect());
+        *self.lock()? = Some(Selected { hashes, values });
         Ok(())
     }
 }
@@ -91,7 +107,7 @@ impl SelectedFilter {
     pub(crate) fn selected(&self) -> Result<Option<Vec<Vec<u8>>>> {
         let guard = self.keys.lock()?;
         Ok(guard.as_ref().map(|set| {
-            let mut keys: Vec<Vec<u8>> = set.iter().map(|k| k.to_be_bytes().to_vec()).collect();
+            let mut keys: Vec<Vec<u8>> = set.hashes.iter().map(|k| k.to_be_bytes().to_vec()).collect();
             keys.sort();
             keys
         }))
@@ -147,9 +163,13 @@ impl ScalarUDFImpl for SelectedFilter {
         let guard = self.keys.lock()?;
         let out: BooleanArray = match guard.as_ref() {
             None => BooleanArray::from(vec![false; n]),
-            Some(selected) => {
-                let hashes = SampleOrder::with_key(self.hash_key).hashes(&columns)?;
-                hashes.iter().map(|h| Some(selected.contains(h))).collect()
+            Some(Selected { values: Some(values), .. }) => {
+                let rows = canonical_rows(&columns)?;
+                rows.iter().map(|r| Some(values.contains(r.as_ref()))).collect()
+            }
+            Some(Selected { hashes, values: None }) => {
+                let rows = SampleOrder::with_key(self.hash_key).hashes(&columns)?;
+                rows.iter().map(|h| Some(hashes.contains(h))).collect()
             }
         };
         debug_assert_eq!(out.len(), n);

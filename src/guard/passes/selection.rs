@@ -15,7 +15,8 @@
 //!    one row per unit and group; rows when the row is the unit), grouped by the key's keyed
 //!    128-bit hash, never its value — a plain count, which spills to disk like any aggregate
 //!    (when rows are units and every key is a fixed-width integer-like value, the count groups
-//!    by the value, which takes no more memory than its hash, and hashes each candidate once);
+//!    by the value, which takes no more memory than its hash, and hashes each candidate once;
+//!    the membership filter then tests a row's key by its value, without hashing it);
 //! 2. the gate adds exact discrete Laplace noise of scale `L/ε_sel` to each count and keeps
 //!    the groups reaching the threshold τ ([`PartitionSelection`]: a group of one unit passes
 //!    with probability ≤ δ_sel/L), then the `select_max_groups` highest noisy counts among them
@@ -124,9 +125,10 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
                     .build()?;
                 let keys: Vec<Expr> =
                     counted.schema().columns().into_iter().take(agg.group_expr.len()).map(Expr::Column).collect();
-                LogicalPlanBuilder::from(counted)
-                    .project(vec![order.call(keys).alias(GROUP_KEY), col(COUNT_COLUMN)])?
-                    .build()?
+                // The keys themselves follow (the gate hands the selected ones to the filter).
+                let mut columns = vec![order.call(keys.clone()).alias(GROUP_KEY), col(COUNT_COLUMN)];
+                columns.extend(keys);
+                LogicalPlanBuilder::from(counted).project(columns)?.build()?
             } else {
                 let keyed = LogicalPlanBuilder::from(agg.input.as_ref().clone())
                     .project(vec![key_hash.clone().alias(GROUP_KEY)])?
