@@ -2,14 +2,15 @@
 //!
 //! * a [`PrivateSpec`]: its declared parameters, the types of its data arguments, its result
 //!   struct, and how literal parameters become a validated call and the exact budget it costs;
-//! * the call's [`Release`]: the exact, mergeable (fixed-point) [`Statistic`] it accumulates and
-//!   the release — noise drawn once, then post-processing — with what the stored release keeps;
+//! * the call's [`Release`] (`release.rs`): the exact, mergeable (fixed-point) [`Statistic`] it
+//!   accumulates and the release — noise drawn once, then post-processing — with what the stored
+//!   release keeps;
 //! * its documentation.
 //!
 //! Everything else — the UDAF, its call context (noise source, release permits, a privacy unit's
 //! contribution bound), planning-time validation and pricing, the accumulator with its permit
 //! taken before any noise and its one memoised release — is [`PrivateUdaf`] and
-//! [`PrivateAccumulator`], written once here.
+//! [`PrivateAccumulator`], written once here (and, under GROUP BY, `groups.rs`).
 
 use std::fmt;
 use std::hash::Hash;
@@ -18,22 +19,20 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
-use datafusion::common::{DFSchema, Result, ScalarValue, exec_datafusion_err};
+use datafusion::common::{DFSchema, Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, GroupsAccumulator, Signature,
 };
-use rand::rngs::ChaCha20Rng;
 
-use super::arrays::{fixed_point_state, fixed_point_type, for_each_fixed_point_row};
+use super::arrays::fixed_point_type;
 use super::call::{CallContext, PolicyArgs, PrivateCall, PrivateFunction};
-use super::groups::{GroupRows, PrivateGroups, update_groups_by_take};
+use super::groups::PrivateGroups;
 use super::params::FunctionParams;
 use super::permits::Permits;
+use super::release::{Release, Statistic, release_statistic};
 use crate::mechanism::noise::budget::Budget;
-use crate::mechanism::stored::Recipe;
-use crate::mechanism::sums::BufferedSums;
 use crate::mechanism::{Contribution, NoiseSource};
 
 /// What one private aggregate function is (module docs).
@@ -90,71 +89,6 @@ pub trait PrivateSpec: fmt::Debug + Default + PartialEq + Eq + Hash + Send + Syn
         data_types: &[DataType],
         contribution: Contribution,
     ) -> Result<(Self::Call, Budget)>;
-}
-
-/// The statistic and release of one validated call.
-pub trait Release: fmt::Debug + Send + Sync + 'static {
-    /// The exact sufficient statistic.
-    type Statistic: Statistic;
-    /// What the release computes before its stored id is known.
-    type Output;
-
-    /// An empty statistic.
-    fn statistic(&self) -> Self::Statistic;
-
-    /// Adds the rows of one batch (the coerced data arguments).
-    fn update(&self, statistic: &mut Self::Statistic, values: &[ArrayRef]) -> Result<()>;
-
-    /// Adds the rows of one batch to their groups' statistics: `rows` lists each group's rows
-    /// (GROUP BY's vectorised form). The default takes each group's rows into arrays and calls
-    /// [`Release::update`]; a function may read the batch's columns in place instead, with the
-    /// same (exact) result.
-    fn update_groups(&self, statistics: &mut [Self::Statistic], values: &[ArrayRef], rows: &GroupRows) -> Result<()> {
-        update_groups_by_take(self, statistics, values, rows)
-    }
-
-    /// Memory one call needs: (one accumulator's state, the release's work), in bytes.
-    fn memory_bytes(&self) -> (u64, u64);
-
-    /// Draws the noise (from `rng`; None only under the noiseless test hook) and post-processes:
-    /// the output and what a stored release keeps.
-    fn release(
-        &self,
-        statistic: &mut Self::Statistic,
-        rng: Option<&mut ChaCha20Rng>,
-        cx: &CallContext,
-    ) -> Result<(Self::Output, Recipe)>;
-
-    /// The result struct, with the stored release's id (catalog sessions).
-    fn result(&self, output: Self::Output, id: Option<String>) -> Result<ScalarValue>;
-}
-
-/// An exact, mergeable statistic: what partial accumulators hand each other, merged exactly.
-pub trait Statistic: fmt::Debug + Send + Sync + 'static {
-    /// The accumulator state.
-    fn state(&mut self) -> Result<Vec<ScalarValue>>;
-
-    /// Merges the states of other accumulators (rows of the state columns).
-    fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()>;
-
-    /// Heap bytes held.
-    fn heap_size(&self) -> usize;
-}
-
-/// The exact fixed-point sums most functions accumulate: their state is that one list.
-impl Statistic for BufferedSums {
-    fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![fixed_point_state(self.totals())?])
-    }
-
-    fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()> {
-        let len = self.len();
-        for_each_fixed_point_row(function, &states[0], len, |_, part| BufferedSums::merge(self, part))
-    }
-
-    fn heap_size(&self) -> usize {
-        BufferedSums::heap_size(self)
-    }
 }
 
 /// The aggregate UDF of a private function: its spec and what the guard decided for this call.
@@ -309,21 +243,6 @@ impl<C: Release> PrivateAccumulator<C> {
     pub fn statistic(&mut self) -> &mut C::Statistic {
         &mut self.statistic
     }
-}
-
-/// Releases one statistic of `call` (SPEC §5.1: the permit is taken before any noise is drawn;
-/// the stored release is kept before the result is returned).
-pub(crate) fn release_statistic<C: Release>(
-    name: &'static str,
-    call: &C,
-    statistic: &mut C::Statistic,
-    cx: &CallContext,
-) -> Result<ScalarValue> {
-    cx.permits.take(name)?;
-    let mut rng = cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
-    let (output, recipe) = call.release(statistic, rng.as_mut(), cx)?;
-    let id = cx.permits.keep(name, &recipe)?;
-    call.result(output, id)
 }
 
 impl<C: Release> Accumulator for PrivateAccumulator<C> {

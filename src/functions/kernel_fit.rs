@@ -14,10 +14,11 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::Documentation;
 use rand::rngs::ChaCha20Rng;
 
-use super::aggregate::{PrivateSpec, Release};
+use super::aggregate::PrivateSpec;
 use super::arrays::{float_list, for_each_valid_pair};
 use super::call::{CallContext, PolicyArgs};
 use super::params::FunctionParams;
+use super::release::Release;
 use crate::mechanism::fits::kernel_fit::{self, AUTO_COUNT_SHARE, FitLoss, FitRelease, FitSpec, KernelFitMechanism};
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::noise::lattice::{DD, LatticeMechanism};

@@ -4,6 +4,7 @@
 pub mod aggregate;
 pub mod arrays;
 pub mod call;
+pub mod group_rows;
 pub mod groups;
 pub mod kernel_fit;
 pub mod named_args;
@@ -17,6 +18,7 @@ pub mod private_kernel_classifier;
 pub mod private_kernel_regression;
 pub mod private_mean_curve;
 pub mod registry;
+pub mod release;
 pub mod releases;
 
 pub use call::{CallContext, PolicyArgs, PrivateCall};

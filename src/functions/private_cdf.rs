@@ -18,10 +18,11 @@ use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use datafusion::logical_expr::Documentation;
 use rand::rngs::ChaCha20Rng;
 
-use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
+use super::aggregate::{PrivateSpec, PrivateUdaf};
 use super::arrays::float_list;
 use super::call::{CallContext, PolicyArgs};
 use super::params::{FunctionParams, ParamDef, ParamKind};
+use super::release::Release;
 use crate::mechanism::Contribution;
 use crate::mechanism::distribution::release::{
     CdfMechanism, CdfNoise, CdfRelease, CdfSpec, DEFAULT_MAX_LOG2, DEFAULT_POINTS, MAX_POINTS, Resolution,

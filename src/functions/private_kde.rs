@@ -19,11 +19,12 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::Documentation;
 use rand::rngs::ChaCha20Rng;
 
-use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
+use super::aggregate::{PrivateSpec, PrivateUdaf};
 use super::arrays::float_list;
 use super::call::{CallContext, PolicyArgs};
-use super::groups::GroupRows;
+use super::group_rows::GroupRows;
 use super::params::{FunctionParams, ParamDef, ParamKind};
+use super::release::Release;
 use crate::mechanism::density::auto_bandwidth::AutoKde;
 use crate::mechanism::density::kde::MAX_POINTS;
 use crate::mechanism::density::release::{KdeBands, KdeRelease, Normalise};
@@ -551,7 +552,7 @@ mod tests {
                     let mut rows = GroupRows::default();
                     rows.order(&g, filter.as_ref(), total);
                     let call = run(h);
-                    crate::functions::groups::update_groups_by_take(
+                    crate::functions::release::update_groups_by_take(
                         &call,
                         grouped.statistics_mut(),
                         &[xs.clone()],

@@ -23,10 +23,11 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::Documentation;
 use rand::rngs::ChaCha20Rng;
 
-use super::aggregate::{PrivateSpec, PrivateUdaf, Release};
+use super::aggregate::{PrivateSpec, PrivateUdaf};
 use super::arrays::{float_list, for_each_valid_pair};
 use super::call::{CallContext, PolicyArgs};
 use super::params::{FunctionParams, ParamDef, ParamKind};
+use super::release::Release;
 use crate::mechanism::density::kde2d::{Kde2dBands, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::stored::Recipe;

@@ -18,10 +18,11 @@ use datafusion::logical_expr::Documentation;
 use datafusion::logical_expr::utils::format_state_name;
 use rand::rngs::ChaCha20Rng;
 
-use super::aggregate::{PrivateSpec, PrivateUdaf, Release, Statistic};
+use super::aggregate::{PrivateSpec, PrivateUdaf};
 use super::arrays::{fixed_point_state, fixed_point_type, float_list, for_each_fixed_point_row};
 use super::call::{CallContext, PolicyArgs};
 use super::params::{FunctionParams, ParamDef, ParamKind};
+use super::release::{Release, Statistic};
 use crate::mechanism::curves::mean_curve::{
     self, CovKernel, MAX_CURVE_LENGTH, MeanAccumulation, MeanCurveMechanism, MeanCurveSpec, MeanRelease, MeanState,
 };
