@@ -91,6 +91,7 @@ impl Engine {
             parquet.enable_page_index = false;
             parquet.bloom_filter_on_read = false;
             parquet.pushdown_filters = false;
+            no_data_dependent_aggregation(&mut config);
         }
         let ledger_session = ledger.is_some();
         let mut runtime = None;
@@ -743,5 +744,32 @@ impl Admin {
     /// The stored releases, optionally of one table.
     pub fn stored_releases(&self, table: Option<&str>) -> std::result::Result<Vec<StoredReleaseRecord>, PolicyError> {
         self.catalog.stored_releases(table)
+    }
+}
+
+/// The hash aggregate's partial phase always aggregates: DataFusion otherwise stops
+/// pre-aggregating once more than 80 % of the first 10⁵ rows' groups are distinct and passes each
+/// row on as its own state — a switch of time and memory (one full statistic per row for a private
+/// aggregate) decided by the data (SPEC §0).
+pub(crate) fn no_data_dependent_aggregation(config: &mut SessionConfig) {
+    config.options_mut().execution.skip_partial_aggregation_probe_ratio_threshold = 1.0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_sessions_never_skip_partial_aggregation() {
+        let ratio =
+            |e: &Engine| e.ctx.state().config().options().execution.skip_partial_aggregation_probe_ratio_threshold;
+        // Negative control: a session without a catalog keeps DataFusion's default, which skips.
+        let plain = Engine::new(&SessionOptions::default(), None, None).unwrap();
+        assert!(ratio(&plain) < 1.0);
+        let path = crate::policy::catalog::fresh_test_path("no-skip");
+        let catalog = Arc::new(Catalog::create_or_open(&path).unwrap());
+        let analyst = Engine::new(&SessionOptions::default(), Some(catalog), None).unwrap();
+        // A ratio of distinct groups to rows never exceeds 1: the probe never fires.
+        assert!(ratio(&analyst) >= 1.0);
     }
 }

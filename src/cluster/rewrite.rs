@@ -149,7 +149,8 @@ impl ExecutionPlan for ClusterExec {
         let timeout = self.cluster.job_timeout.as_secs();
         // The job is submitted on the first poll: below the gate, that is after the debit.
         let submit = async move {
-            let config = SessionConfig::new_with_ballista().with_target_partitions(partitions);
+            let mut config = SessionConfig::new_with_ballista().with_target_partitions(partitions);
+            crate::session::no_data_dependent_aggregation(&mut config);
             let session_id = format!("dpcurve-{}", uuid_like());
             execute_physical_plan::<PhysicalPlanNode>(
                 url,
