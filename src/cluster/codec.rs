@@ -13,6 +13,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 
 use super::udfs;
 use crate::functions::{CallContext, Permits, context_of, with_context};
+use crate::guard::ops::sample_order::SampleOrder;
 use crate::guard::ops::unit_bound::UnitBound;
 use crate::mechanism::{Contribution, NoiseSource};
 
@@ -60,9 +61,11 @@ impl PhysicalExtensionCodec for DpCodec {
     fn try_encode_udaf(&self, node: &AggregateUDF, buf: &mut Vec<u8>) -> Result<()> {
         if let Some(bound) = node.inner().downcast_ref::<UnitBound>() {
             let (groups, rows) = bound.bound();
+            let (a, b) = bound.order().key();
             buf.push(TAG_UNIT_BOUND);
-            buf.extend_from_slice(&groups.to_le_bytes());
-            buf.extend_from_slice(&rows.to_le_bytes());
+            for word in [groups, rows, a, b] {
+                buf.extend_from_slice(&word.to_le_bytes());
+            }
             return Ok(());
         }
         if let Some(cx) = context_of(node) {
@@ -75,12 +78,18 @@ impl PhysicalExtensionCodec for DpCodec {
 
     fn try_decode_udaf(&self, name: &str, buf: &[u8]) -> Result<Arc<AggregateUDF>> {
         let bad = || DataFusionError::Internal(format!("cannot decode the aggregate function '{name}'"));
-        if buf.len() != 17 || ![TAG_PRIVATE, TAG_UNIT_BOUND].contains(&buf[0]) {
+        let expected = match buf.first() {
+            Some(&TAG_PRIVATE) => 17,
+            Some(&TAG_UNIT_BOUND) => 33,
+            _ => return Err(bad()),
+        };
+        if buf.len() != expected {
             return Err(bad());
         }
         let word = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
         if buf[0] == TAG_UNIT_BOUND {
-            let bound = AggregateUDF::from(UnitBound::new(word(1), word(9)));
+            let order = SampleOrder::with_key((word(17), word(25)));
+            let bound = AggregateUDF::from(UnitBound::new(word(1), word(9), order));
             return if bound.name() == name { Ok(Arc::new(bound)) } else { Err(bad()) };
         }
         let contribution = Contribution::new(word(1), word(9)).map_err(|_| bad())?;

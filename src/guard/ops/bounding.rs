@@ -35,6 +35,7 @@ use datafusion::logical_expr::{
     AggregateUDF, Expr, Filter, LogicalPlan, LogicalPlanBuilder, Projection, ScalarUDF, SubqueryAlias, TableScanBuilder,
 };
 
+use super::sample_order::SampleOrder;
 use super::unit_bound::{self, UnitBound};
 use crate::mechanism::Contribution;
 use crate::policy::PrivacyUnit;
@@ -59,7 +60,7 @@ pub fn bound_rows(
     input: &LogicalPlan,
     unit: &PrivacyUnit,
     table: &str,
-    order: &Arc<ScalarUDF>,
+    order: &SampleOrder,
     bound: Contribution,
     group_id: &[Expr],
 ) -> Result<LogicalPlan> {
@@ -71,16 +72,16 @@ pub fn bound_rows(
     let schema = input.schema();
     let original: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
     let (input, unit_col) = with_unit(input, &unit.column, table)?;
+    let order_fn = ScalarUDF::from(order.clone());
     let mut keyed = original.clone();
-    keyed.push(order.call(vec![Expr::Column(unit_col)]).alias(UNIT_HASH));
+    keyed.push(order_fn.call(vec![Expr::Column(unit_col)]).alias(UNIT_HASH));
     let unit_hash = Expr::Column(Column::from_name(UNIT_HASH));
     let mut group_key = vec![unit_hash.clone()];
     group_key.extend(group_id.iter().cloned());
-    let mut row = original.clone();
-    row.push(unit_hash.clone());
-    let mut args = vec![order.call(group_key), order.call(row)];
+    // The row order, order(row…, unit hash), is computed inside the bound, for candidate rows only.
+    let mut args = vec![order_fn.call(group_key), unit_hash.clone()];
     args.extend(original.iter().cloned());
-    let kept = AggregateUDF::from(UnitBound::new(bound.groups, bound.rows)).call(args).alias(KEPT);
+    let kept = AggregateUDF::from(UnitBound::new(bound.groups, bound.rows, order.clone())).call(args).alias(KEPT);
     let unnested = LogicalPlanBuilder::from(input)
         .project(keyed)?
         .aggregate(vec![unit_hash], vec![kept])?

@@ -26,7 +26,7 @@ pub(crate) fn canonical_rows(columns: &[ArrayRef]) -> Result<Rows> {
 /// `dpcurve_sample_order(col, …)`: a 128-bit keyed SipHash-1-3 of the row's values (in Arrow's
 /// canonical row encoding), as 16 big-endian bytes. The key is drawn per query from the OS
 /// CSPRNG (fixed under the test hooks' noise sources) and never displayed.
-#[derive(PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct SampleOrder {
     signature: Signature,
     key: (u64, u64),
@@ -73,14 +73,15 @@ impl SampleOrder {
     /// form).
     pub fn hashes(&self, columns: &[ArrayRef]) -> Result<Vec<u128>> {
         let rows = canonical_rows(columns)?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
-                h.write(row.as_ref());
-                u128::from(h.finish128())
-            })
-            .collect())
+        Ok(rows.iter().map(|row| self.hash(row.as_ref())).collect())
+    }
+
+    /// The order key of one row given in Arrow's canonical row encoding (what [`Self::hashes`]
+    /// computes for each row).
+    pub fn hash(&self, encoded: &[u8]) -> u128 {
+        let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
+        h.write(encoded);
+        u128::from(h.finish128())
     }
 }
 

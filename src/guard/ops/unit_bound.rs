@@ -1,12 +1,18 @@
 //! `dpcurve_unit_bound`: the streaming per-unit contribution bound (SPEC §0, §7).
 //!
 //! An aggregate grouped by the unit's keyed hash, called as
-//! `dpcurve_unit_bound(group_order, row_order, c0, c1, …)`. For its unit it keeps at most `L`
+//! `dpcurve_unit_bound(group_order, unit_hash, c0, c1, …)`. For its unit it keeps at most `L`
 //! groups — those with the smallest `group_order` — and in each of them at most `K` rows — those
-//! with the smallest `row_order` — and returns them as a list of structs `{c0, c1, …}` (the
-//! guard unnests it back into rows). Both orders are keyed 128-bit hashes
-//! ([`super::sample_order::SampleOrder`]), so the kept rows are a uniformly random sample of the unit's
-//! rows and a function of the unit's own rows only.
+//! with the smallest row order `order(c0, c1, …, unit_hash)` — and returns them as a list of
+//! structs `{c0, c1, …}` (the guard unnests it back into rows). Both orders are the keyed 128-bit
+//! hash [`SampleOrder`], so the kept rows are a uniformly random sample of the unit's rows and a
+//! function of the unit's own rows only.
+//!
+//! The row order is computed here, not in the plan, and only for rows whose group can still be
+//! among the unit's `L` smallest: a row whose group order is larger than the `L`-th kept group's
+//! is rejected before its columns are encoded or hashed (it could never be kept, since a unit's
+//! `L`-th smallest group order only decreases as rows arrive). The kept rows are exactly those
+//! of the definition above, whatever the batches.
 //!
 //! Its state is `O(K·L)` rows per unit whatever the unit's size: a unit of 10⁷ rows costs the
 //! same memory as one of K·L rows (a window partition held all of them, and its sort failed under
@@ -14,33 +20,35 @@
 //! encoding (owned bytes, not slices that would pin whole input batches), and the number of units
 //! is handled by DataFusion's hash aggregate, which spills.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::mem::{size_of, size_of_val};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BinaryBuilder, BooleanArray, FixedSizeBinaryBuilder, ListArray, StructArray,
+    Array, ArrayRef, AsArray, BinaryBuilder, BooleanArray, FixedSizeBinaryBuilder, ListArray, StructArray, UInt32Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
-use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{DataFusionError, Result, ScalarValue, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility};
 
+use super::sample_order::SampleOrder;
+
 /// The function's name.
 pub const NAME: &str = "dpcurve_unit_bound";
 
-type Key = [u8; 16];
-
-/// The bound: at most `groups` groups per unit, `rows` rows per unit and group.
+/// The bound: at most `groups` groups per unit, `rows` rows per unit and group, rows ordered by
+/// `order`.
 #[derive(PartialEq, Eq, Hash)]
 pub struct UnitBound {
     signature: Signature,
     groups: u64,
     rows: u64,
+    order: SampleOrder,
 }
 
 impl fmt::Debug for UnitBound {
@@ -50,14 +58,24 @@ impl fmt::Debug for UnitBound {
 }
 
 impl UnitBound {
-    /// At most `groups` groups and `rows` rows per group (both at least 1).
-    pub fn new(groups: u64, rows: u64) -> Self {
-        Self { signature: Signature::variadic_any(Volatility::Immutable), groups: groups.max(1), rows: rows.max(1) }
+    /// At most `groups` groups and `rows` rows per group (both at least 1), rows ranked by `order`.
+    pub fn new(groups: u64, rows: u64, order: SampleOrder) -> Self {
+        Self {
+            signature: Signature::variadic_any(Volatility::Immutable),
+            groups: groups.max(1),
+            rows: rows.max(1),
+            order,
+        }
     }
 
     /// (groups, rows).
     pub fn bound(&self) -> (u64, u64) {
         (self.groups, self.rows)
+    }
+
+    /// The row order (to ship the bound to a cluster's executors).
+    pub(crate) fn order(&self) -> &SampleOrder {
+        &self.order
     }
 }
 
@@ -89,7 +107,7 @@ impl AggregateUDFImpl for UnitBound {
 
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         if arg_types.len() < 3 {
-            return internal_err!("{NAME} takes two orders and at least one column");
+            return internal_err!("{NAME} takes the group order, the unit hash and at least one column");
         }
         Ok(DataType::List(Arc::new(Field::new_list_field(DataType::Struct(row_fields(&arg_types[2..])), true))))
     }
@@ -117,116 +135,192 @@ impl AggregateUDFImpl for UnitBound {
 
 impl UnitBound {
     fn bound_for(&self, args: &AccumulatorArgs) -> Result<Bound> {
-        let types = args.exprs.iter().skip(2).map(|e| e.data_type(args.schema)).collect::<Result<Vec<DataType>>>()?;
-        if types.is_empty() {
-            return internal_err!("{NAME} takes two orders and at least one column");
+        let types = args.exprs.iter().map(|e| e.data_type(args.schema)).collect::<Result<Vec<DataType>>>()?;
+        if types.len() < 3 {
+            return internal_err!("{NAME} takes the group order, the unit hash and at least one column");
         }
-        let converter = RowConverter::new(types.iter().map(|t| SortField::new(t.clone())).collect())?;
-        Ok(Bound { groups: self.groups as usize, rows: self.rows as usize, converter, fields: row_fields(&types) })
+        Bound::new(self.groups as usize, self.rows as usize, self.order.clone(), &types[2..], &types[1])
     }
 }
 
-/// One unit's kept groups (by group order) and, in each, its kept rows (by row order, in Arrow's
-/// row encoding).
+/// One unit's kept groups, by ascending group order.
 #[derive(Debug, Default)]
 struct Sample {
-    kept: BTreeMap<Key, Vec<(Key, OwnedRow)>>,
-    /// Bytes of the kept rows.
-    bytes: usize,
+    kept: Vec<Kept>,
+    /// Heap bytes: the kept rows and both levels of vectors.
+    heap: usize,
+}
+
+/// One kept group: its order and its kept rows by ascending row order (in Arrow's row encoding).
+#[derive(Debug)]
+struct Kept {
+    group: u128,
+    rows: Vec<(u128, Box<[u8]>)>,
+}
+
+impl Kept {
+    fn heap(&self) -> usize {
+        self.rows.capacity() * size_of::<(u128, Box<[u8]>)>() + self.rows.iter().map(|(_, r)| r.len()).sum::<usize>()
+    }
 }
 
 impl Sample {
-    /// Offers one row (made only if it is kept) under a bound of `groups` groups and `rows` rows.
+    /// Whether a row of group `group` could be kept under a bound of `groups` groups (false: it
+    /// never can, whatever rows come later).
+    fn might_keep(&self, groups: usize, group: u128) -> bool {
+        self.kept.len() < groups || self.kept.last().is_some_and(|k| group <= k.group)
+    }
+
+    /// Offers one row (made only if it is kept) under a bound of `groups` groups and `rows` rows;
+    /// returns the change in heap bytes.
     fn offer(
         &mut self,
         (groups, rows): (usize, usize),
-        group: Key,
-        order: Key,
-        row: impl FnOnce() -> Result<OwnedRow>,
-    ) -> Result<()> {
-        if !self.kept.contains_key(&group) {
-            if self.kept.len() >= groups && self.kept.last_key_value().is_some_and(|(last, _)| group >= *last) {
-                return Ok(());
-            }
-            self.kept.insert(group, Vec::with_capacity(1));
-            if self.kept.len() > groups {
-                if let Some((_, dropped)) = self.kept.pop_last() {
-                    self.bytes -= dropped.iter().map(|(_, r)| r.as_ref().len()).sum::<usize>();
+        group: u128,
+        order: u128,
+        row: impl FnOnce() -> Box<[u8]>,
+    ) -> isize {
+        let before = self.heap;
+        let at = match self.kept.binary_search_by(|k| k.group.cmp(&group)) {
+            Ok(at) => at,
+            Err(at) if at >= groups => return 0,
+            Err(at) => {
+                let capacity = self.kept.capacity();
+                self.kept.insert(at, Kept { group, rows: Vec::new() });
+                if self.kept.len() > groups {
+                    if let Some(dropped) = self.kept.pop() {
+                        self.heap -= dropped.heap();
+                    }
                 }
+                self.heap += (self.kept.capacity() - capacity) * size_of::<Kept>();
+                at
             }
-        }
-        let kept = self.kept.get_mut(&group).expect("inserted above");
+        };
+        let kept = &mut self.kept[at].rows;
         if kept.len() >= rows && kept.last().is_some_and(|(last, _)| order >= *last) {
-            return Ok(());
+            return self.heap as isize - before as isize;
         }
-        let at = kept.partition_point(|(o, _)| *o <= order);
-        let row = row()?;
-        self.bytes += row.as_ref().len();
-        kept.insert(at, (order, row));
+        let capacity = kept.capacity();
+        let row = row();
+        self.heap += row.len();
+        kept.insert(kept.partition_point(|(o, _)| *o <= order), (order, row));
         if kept.len() > rows {
             if let Some((_, dropped)) = kept.pop() {
-                self.bytes -= dropped.as_ref().len();
+                self.heap -= dropped.len();
             }
         }
-        Ok(())
+        self.heap += (kept.capacity() - capacity) * size_of::<(u128, Box<[u8]>)>();
+        self.heap as isize - before as isize
     }
 
-    fn rows(&self) -> impl Iterator<Item = (&Key, &Key, &OwnedRow)> {
-        self.kept.iter().flat_map(|(g, rows)| rows.iter().map(move |(o, r)| (g, o, r)))
+    fn rows(&self) -> impl Iterator<Item = (u128, u128, &[u8])> {
+        self.kept.iter().flat_map(|k| k.rows.iter().map(move |(o, r)| (k.group, *o, r.as_ref())))
     }
 
     fn len(&self) -> usize {
-        self.kept.values().map(Vec::len).sum()
-    }
-
-    fn size(&self) -> usize {
-        let entries: usize = self.kept.values().map(|v| v.capacity() * size_of::<(Key, OwnedRow)>()).sum();
-        size_of::<Self>() + self.bytes + entries + self.kept.len() * size_of::<(Key, Vec<()>)>()
+        self.kept.iter().map(|k| k.rows.len()).sum()
     }
 }
 
-/// What both accumulator forms share: the bound, the row encoding, the output fields.
+/// What both accumulator forms share: the bound, the row order, the row encoding (the columns,
+/// then the unit hash: the row order's input), the output fields.
 struct Bound {
     groups: usize,
     rows: usize,
+    order: SampleOrder,
     converter: RowConverter,
     fields: Fields,
 }
 
+fn order_value(bytes: &[u8]) -> Result<u128> {
+    let bytes: [u8; 16] =
+        bytes.try_into().map_err(|_| DataFusionError::Internal(format!("{NAME}: an order is not 16 bytes")))?;
+    Ok(u128::from_be_bytes(bytes))
+}
+
+fn applied(delta: usize, change: isize) -> usize {
+    delta.saturating_add_signed(change)
+}
+
 impl Bound {
+    fn new(groups: usize, rows: usize, order: SampleOrder, columns: &[DataType], unit: &DataType) -> Result<Self> {
+        let fields = columns.iter().chain([unit]).map(|t| SortField::new(t.clone())).collect();
+        Ok(Self { groups, rows, order, converter: RowConverter::new(fields)?, fields: row_fields(columns) })
+    }
+
     fn limits(&self) -> (usize, usize) {
         (self.groups, self.rows)
     }
 
+    /// Offers the rows of `values` (group order, unit hash, columns…) to `samples[unit(i)]` for
+    /// row `i` (None: the row is filtered out); returns the change in heap bytes. Rows whose
+    /// group cannot be kept are rejected before their row is encoded and hashed.
+    fn update(
+        &self,
+        samples: &mut [Sample],
+        values: &[ArrayRef],
+        unit: impl Fn(usize) -> Option<usize>,
+    ) -> Result<isize> {
+        let group_orders = values[0].as_fixed_size_binary();
+        let mut candidates: Vec<u32> = Vec::new();
+        let mut groups: Vec<u128> = Vec::new();
+        for i in 0..group_orders.len() {
+            let Some(u) = unit(i) else { continue };
+            let group = order_value(group_orders.value(i))?;
+            if samples[u].might_keep(self.groups, group) {
+                candidates.push(i as u32);
+                groups.push(group);
+            }
+        }
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let mut columns: Vec<ArrayRef> = values[2..].to_vec();
+        columns.push(Arc::clone(&values[1]));
+        if candidates.len() < group_orders.len() {
+            let indices = UInt32Array::from(candidates.clone());
+            columns = columns.iter().map(|c| take(c.as_ref(), &indices, None)).collect::<Result<_, _>>()?;
+        }
+        let rows = self.converter.convert_columns(&columns)?;
+        let mut change = 0;
+        for (j, (&i, &group)) in candidates.iter().zip(&groups).enumerate() {
+            let u = unit(i as usize).expect("a candidate row has a unit");
+            let row = rows.row(j);
+            let order = self.order.hash(row.as_ref());
+            change += samples[u].offer(self.limits(), group, order, || row.as_ref().into());
+        }
+        Ok(change)
+    }
+
     /// Merges the states in `lists` (each a list of (group order, row order, encoded row)) into
     /// `samples[into(l)]` for list `l` — read from the lists' flat entries, without a sliced
-    /// array per list.
-    fn merge_lists(&self, lists: &ListArray, samples: &mut [Sample], into: impl Fn(usize) -> usize) -> Result<()> {
+    /// array per list; returns the change in heap bytes.
+    fn merge_lists(&self, lists: &ListArray, samples: &mut [Sample], into: impl Fn(usize) -> usize) -> Result<isize> {
         let entries = lists.values().as_struct();
         let (g, o) = (entries.column(0).as_fixed_size_binary(), entries.column(1).as_fixed_size_binary());
         let r = entries.column(2).as_binary::<i32>();
-        let parser = self.converter.parser();
         let offsets = lists.value_offsets();
+        let mut change = 0;
         for l in 0..lists.len() {
             if lists.is_null(l) {
                 continue;
             }
             let sample = &mut samples[into(l)];
             for i in offsets[l] as usize..offsets[l + 1] as usize {
-                sample.offer(self.limits(), key(g.value(i))?, key(o.value(i))?, || {
-                    Ok(parser.parse(r.value(i)).owned())
-                })?;
+                let (group, order) = (order_value(g.value(i))?, order_value(o.value(i))?);
+                change += sample.offer(self.limits(), group, order, || r.value(i).into());
             }
         }
-        Ok(())
+        Ok(change)
     }
 
-    /// The kept rows of each sample, as one list of structs per sample.
+    /// The kept rows of each sample, as one list of structs per sample (the unit hash, the
+    /// row encoding's last column, dropped).
     fn evaluate(&self, samples: &[Sample]) -> Result<ListArray> {
         let parser = self.converter.parser();
-        let columns = self
-            .converter
-            .convert_rows(samples.iter().flat_map(|s| s.rows()).map(|(_, _, r)| parser.parse(r.as_ref())))?;
+        let mut columns =
+            self.converter.convert_rows(samples.iter().flat_map(|s| s.rows()).map(|(_, _, r)| parser.parse(r)))?;
+        columns.truncate(self.fields.len());
         let kept = StructArray::try_new(self.fields.clone(), columns, None)?;
         let field = Arc::new(Field::new_list_field(DataType::Struct(self.fields.clone()), true));
         Ok(ListArray::try_new(
@@ -243,9 +337,9 @@ impl Bound {
         let mut o = FixedSizeBinaryBuilder::new(16);
         let mut r = BinaryBuilder::new();
         for (group, order, row) in samples.iter().flat_map(|s| s.rows()) {
-            g.append_value(group)?;
-            o.append_value(order)?;
-            r.append_value(row.as_ref());
+            g.append_value(group.to_be_bytes())?;
+            o.append_value(order.to_be_bytes())?;
+            r.append_value(row);
         }
         let columns: Vec<ArrayRef> = vec![Arc::new(g.finish()), Arc::new(o.finish()), Arc::new(r.finish())];
         let entries = StructArray::try_new(state_entry_fields(), columns, None)?;
@@ -271,23 +365,15 @@ impl fmt::Debug for UnitBoundAccumulator {
     }
 }
 
-fn key(bytes: &[u8]) -> Result<Key> {
-    bytes.try_into().map_err(|_| DataFusionError::Internal(format!("{NAME}: an order is not 16 bytes")))
-}
-
 impl Accumulator for UnitBoundAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let (groups, orders) = (values[0].as_fixed_size_binary(), values[1].as_fixed_size_binary());
-        let rows = self.bound.converter.convert_columns(&values[2..])?;
-        for i in 0..groups.len() {
-            self.sample
-                .offer(self.bound.limits(), key(groups.value(i))?, key(orders.value(i))?, || Ok(rows.row(i).owned()))?;
-        }
+        self.bound.update(std::slice::from_mut(&mut self.sample), values, |_| Some(0))?;
         Ok(())
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        self.bound.merge_lists(states[0].as_list::<i32>(), std::slice::from_mut(&mut self.sample), |_| 0)
+        self.bound.merge_lists(states[0].as_list::<i32>(), std::slice::from_mut(&mut self.sample), |_| 0)?;
+        Ok(())
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
@@ -300,7 +386,7 @@ impl Accumulator for UnitBoundAccumulator {
     }
 
     fn size(&self) -> usize {
-        size_of_val(self) + self.bound.converter.size() + self.sample.size()
+        size_of_val(self) + self.bound.converter.size() + self.sample.heap
     }
 }
 
@@ -309,8 +395,12 @@ impl Accumulator for UnitBoundAccumulator {
 struct UnitBoundGroups {
     bound: Bound,
     samples: Vec<Sample>,
-    /// Sum of the samples' sizes.
+    /// Sum of the samples' heap bytes.
     bytes: usize,
+}
+
+fn passes(filter: Option<&BooleanArray>, i: usize) -> bool {
+    filter.is_none_or(|f| f.is_valid(i) && f.value(i))
 }
 
 impl UnitBoundGroups {
@@ -321,7 +411,7 @@ impl UnitBoundGroups {
     }
 
     fn recount(&mut self) {
-        self.bytes = self.samples.iter().map(Sample::size).sum();
+        self.bytes = self.samples.iter().map(|s| s.heap).sum();
     }
 }
 
@@ -334,27 +424,16 @@ impl GroupsAccumulator for UnitBoundGroups {
         total_num_groups: usize,
     ) -> Result<()> {
         self.resize(total_num_groups);
-        let (groups, orders) = (values[0].as_fixed_size_binary(), values[1].as_fixed_size_binary());
-        let rows = self.bound.converter.convert_columns(&values[2..])?;
-        for (i, &unit) in group_indices.iter().enumerate() {
-            if opt_filter.is_some_and(|f| !f.value(i) || f.is_null(i)) {
-                continue;
-            }
-            let sample = &mut self.samples[unit];
-            let before = sample.size();
-            sample
-                .offer(self.bound.limits(), key(groups.value(i))?, key(orders.value(i))?, || Ok(rows.row(i).owned()))?;
-            self.bytes = self.bytes + sample.size() - before;
-        }
+        let unit = |i: usize| passes(opt_filter, i).then(|| group_indices[i]);
+        let change = self.bound.update(&mut self.samples, values, unit)?;
+        self.bytes = applied(self.bytes, change);
         Ok(())
     }
 
     fn merge_batch(&mut self, values: &[ArrayRef], group_indices: &[usize], total_num_groups: usize) -> Result<()> {
         self.resize(total_num_groups);
-        let before: usize = group_indices.iter().map(|&u| self.samples[u].size()).sum();
-        self.bound.merge_lists(values[0].as_list::<i32>(), &mut self.samples, |l| group_indices[l])?;
-        let after: usize = group_indices.iter().map(|&u| self.samples[u].size()).sum();
-        self.bytes = (self.bytes + after).saturating_sub(before);
+        let change = self.bound.merge_lists(values[0].as_list::<i32>(), &mut self.samples, |l| group_indices[l])?;
+        self.bytes = applied(self.bytes, change);
         Ok(())
     }
 
@@ -372,19 +451,8 @@ impl GroupsAccumulator for UnitBoundGroups {
 
     fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
         // Each row its own unit: a list of its one entry (none when filtered out).
-        let (groups, orders) = (values[0].as_fixed_size_binary(), values[1].as_fixed_size_binary());
-        let rows = self.bound.converter.convert_columns(&values[2..])?;
-        let samples = (0..groups.len())
-            .map(|i| {
-                let mut sample = Sample::default();
-                if !opt_filter.is_some_and(|f| !f.value(i) || f.is_null(i)) {
-                    sample.offer(self.bound.limits(), key(groups.value(i))?, key(orders.value(i))?, || {
-                        Ok(rows.row(i).owned())
-                    })?;
-                }
-                Ok(sample)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut samples: Vec<Sample> = (0..values[0].len()).map(|_| Sample::default()).collect();
+        self.bound.update(&mut samples, values, |i| passes(opt_filter, i).then_some(i))?;
         Ok(vec![Arc::new(self.bound.state(&samples)?)])
     }
 
@@ -397,102 +465,159 @@ impl GroupsAccumulator for UnitBoundGroups {
 mod tests {
     use super::*;
     use datafusion::arrow::array::{FixedSizeBinaryArray, Float64Array};
+    use datafusion::arrow::datatypes::Float64Type;
 
-    fn keys(v: &[u8]) -> ArrayRef {
-        Arc::new(FixedSizeBinaryArray::try_from_iter(v.iter().map(|b| [*b; 16])).unwrap())
+    const ORDER: (u64, u64) = (0x5eed_0001, 0x5eed_0002);
+
+    fn keys(v: impl IntoIterator<Item = u128>) -> ArrayRef {
+        Arc::new(FixedSizeBinaryArray::try_from_iter(v.into_iter().map(u128::to_be_bytes)).unwrap())
     }
 
     fn bound(groups: usize, rows: usize) -> Bound {
-        let types = vec![DataType::Float64];
-        let converter = RowConverter::new(vec![SortField::new(DataType::Float64)]).unwrap();
-        Bound { groups, rows, converter, fields: row_fields(&types) }
+        let order = SampleOrder::with_key(ORDER);
+        Bound::new(groups, rows, order, &[DataType::Float64], &DataType::FixedSizeBinary(16)).unwrap()
     }
 
     fn accumulator(groups: usize, rows: usize) -> UnitBoundAccumulator {
         UnitBoundAccumulator { bound: bound(groups, rows), sample: Sample::default() }
     }
 
-    #[test]
-    fn the_vectorised_form_equals_one_accumulator_per_unit() {
-        // Two units interleaved in one batch (indices 0 and 1), split over two batches.
-        let groups = keys(&[1, 2, 1, 3, 2, 1, 2, 2]);
-        let orders = keys(&[6, 5, 4, 3, 2, 1, 9, 7]);
-        let xs: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]));
-        let units = [0usize, 1, 0, 1, 0, 1, 1, 0];
-        let mut vectorised = UnitBoundGroups { bound: bound(2, 2), samples: Vec::new(), bytes: 0 };
-        for (from, len) in [(0, 5), (5, 3)] {
-            let cols = [groups.slice(from, len), orders.slice(from, len), xs.slice(from, len)];
-            vectorised.update_batch(&cols, &units[from..from + len], None, 2).unwrap();
-        }
-        let out = vectorised.evaluate(EmitTo::All).unwrap();
-        for unit in 0..2 {
-            let mut one = accumulator(2, 2);
-            let take: Vec<u32> = (0..8u32).filter(|&i| units[i as usize] == unit).collect();
-            let idx = datafusion::arrow::array::UInt32Array::from(take);
-            let cols: Vec<ArrayRef> = [&groups, &orders, &xs]
-                .iter()
-                .map(|c| datafusion::arrow::compute::take(c.as_ref(), &idx, None).unwrap())
-                .collect();
-            one.update_batch(&cols).unwrap();
-            let got = out.as_list::<i32>().value(unit);
-            let got =
-                got.as_struct().column(0).as_primitive::<datafusion::arrow::datatypes::Float64Type>().values().to_vec();
-            assert_eq!(got, kept_values(&mut one), "unit {unit}");
-        }
-        assert_eq!(vectorised.size(), size_of_val(&vectorised) + vectorised.bound.converter.size(), "all emitted");
+    fn floats(a: &ArrayRef) -> Vec<f64> {
+        a.as_struct().column(0).as_primitive::<Float64Type>().values().to_vec()
     }
 
     fn kept_values(acc: &mut UnitBoundAccumulator) -> Vec<f64> {
         let ScalarValue::List(l) = acc.evaluate().unwrap() else { panic!() };
-        let s = l.value(0);
-        let s = s.as_struct();
-        let x = s.column(0).as_primitive::<datafusion::arrow::datatypes::Float64Type>();
-        x.values().to_vec()
+        floats(&l.value(0))
+    }
+
+    /// The definition, computed from scratch: the `l` smallest group orders, in each the `k` rows
+    /// with the smallest `order(x, unit)`, in (group, row order) order.
+    fn definition(groups: &[u128], unit: u128, xs: &[f64], l: usize, k: usize) -> Vec<f64> {
+        let cols: Vec<ArrayRef> = vec![Arc::new(Float64Array::from(xs.to_vec())), keys(vec![unit; xs.len()])];
+        let orders = SampleOrder::with_key(ORDER).hashes(&cols).unwrap();
+        let mut distinct = groups.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut out = Vec::new();
+        for g in distinct.into_iter().take(l) {
+            let mut rows: Vec<(u128, f64)> =
+                (0..xs.len()).filter(|&i| groups[i] == g).map(|i| (orders[i], xs[i])).collect();
+            rows.sort_by(|a, b| a.0.cmp(&b.0));
+            out.extend(rows.into_iter().take(k).map(|(_, x)| x));
+        }
+        out
+    }
+
+    /// One unit's rows: 400 rows over 37 groups (group orders scrambled), values with repeats.
+    fn one_unit() -> (Vec<u128>, u128, Vec<f64>) {
+        let groups: Vec<u128> =
+            (0..400u128).map(|i| (i * 7 % 37).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)).collect();
+        let xs: Vec<f64> = (0..400).map(|i| f64::from(i * 13 % 101)).collect();
+        (groups, 0xabcd, xs)
     }
 
     #[test]
-    fn keeps_the_smallest_orders_in_the_smallest_groups() {
-        let mut acc = accumulator(2, 2);
-        // Groups 3, 1, 2 (orders), rows with orders 9..1.
-        let groups = keys(&[3, 1, 2, 1, 1, 2, 3, 2]);
-        let orders = keys(&[1, 9, 8, 7, 5, 6, 2, 4]);
-        let xs: ArrayRef = Arc::new(Float64Array::from(vec![30.0, 19.0, 28.0, 17.0, 15.0, 26.0, 32.0, 24.0]));
-        acc.update_batch(&[groups, orders, xs]).unwrap();
-        // Group 3 is dropped (L = 2); group 1 keeps orders 5, 7; group 2 keeps 4, 6.
-        assert_eq!(kept_values(&mut acc), vec![15.0, 17.0, 24.0, 26.0]);
+    fn keeps_what_the_definition_keeps_whatever_the_batches() {
+        let (groups, unit, xs) = one_unit();
+        for (l, k) in [(1, 1), (2, 3), (5, 2), (40, 20), (3, 1000)] {
+            let want = definition(&groups, unit, &xs, l, k);
+            if k == 1000 {
+                assert_eq!(want.len(), groups_sizes(&groups, l), "every row of the kept groups");
+            }
+            for batch in [400, 64, 7, 1] {
+                let mut acc = accumulator(l, k);
+                for from in (0..400).step_by(batch) {
+                    let len = batch.min(400 - from);
+                    let cols = [
+                        keys(groups[from..from + len].iter().copied()),
+                        keys(vec![unit; len]),
+                        Arc::new(Float64Array::from(xs[from..from + len].to_vec())) as ArrayRef,
+                    ];
+                    acc.update_batch(&cols).unwrap();
+                }
+                assert_eq!(kept_values(&mut acc), want, "L = {l}, K = {k}, batches of {batch}");
+            }
+        }
+    }
+
+    /// Rows in the `l` smallest groups of `groups`.
+    fn groups_sizes(groups: &[u128], l: usize) -> usize {
+        let mut distinct = groups.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        groups.iter().filter(|g| distinct[..l].contains(g)).count()
+    }
+
+    #[test]
+    fn the_vectorised_form_equals_one_accumulator_per_unit() {
+        // Two units interleaved in one batch (indices 0 and 1), split over two batches, one row
+        // filtered out.
+        let (groups, _, xs) = one_unit();
+        let n = 120;
+        let units: Vec<usize> = (0..n).map(|i| (i * 5 / 3) % 2).collect();
+        let hashes: Vec<u128> = units.iter().map(|&u| 100 + u as u128).collect();
+        let filter = BooleanArray::from((0..n).map(|i| i != 17).collect::<Vec<_>>());
+        let cols = [
+            keys(groups[..n].iter().copied()),
+            keys(hashes.iter().copied()),
+            Arc::new(Float64Array::from(xs[..n].to_vec())) as ArrayRef,
+        ];
+        let mut vectorised = UnitBoundGroups { bound: bound(3, 2), samples: Vec::new(), bytes: 0 };
+        for (from, len) in [(0, 50), (50, n - 50)] {
+            let part: Vec<ArrayRef> = cols.iter().map(|c| c.slice(from, len)).collect();
+            let f = filter.slice(from, len);
+            vectorised.update_batch(&part, &units[from..from + len], Some(&f), 2).unwrap();
+        }
+        assert!(vectorised.size() > size_of_val(&vectorised) + vectorised.bound.converter.size());
+        let out = vectorised.evaluate(EmitTo::All).unwrap();
+        for unit in 0..2 {
+            let take: Vec<usize> = (0..n).filter(|&i| units[i] == unit && i != 17).collect();
+            let g: Vec<u128> = take.iter().map(|&i| groups[i]).collect();
+            let x: Vec<f64> = take.iter().map(|&i| xs[i]).collect();
+            let got = floats(&out.as_list::<i32>().value(unit));
+            assert_eq!(got, definition(&g, 100 + unit as u128, &x, 3, 2), "unit {unit}");
+        }
+        assert_eq!(vectorised.size(), size_of_val(&vectorised) + vectorised.bound.converter.size(), "all emitted");
     }
 
     #[test]
     fn state_round_trips_and_merging_equals_one_pass() {
-        let groups = keys(&[1, 2, 1, 3, 2, 1]);
-        let orders = keys(&[6, 5, 4, 3, 2, 1]);
-        let xs: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
-        let mut whole = accumulator(2, 2);
-        whole.update_batch(&[Arc::clone(&groups), Arc::clone(&orders), Arc::clone(&xs)]).unwrap();
-        let (mut a, mut b) = (accumulator(2, 2), accumulator(2, 2));
-        a.update_batch(&[groups.slice(0, 3), orders.slice(0, 3), xs.slice(0, 3)]).unwrap();
-        b.update_batch(&[groups.slice(3, 3), orders.slice(3, 3), xs.slice(3, 3)]).unwrap();
+        let (groups, unit, xs) = one_unit();
+        let cols =
+            [keys(groups.iter().copied()), keys(vec![unit; 400]), Arc::new(Float64Array::from(xs.clone())) as ArrayRef];
+        let mut whole = accumulator(4, 3);
+        whole.update_batch(&cols).unwrap();
+        let (mut a, mut b) = (accumulator(4, 3), accumulator(4, 3));
+        let part = |from, len| cols.iter().map(|c| c.slice(from, len)).collect::<Vec<_>>();
+        a.update_batch(&part(0, 150)).unwrap();
+        b.update_batch(&part(150, 250)).unwrap();
         let state = b.state().unwrap().remove(0).to_array().unwrap();
         a.merge_batch(&[state]).unwrap();
-        assert_eq!(kept_values(&mut a), kept_values(&mut whole));
-        assert_eq!(kept_values(&mut whole), vec![6.0, 3.0, 5.0, 2.0]);
+        let want = definition(&groups, unit, &xs, 4, 3);
+        assert_eq!(kept_values(&mut a), want);
+        assert_eq!(kept_values(&mut whole), want);
+        // Each row as its own state, merged: the same sample again.
+        let groups_acc = UnitBoundGroups { bound: bound(4, 3), samples: Vec::new(), bytes: 0 };
+        let states = groups_acc.convert_to_state(&cols, None).unwrap();
+        let mut merged = accumulator(4, 3);
+        merged.merge_batch(&states).unwrap();
+        assert_eq!(kept_values(&mut merged), want);
     }
 
     #[test]
     fn memory_does_not_grow_with_the_unit() {
         let mut acc = accumulator(1, 3);
         let n = 100_000usize;
-        let groups: ArrayRef = Arc::new(FixedSizeBinaryArray::try_from_iter((0..n).map(|_| [0u8; 16])).unwrap());
-        let orders: ArrayRef = Arc::new(
-            FixedSizeBinaryArray::try_from_iter((0..n).map(|i| (i as u128 * 7919 % 100_003).to_be_bytes())).unwrap(),
-        );
+        let groups = keys(vec![0; n]);
+        let unit = keys(vec![7; n]);
         let xs: ArrayRef = Arc::new(Float64Array::from((0..n).map(|i| i as f64).collect::<Vec<_>>()));
         let before = {
             let mut small = accumulator(1, 3);
-            small.update_batch(&[groups.slice(0, 3), orders.slice(0, 3), xs.slice(0, 3)]).unwrap();
+            small.update_batch(&[groups.slice(0, 3), unit.slice(0, 3), xs.slice(0, 3)]).unwrap();
             small.size()
         };
-        acc.update_batch(&[groups, orders, xs]).unwrap();
+        acc.update_batch(&[groups, unit, xs]).unwrap();
         assert_eq!(kept_values(&mut acc).len(), 3);
         assert!(acc.size() <= before + 64, "{} vs {before}", acc.size());
     }

@@ -114,8 +114,7 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
             // One keyed order for the key hashes, the units' group ranks and their row samples.
             let order = SampleOrder::new(cx.noise)?;
             let hash_key = order.key();
-            let order = Arc::new(ScalarUDF::from(order));
-            let key_hash = order.call(agg.group_expr.clone());
+            let key_hash = ScalarUDF::from(order.clone()).call(agg.group_expr.clone());
             // First pass: units per candidate key hash (one kept row per unit and group: K = 1).
             let first_pass = if unit.is_none() && fixed_width_keys(&agg.group_expr, agg.input.schema())? {
                 // Rows are units and keys fixed-width: count by the key's value (16 bytes or
@@ -126,7 +125,8 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
                 let keys: Vec<Expr> =
                     counted.schema().columns().into_iter().take(agg.group_expr.len()).map(Expr::Column).collect();
                 // The keys themselves follow (the gate hands the selected ones to the filter).
-                let mut columns = vec![order.call(keys.clone()).alias(GROUP_KEY), col(COUNT_COLUMN)];
+                let mut columns =
+                    vec![ScalarUDF::from(order.clone()).call(keys.clone()).alias(GROUP_KEY), col(COUNT_COLUMN)];
                 columns.extend(keys);
                 LogicalPlanBuilder::from(counted).project(columns)?.build()?
             } else {

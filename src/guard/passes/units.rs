@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Result, internal_err};
-use datafusion::logical_expr::{LogicalPlan, ScalarUDF};
+use datafusion::logical_expr::LogicalPlan;
 
 use crate::functions::context_of;
 use crate::guard::checking::Checking;
@@ -36,7 +36,7 @@ pub fn bound_contributions(plan: LogicalPlan, units: &UnitsMap) -> Result<Logica
         if cx.permits.is_selection() {
             return Ok(Transformed::no(node));
         }
-        let order = Arc::new(ScalarUDF::from(SampleOrder::new(cx.noise)?));
+        let order = SampleOrder::new(cx.noise)?;
         let bounded = bound_rows(&agg.input, unit, &table, &order, cx.contribution, &agg.group_expr)?;
         with_input(agg, Arc::new(bounded))
     })
