@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::TempDir;
 use datafusion::arrow::array::{
-    ArrayRef, AsArray, Float64Array, Float64Builder, ListBuilder, RecordBatch, StringArray,
+    ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, ListBuilder, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
 use dpcurve::mechanism::noise::budget::Budget;
@@ -67,6 +67,14 @@ fn write(path: &std::path::Path, rows: &[Row]) {
                 "meter",
                 Arc::new(StringArray::from(rows.iter().map(|r| r.meter.as_str()).collect::<Vec<_>>())) as ArrayRef,
             ),
+            // The same unit as an integer id (grouped by value inside the bound, not by its hash).
+            (
+                "meter_id",
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| match r.meter.strip_prefix('m') {
+                    Some(m) => m.parse::<i64>().unwrap(),
+                    None => 1_000_000,
+                }))),
+            ),
             ("region", Arc::new(StringArray::from(rows.iter().map(|r| r.region).collect::<Vec<_>>()))),
             ("x", Arc::new(Float64Array::from(rows.iter().map(|r| r.x).collect::<Vec<_>>()))),
             ("load", Arc::new(curves)),
@@ -80,13 +88,16 @@ struct Fixture {
 }
 
 /// Tables: `with` (the big meter in), `without` (neighbour: the big meter out), `shuffled`
-/// (`with` in reverse order over three files), and `rowwise` (`with` without a privacy unit).
+/// (`with` in reverse order over three files), and `rowwise` (`with` without a privacy unit);
+/// `with_id` and `without_id` are `with` and `without` with the unit named by its integer id.
 async fn fixture(tag: &str) -> Fixture {
     let dir = TempDir::new(tag);
     let with = rows(true);
     write(&dir.path("with.parquet"), &with);
     write(&dir.path("without.parquet"), &rows(false));
     write(&dir.path("rowwise.parquet"), &with);
+    write(&dir.path("with_id.parquet"), &with);
+    write(&dir.path("without_id.parquet"), &rows(false));
     std::fs::create_dir_all(dir.path("shuffled")).unwrap();
     let mut reversed = with.clone();
     reversed.reverse();
@@ -94,13 +105,15 @@ async fn fixture(tag: &str) -> Fixture {
         write(&dir.path(&format!("shuffled/part{i}.parquet")), part);
     }
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-    for t in ["with", "without", "rowwise", "shuffled"] {
+    for t in ["with", "without", "rowwise", "shuffled", "with_id", "without_id"] {
         let location = if t == "shuffled" { dir.str("shuffled") } else { dir.str(&format!("{t}.parquet")) };
         admin.register(t, &location).await.unwrap();
         admin.make_private(t, 1000.0, 1e-2).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
-        if t != "rowwise" {
+        if t.ends_with("_id") {
+            admin.set_privacy_unit(t, "meter_id", MAX_ROWS, MAX_GROUPS).await.unwrap();
+        } else if t != "rowwise" {
             admin.set_privacy_unit(t, "meter", MAX_ROWS, MAX_GROUPS).await.unwrap();
         }
     }
@@ -148,23 +161,34 @@ async fn a_unit_with_1000_rows_moves_a_release_by_at_most_its_bound() {
             b[0].column(0).as_primitive::<Int64Type>().value(0)
         }
     };
-    // Every ordinary meter has 5 rows, more than K = 4: each keeps exactly 4.
-    let (with, without, rowwise) = (mass("with").await, mass("without").await, mass("rowwise").await);
-    assert!((without - 800.0).abs() < 1e-6, "200 meters × 4 rows: {without}");
-    // (up to the kernel mass beyond hi = 1 of the rows at 0.9: 4·1e-6 at most)
-    assert!((with - without - MAX_ROWS as f64).abs() < 1e-5, "the big meter adds exactly K rows: {with} vs {without}");
     // Negative control: without the unit the same table moves by the big meter's 1 000 rows (and
     // every ordinary meter counts 5 rows).
+    let rowwise = mass("rowwise").await;
     assert!((rowwise - 2000.0).abs() < 1e-3, "{rowwise}");
-    assert_eq!((n("with").await, n("without").await), (804, 800));
-    // The kept rows are a random sample, not the first rows in file order: the big meter's first
-    // 10 rows sit at x = 0.1, its other 990 at 0.9; taking the first K would put all 4 at 0.1.
-    let diff: Vec<f64> =
-        kernel_sum(&s, "with").await.iter().zip(kernel_sum(&s, "without").await).map(|(a, b)| a - b).collect();
-    let at = |x: f64| diff[(x * 100.0).round() as usize];
-    let per_row = 1.0 / (0.02 * (2.0 * std::f64::consts::PI).sqrt());
-    let (low, high) = (at(0.1) / per_row, at(0.9) / per_row);
-    assert!(low < 1.5 && high > 2.5 && (low + high - 4.0).abs() < 0.05, "rows at 0.1: {low:.3}, at 0.9: {high:.3}");
+    // The unit named by its string (grouped by its hash) and by its integer id (grouped by value).
+    for (with_t, without_t) in [("with", "without"), ("with_id", "without_id")] {
+        // Every ordinary meter has 5 rows, more than K = 4: each keeps exactly 4.
+        let (with, without) = (mass(with_t).await, mass(without_t).await);
+        assert!((without - 800.0).abs() < 1e-6, "{without_t}: 200 meters × 4 rows: {without}");
+        // (up to the kernel mass beyond hi = 1 of the rows at 0.9: 4·1e-6 at most)
+        assert!(
+            (with - without - MAX_ROWS as f64).abs() < 1e-5,
+            "{with_t}: the big meter adds exactly K rows: {with} vs {without}"
+        );
+        assert_eq!((n(with_t).await, n(without_t).await), (804, 800));
+        // The kept rows are a random sample, not the first rows in file order: the big meter's
+        // first 10 rows sit at x = 0.1, its other 990 at 0.9; taking the first K would put all 4 at
+        // 0.1.
+        let diff: Vec<f64> =
+            kernel_sum(&s, with_t).await.iter().zip(kernel_sum(&s, without_t).await).map(|(a, b)| a - b).collect();
+        let at = |x: f64| diff[(x * 100.0).round() as usize];
+        let per_row = 1.0 / (0.02 * (2.0 * std::f64::consts::PI).sqrt());
+        let (low, high) = (at(0.1) / per_row, at(0.9) / per_row);
+        assert!(
+            low < 1.5 && high > 2.5 && (low + high - 4.0).abs() < 0.05,
+            "{with_t}: rows at 0.1: {low:.3}, at 0.9: {high:.3}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -185,15 +209,18 @@ async fn grouped_releases_keep_at_most_max_groups_per_unit_and_charge_once() {
             (g, m)
         }
     };
-    let (groups, with) = per_region("with").await;
-    let (_, without) = per_region("without").await;
-    assert_eq!(groups, ["a", "b", "c", "d"]);
-    let moved: Vec<f64> = with.iter().zip(&without).map(|(a, b)| a - b).collect();
-    // The big meter has 250 rows in each of the four regions; it reaches exactly L = 2 of them
-    // with K = 4 rows each.
-    let reached: Vec<&f64> = moved.iter().filter(|d| d.abs() > 1e-9).collect();
-    assert_eq!(reached.len(), MAX_GROUPS as usize, "{moved:?}");
-    assert!(reached.iter().all(|d| (**d - MAX_ROWS as f64).abs() < 1e-5), "{moved:?}");
+    // The unit by its string (hash) and by its integer id (value).
+    for (with_t, without_t) in [("with", "without"), ("with_id", "without_id")] {
+        let (groups, with) = per_region(with_t).await;
+        let (_, without) = per_region(without_t).await;
+        assert_eq!(groups, ["a", "b", "c", "d"]);
+        let moved: Vec<f64> = with.iter().zip(&without).map(|(a, b)| a - b).collect();
+        // The big meter has 250 rows in each of the four regions; it reaches exactly L = 2 of them
+        // with K = 4 rows each.
+        let reached: Vec<&f64> = moved.iter().filter(|d| d.abs() > 1e-9).collect();
+        assert_eq!(reached.len(), MAX_GROUPS as usize, "{with_t}: {moved:?}");
+        assert!(reached.iter().all(|d| (**d - MAX_ROWS as f64).abs() < 1e-5), "{with_t}: {moved:?}");
+    }
     // The mean curve works grouped with units too.
     let b = s.query(&format!("SELECT region, {MEAN}['n'] FROM with GROUP BY region ORDER BY region")).await.unwrap();
     assert_eq!(b[0].num_rows(), 4);
@@ -210,6 +237,7 @@ async fn grouped_releases_keep_at_most_max_groups_per_unit_and_charge_once() {
     assert_eq!(b[0].column(1).as_primitive::<Int64Type>().value(0), 1000);
     // One charge per call, as for declared keys: the noise, not the charge, covers L groups.
     assert_eq!(f.spent("with"), Budget::charge(2.0, 2e-6).unwrap());
+    assert_eq!(f.spent("with_id"), Budget::charge(1.0, 1e-6).unwrap());
 }
 
 #[tokio::test]
@@ -280,6 +308,10 @@ async fn unit_policy_is_validated_and_the_rewrite_leaks_nothing() {
         "{text}"
     );
     assert!(!text.to_lowercase().contains("key"), "{text}");
+    // An integer unit is grouped by its value; its hash is computed inside the bound.
+    let b = s.query(&format!("EXPLAIN SELECT region, {KDE} FROM with_id GROUP BY region")).await.unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&b).unwrap().to_string();
+    assert!(text.contains("meter_id AS __dpcurve_unit_id") && !text.contains("dpcurve_sample_order"), "{text}");
     // Reserved names cannot be smuggled in to confuse the rewrite.
     let e = s
         .query("SELECT private_kde(__dpcurve_unit, 0.02, 1.0, 1e-6, lo => 0, hi => 2, mechanism => 'gaussian') FROM (SELECT x + 1 AS __dpcurve_unit FROM with)")

@@ -14,7 +14,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use super::udfs;
 use crate::functions::{CallContext, Permits, context_of, with_context};
 use crate::guard::ops::sample_order::SampleOrder;
-use crate::guard::ops::unit_bound::UnitBound;
+use crate::guard::ops::unit_bound::{UnitArg, UnitBound};
 use crate::mechanism::{Contribution, NoiseSource};
 
 /// Ballista's plan nodes, plus dpcurve's functions with what each instance carries.
@@ -62,10 +62,15 @@ impl PhysicalExtensionCodec for DpCodec {
         if let Some(bound) = node.inner().downcast_ref::<UnitBound>() {
             let (groups, rows) = bound.bound();
             let (a, b) = bound.order().key();
+            let (keys, unit) = bound.arguments();
             buf.push(TAG_UNIT_BOUND);
-            for word in [groups, rows, a, b] {
+            for word in [groups, rows, a, b, keys as u64] {
                 buf.extend_from_slice(&word.to_le_bytes());
             }
+            buf.push(match unit {
+                UnitArg::Hash => 0,
+                UnitArg::Value => 1,
+            });
             return Ok(());
         }
         if let Some(cx) = context_of(node) {
@@ -80,7 +85,7 @@ impl PhysicalExtensionCodec for DpCodec {
         let bad = || DataFusionError::Internal(format!("cannot decode the aggregate function '{name}'"));
         let expected = match buf.first() {
             Some(&TAG_PRIVATE) => 17,
-            Some(&TAG_UNIT_BOUND) => 33,
+            Some(&TAG_UNIT_BOUND) => 42,
             _ => return Err(bad()),
         };
         if buf.len() != expected {
@@ -89,7 +94,13 @@ impl PhysicalExtensionCodec for DpCodec {
         let word = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
         if buf[0] == TAG_UNIT_BOUND {
             let order = SampleOrder::with_key((word(17), word(25)));
-            let bound = AggregateUDF::from(UnitBound::new(word(1), word(9), order));
+            let keys = usize::try_from(word(33)).map_err(|_| bad())?;
+            let unit = match buf[41] {
+                0 => UnitArg::Hash,
+                1 => UnitArg::Value,
+                _ => return Err(bad()),
+            };
+            let bound = AggregateUDF::from(UnitBound::new(word(1), word(9), order, keys, unit));
             return if bound.name() == name { Ok(Arc::new(bound)) } else { Err(bad()) };
         }
         let contribution = Contribution::new(word(1), word(9)).map_err(|_| bad())?;

@@ -29,23 +29,25 @@
 
 use std::sync::Arc;
 
-use datafusion::common::{Column, Result, internal_err, plan_err};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{Column, DFSchema, Result, internal_err, plan_err};
 use datafusion::functions::core::expr_fn::get_field;
 use datafusion::logical_expr::{
-    AggregateUDF, Expr, Filter, LogicalPlan, LogicalPlanBuilder, Projection, ScalarUDF, SubqueryAlias, TableScanBuilder,
+    AggregateUDF, Expr, ExprSchemable, Filter, LogicalPlan, LogicalPlanBuilder, Projection, ScalarUDF, SubqueryAlias,
+    TableScanBuilder,
 };
 
 use super::sample_order::SampleOrder;
-use super::unit_bound::{self, UnitBound};
+use super::unit_bound::{self, UnitArg, UnitBound};
 use crate::mechanism::Contribution;
 use crate::policy::PrivacyUnit;
 
 /// Column carrying the unit up to the bound.
 pub const UNIT_COLUMN: &str = "__dpcurve_unit";
-/// The keyed 128-bit hash of the unit that the bound groups by.
-pub const UNIT_HASH: &str = "__dpcurve_unit_hash";
-const GROUP_ORDER: &str = "__dpcurve_group_order";
-const ROW_ORDER: &str = "__dpcurve_row_order";
+/// What the bound groups by: the unit's keyed 128-bit hash, or its integer-like value.
+pub const UNIT_KEY: &str = "__dpcurve_unit_id";
+/// Prefix of the group-key columns handed to the bound.
+const GROUP_KEY: &str = "__dpcurve_bound_group_";
 const KEPT: &str = "__dpcurve_kept";
 
 /// The rows of `input` (a row-wise chain over `table`) bounded per unit (module docs): at most
@@ -65,26 +67,35 @@ pub fn bound_rows(
     group_id: &[Expr],
 ) -> Result<LogicalPlan> {
     for f in input.schema().fields() {
-        if [UNIT_COLUMN, UNIT_HASH, GROUP_ORDER, ROW_ORDER, KEPT].contains(&f.name().as_str()) {
+        if [UNIT_COLUMN, UNIT_KEY, KEPT].contains(&f.name().as_str()) || f.name().starts_with(GROUP_KEY) {
             return plan_err!("[rule privacy-unit] column name '{}' is reserved", f.name());
         }
     }
     let schema = input.schema();
     let original: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
     let (input, unit_col) = with_unit(input, &unit.column, table)?;
-    let order_fn = ScalarUDF::from(order.clone());
+    // Units of an integer-like type are grouped by their value (as many bytes as their hash, or
+    // fewer) and hashed once per unit inside the bound; any other unit by its hash.
+    let unit_value = Expr::Column(unit_col);
+    let (unit_key, unit_arg) = if integer_like(std::slice::from_ref(&unit_value), input.schema())? {
+        (unit_value, UnitArg::Value)
+    } else {
+        (ScalarUDF::from(order.clone()).call(vec![unit_value]), UnitArg::Hash)
+    };
     let mut keyed = original.clone();
-    keyed.push(order_fn.call(vec![Expr::Column(unit_col)]).alias(UNIT_HASH));
-    let unit_hash = Expr::Column(Column::from_name(UNIT_HASH));
-    let mut group_key = vec![unit_hash.clone()];
-    group_key.extend(group_id.iter().cloned());
-    // The row order, order(row…, unit hash), is computed inside the bound, for candidate rows only.
-    let mut args = vec![order_fn.call(group_key), unit_hash.clone()];
+    keyed.push(unit_key.alias(UNIT_KEY));
+    keyed.extend(group_id.iter().enumerate().map(|(i, k)| k.clone().alias(format!("{GROUP_KEY}{i}"))));
+    let unit_key = Expr::Column(Column::from_name(UNIT_KEY));
+    // Both orders are computed inside the bound: order(unit hash, group key…) per row, the row
+    // order order(row…, unit hash) only for rows whose group can still be kept.
+    let mut args = vec![unit_key.clone()];
+    args.extend((0..group_id.len()).map(|i| Expr::Column(Column::from_name(format!("{GROUP_KEY}{i}")))));
     args.extend(original.iter().cloned());
-    let kept = AggregateUDF::from(UnitBound::new(bound.groups, bound.rows, order.clone())).call(args).alias(KEPT);
+    let udf = UnitBound::new(bound.groups, bound.rows, order.clone(), group_id.len(), unit_arg);
+    let kept = AggregateUDF::from(udf).call(args).alias(KEPT);
     let unnested = LogicalPlanBuilder::from(input)
         .project(keyed)?
-        .aggregate(vec![unit_hash], vec![kept])?
+        .aggregate(vec![unit_key], vec![kept])?
         .unnest_column(Column::from_name(KEPT))?
         .build()?;
     // The kept struct's fields, back under the input's (qualified) names.
@@ -139,4 +150,20 @@ fn with_unit(plan: &LogicalPlan, unit: &str, table: &str) -> Result<(LogicalPlan
             internal_err!("contribution bounding met {} between a private table and its aggregate", other.display())
         }
     }
+}
+
+/// Whether every expression has a fixed-width type of at most 16 bytes whose values group
+/// exactly as their canonical encodings do (integers, decimals, dates, times, durations,
+/// booleans — not floats, whose grouping and encoding may disagree on −0 and NaN payloads): such
+/// values can be grouped by value instead of by their keyed hash, with the same groups and no
+/// more bytes per group.
+pub fn integer_like(exprs: &[Expr], schema: &DFSchema) -> Result<bool> {
+    for e in exprs {
+        let t = e.get_type(schema)?;
+        let fixed = t == DataType::Boolean || (t.primitive_width().is_some_and(|w| w <= 16) && !t.is_floating());
+        if !fixed {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

@@ -1,18 +1,25 @@
 //! `dpcurve_unit_bound`: the streaming per-unit contribution bound (SPEC §0, §7).
 //!
-//! An aggregate grouped by the unit's keyed hash, called as
-//! `dpcurve_unit_bound(group_order, unit_hash, c0, c1, …)`. For its unit it keeps at most `L`
-//! groups — those with the smallest `group_order` — and in each of them at most `K` rows — those
-//! with the smallest row order `order(c0, c1, …, unit_hash)` — and returns them as a list of
-//! structs `{c0, c1, …}` (the guard unnests it back into rows). Both orders are the keyed 128-bit
-//! hash [`SampleOrder`], so the kept rows are a uniformly random sample of the unit's rows and a
-//! function of the unit's own rows only.
+//! An aggregate grouped by the unit, called as `dpcurve_unit_bound(unit, k0, k1, …, c0, c1, …)`
+//! where `unit` is what the aggregate groups by, the `k`s are the group key the private aggregate
+//! above groups by and the `c`s the columns it reads. For its unit it keeps at most `L` groups —
+//! those with the smallest group order `order(unit hash, k0, k1, …)` — and in each of them at most
+//! `K` rows — those with the smallest row order `order(c0, c1, …, unit hash)` — and returns them as
+//! a list of structs `{c0, c1, …}` (the guard unnests it back into rows). `order` is the keyed
+//! 128-bit hash [`SampleOrder`] of the values' canonical row encoding and the unit hash is
+//! `order(unit)`, so the kept rows are a uniformly random sample of the unit's rows and a function
+//! of the unit's own rows only.
 //!
-//! The row order is computed here, not in the plan, and only for rows whose group can still be
-//! among the unit's `L` smallest: a row whose group order is larger than the `L`-th kept group's
-//! is rejected before its columns are encoded or hashed (it could never be kept, since a unit's
-//! `L`-th smallest group order only decreases as rows arrive). The kept rows are exactly those
-//! of the definition above, whatever the batches.
+//! `unit` is either the unit's hash (computed in the plan: any unit type) or, for units of an
+//! integer-like type of at most 16 bytes, the unit's value ([`UnitArg`]): the aggregate then groups
+//! by the value and the hash is computed here once per unit instead of once per row. Either way
+//! a unit costs the same fixed number of bytes as a group key.
+//!
+//! Both orders are computed here, the row order only for rows whose group can still be among the
+//! unit's `L` smallest: a row whose group order is larger than the `L`-th kept group's is rejected
+//! before its columns are encoded or hashed (it could never be kept, since a unit's `L`-th smallest
+//! group order only decreases as rows arrive). The kept rows are exactly those of the definition
+//! above, whatever the batches.
 //!
 //! Its state is `O(K·L)` rows per unit whatever the unit's size: a unit of 10⁷ rows costs the
 //! same memory as one of K·L rows (a window partition held all of them, and its sort failed under
@@ -30,7 +37,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
-use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::{DataFusionError, Result, ScalarValue, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
@@ -41,30 +48,45 @@ use super::sample_order::SampleOrder;
 /// The function's name.
 pub const NAME: &str = "dpcurve_unit_bound";
 
-/// The bound: at most `groups` groups per unit, `rows` rows per unit and group, rows ordered by
-/// `order`.
+/// What the first argument (and the aggregate's grouping) carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnitArg {
+    /// The unit's keyed hash, 16 bytes computed in the plan (any unit type).
+    Hash,
+    /// The unit's own value, of an integer-like type of at most 16 bytes: hashed here, once per
+    /// unit.
+    Value,
+}
+
+/// The bound: at most `groups` groups per unit, `rows` rows per unit and group, both ranked by
+/// `order`; `keys` group-key arguments follow the unit.
 #[derive(PartialEq, Eq, Hash)]
 pub struct UnitBound {
     signature: Signature,
     groups: u64,
     rows: u64,
     order: SampleOrder,
+    keys: usize,
+    unit: UnitArg,
 }
 
 impl fmt::Debug for UnitBound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "UnitBound {{ groups: {}, rows: {} }}", self.groups, self.rows)
+        write!(f, "UnitBound {{ groups: {}, rows: {}, unit: {:?} }}", self.groups, self.rows, self.unit)
     }
 }
 
 impl UnitBound {
-    /// At most `groups` groups and `rows` rows per group (both at least 1), rows ranked by `order`.
-    pub fn new(groups: u64, rows: u64, order: SampleOrder) -> Self {
+    /// At most `groups` groups and `rows` rows per group (both at least 1), ranked by `order`,
+    /// over arguments `(unit, k0 … k{keys-1}, c0, c1, …)`.
+    pub fn new(groups: u64, rows: u64, order: SampleOrder, keys: usize, unit: UnitArg) -> Self {
         Self {
             signature: Signature::variadic_any(Volatility::Immutable),
             groups: groups.max(1),
             rows: rows.max(1),
             order,
+            keys,
+            unit,
         }
     }
 
@@ -73,9 +95,21 @@ impl UnitBound {
         (self.groups, self.rows)
     }
 
-    /// The row order (to ship the bound to a cluster's executors).
+    /// The order (to ship the bound to a cluster's executors).
     pub(crate) fn order(&self) -> &SampleOrder {
         &self.order
+    }
+
+    /// (group-key arguments, what the unit argument carries).
+    pub fn arguments(&self) -> (usize, UnitArg) {
+        (self.keys, self.unit)
+    }
+
+    fn columns<'a, T>(&self, args: &'a [T]) -> Result<&'a [T]> {
+        match args.get(1 + self.keys..) {
+            Some(columns) if !columns.is_empty() => Ok(columns),
+            _ => internal_err!("{NAME} takes the unit, {} group keys and at least one column", self.keys),
+        }
     }
 }
 
@@ -106,10 +140,8 @@ impl AggregateUDFImpl for UnitBound {
     }
 
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        if arg_types.len() < 3 {
-            return internal_err!("{NAME} takes the group order, the unit hash and at least one column");
-        }
-        Ok(DataType::List(Arc::new(Field::new_list_field(DataType::Struct(row_fields(&arg_types[2..])), true))))
+        let columns = self.columns(arg_types)?;
+        Ok(DataType::List(Arc::new(Field::new_list_field(DataType::Struct(row_fields(columns)), true))))
     }
 
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
@@ -136,19 +168,29 @@ impl AggregateUDFImpl for UnitBound {
 impl UnitBound {
     fn bound_for(&self, args: &AccumulatorArgs) -> Result<Bound> {
         let types = args.exprs.iter().map(|e| e.data_type(args.schema)).collect::<Result<Vec<DataType>>>()?;
-        if types.len() < 3 {
-            return internal_err!("{NAME} takes the group order, the unit hash and at least one column");
-        }
-        Bound::new(self.groups as usize, self.rows as usize, self.order.clone(), &types[2..], &types[1])
+        let columns = self.columns(&types)?;
+        Bound::new(self, &types[0], &types[1..1 + self.keys], columns)
     }
 }
 
 /// One unit's kept groups, by ascending group order.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Sample {
+    /// A row can be kept only if its group order is at most this: the `L`-th kept group's order
+    /// once `L` groups are kept, `u128::MAX` before.
+    threshold: u128,
+    /// The unit's hash, once known (`hashed`).
+    unit_hash: u128,
+    hashed: bool,
     kept: Vec<Kept>,
     /// Heap bytes: the kept rows and both levels of vectors.
     heap: usize,
+}
+
+impl Default for Sample {
+    fn default() -> Self {
+        Self { threshold: u128::MAX, unit_hash: 0, hashed: false, kept: Vec::new(), heap: 0 }
+    }
 }
 
 /// One kept group: its order and its kept rows by ascending row order (in Arrow's row encoding).
@@ -165,12 +207,6 @@ impl Kept {
 }
 
 impl Sample {
-    /// Whether a row of group `group` could be kept under a bound of `groups` groups (false: it
-    /// never can, whatever rows come later).
-    fn might_keep(&self, groups: usize, group: u128) -> bool {
-        self.kept.len() < groups || self.kept.last().is_some_and(|k| group <= k.group)
-    }
-
     /// Offers one row (made only if it is kept) under a bound of `groups` groups and `rows` rows;
     /// returns the change in heap bytes.
     fn offer(
@@ -191,6 +227,9 @@ impl Sample {
                     if let Some(dropped) = self.kept.pop() {
                         self.heap -= dropped.heap();
                     }
+                }
+                if self.kept.len() == groups {
+                    self.threshold = self.kept.last().map_or(u128::MAX, |k| k.group);
                 }
                 self.heap += (self.kept.capacity() - capacity) * size_of::<Kept>();
                 at
@@ -222,13 +261,19 @@ impl Sample {
     }
 }
 
-/// What both accumulator forms share: the bound, the row order, the row encoding (the columns,
-/// then the unit hash: the row order's input), the output fields.
+/// What both accumulator forms share: the bound, the order, the row encodings (of the unit
+/// when it comes as its value, of the group keys, of the columns), the output fields.
 struct Bound {
     groups: usize,
     rows: usize,
     order: SampleOrder,
-    converter: RowConverter,
+    /// The unit's encoding when it comes as its value (None: it comes as its hash).
+    unit: Option<RowConverter>,
+    /// The group keys' encoding (None: no group keys).
+    keys: Option<RowConverter>,
+    /// Where the columns start among the arguments (after the unit and the group keys).
+    first_column: usize,
+    columns: RowConverter,
     fields: Fields,
 }
 
@@ -242,32 +287,87 @@ fn applied(delta: usize, change: isize) -> usize {
     delta.saturating_add_signed(change)
 }
 
+fn converter(types: &[DataType]) -> Result<Option<RowConverter>> {
+    if types.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(RowConverter::new(types.iter().map(|t| SortField::new(t.clone())).collect())?))
+}
+
+/// Appends the canonical row encoding of a non-null 16-byte hash (a `FixedSizeBinary(16)`
+/// value: a validity byte, then the bytes) to `out`.
+fn push_hash(out: &mut Vec<u8>, hash: u128) {
+    out.push(1);
+    out.extend_from_slice(&hash.to_be_bytes());
+}
+
 impl Bound {
-    fn new(groups: usize, rows: usize, order: SampleOrder, columns: &[DataType], unit: &DataType) -> Result<Self> {
-        let fields = columns.iter().chain([unit]).map(|t| SortField::new(t.clone())).collect();
-        Ok(Self { groups, rows, order, converter: RowConverter::new(fields)?, fields: row_fields(columns) })
+    fn new(udf: &UnitBound, unit: &DataType, keys: &[DataType], columns: &[DataType]) -> Result<Self> {
+        let unit = match udf.unit {
+            UnitArg::Hash if *unit == DataType::FixedSizeBinary(16) => None,
+            UnitArg::Hash => return internal_err!("{NAME}: a unit hash is not 16 bytes"),
+            UnitArg::Value => converter(std::slice::from_ref(unit))?,
+        };
+        Ok(Self {
+            groups: udf.groups as usize,
+            rows: udf.rows as usize,
+            order: udf.order.clone(),
+            unit,
+            keys: converter(keys)?,
+            first_column: 1 + keys.len(),
+            columns: converter(columns)?.ok_or_else(|| DataFusionError::Internal(format!("{NAME}: no column")))?,
+            fields: row_fields(columns),
+        })
     }
 
     fn limits(&self) -> (usize, usize) {
         (self.groups, self.rows)
     }
 
-    /// Offers the rows of `values` (group order, unit hash, columns…) to `samples[unit(i)]` for
-    /// row `i` (None: the row is filtered out); returns the change in heap bytes. Rows whose
-    /// group cannot be kept are rejected before their row is encoded and hashed.
+    fn encoders_size(&self) -> usize {
+        [&self.unit, &self.keys].iter().filter_map(|c| c.as_ref()).map(RowConverter::size).sum::<usize>()
+            + self.columns.size()
+    }
+
+    /// Offers the rows of `values` (unit, group keys…, columns…) to `samples[unit(i)]` for row
+    /// `i` (None: the row is filtered out); returns the change in heap bytes. Rows whose group
+    /// cannot be kept are rejected before their columns are encoded and hashed.
     fn update(
         &self,
         samples: &mut [Sample],
         values: &[ArrayRef],
         unit: impl Fn(usize) -> Option<usize>,
     ) -> Result<isize> {
-        let group_orders = values[0].as_fixed_size_binary();
-        let mut candidates: Vec<u32> = Vec::new();
-        let mut groups: Vec<u128> = Vec::new();
-        for i in 0..group_orders.len() {
+        let n = values[0].len();
+        let keys: Option<Rows> = match &self.keys {
+            Some(c) => Some(c.convert_columns(&values[1..self.first_column])?),
+            None => None,
+        };
+        let mut units: Option<Rows> = None;
+        let mut bytes = Vec::with_capacity(64);
+        let (mut candidates, mut groups) = (Vec::<u32>::new(), Vec::<u128>::new());
+        for i in 0..n {
             let Some(u) = unit(i) else { continue };
-            let group = order_value(group_orders.value(i))?;
-            if samples[u].might_keep(self.groups, group) {
+            let sample = &mut samples[u];
+            if !sample.hashed {
+                sample.unit_hash = match &self.unit {
+                    None => order_value(values[0].as_fixed_size_binary().value(i))?,
+                    Some(c) => {
+                        if units.is_none() {
+                            units = Some(c.convert_columns(&values[..1])?);
+                        }
+                        self.order.hash(units.as_ref().expect("encoded above").row(i).as_ref())
+                    }
+                };
+                sample.hashed = true;
+            }
+            bytes.clear();
+            push_hash(&mut bytes, sample.unit_hash);
+            if let Some(k) = &keys {
+                bytes.extend_from_slice(k.row(i).as_ref());
+            }
+            let group = self.order.hash(&bytes);
+            if group <= sample.threshold {
                 candidates.push(i as u32);
                 groups.push(group);
             }
@@ -275,19 +375,21 @@ impl Bound {
         if candidates.is_empty() {
             return Ok(0);
         }
-        let mut columns: Vec<ArrayRef> = values[2..].to_vec();
-        columns.push(Arc::clone(&values[1]));
-        if candidates.len() < group_orders.len() {
+        let mut columns: Vec<ArrayRef> = values[self.first_column..].to_vec();
+        if candidates.len() < n {
             let indices = UInt32Array::from(candidates.clone());
             columns = columns.iter().map(|c| take(c.as_ref(), &indices, None)).collect::<Result<_, _>>()?;
         }
-        let rows = self.converter.convert_columns(&columns)?;
+        let rows = self.columns.convert_columns(&columns)?;
         let mut change = 0;
         for (j, (&i, &group)) in candidates.iter().zip(&groups).enumerate() {
-            let u = unit(i as usize).expect("a candidate row has a unit");
+            let sample = &mut samples[unit(i as usize).expect("a candidate row has a unit")];
             let row = rows.row(j);
-            let order = self.order.hash(row.as_ref());
-            change += samples[u].offer(self.limits(), group, order, || row.as_ref().into());
+            bytes.clear();
+            bytes.extend_from_slice(row.as_ref());
+            push_hash(&mut bytes, sample.unit_hash);
+            let order = self.order.hash(&bytes);
+            change += sample.offer(self.limits(), group, order, || row.as_ref().into());
         }
         Ok(change)
     }
@@ -317,10 +419,9 @@ impl Bound {
     /// The kept rows of each sample, as one list of structs per sample (the unit hash, the
     /// row encoding's last column, dropped).
     fn evaluate(&self, samples: &[Sample]) -> Result<ListArray> {
-        let parser = self.converter.parser();
-        let mut columns =
-            self.converter.convert_rows(samples.iter().flat_map(|s| s.rows()).map(|(_, _, r)| parser.parse(r)))?;
-        columns.truncate(self.fields.len());
+        let parser = self.columns.parser();
+        let columns =
+            self.columns.convert_rows(samples.iter().flat_map(|s| s.rows()).map(|(_, _, r)| parser.parse(r)))?;
         let kept = StructArray::try_new(self.fields.clone(), columns, None)?;
         let field = Arc::new(Field::new_list_field(DataType::Struct(self.fields.clone()), true));
         Ok(ListArray::try_new(
@@ -386,7 +487,7 @@ impl Accumulator for UnitBoundAccumulator {
     }
 
     fn size(&self) -> usize {
-        size_of_val(self) + self.bound.converter.size() + self.sample.heap
+        size_of_val(self) + self.bound.encoders_size() + self.sample.heap
     }
 }
 
@@ -457,29 +558,49 @@ impl GroupsAccumulator for UnitBoundGroups {
     }
 
     fn size(&self) -> usize {
-        size_of_val(self) + self.bound.converter.size() + self.samples.capacity() * size_of::<Sample>() + self.bytes
+        size_of_val(self) + self.bound.encoders_size() + self.samples.capacity() * size_of::<Sample>() + self.bytes
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{FixedSizeBinaryArray, Float64Array};
+    use datafusion::arrow::array::{FixedSizeBinaryArray, Float64Array, Int64Array};
     use datafusion::arrow::datatypes::Float64Type;
 
     const ORDER: (u64, u64) = (0x5eed_0001, 0x5eed_0002);
 
-    fn keys(v: impl IntoIterator<Item = u128>) -> ArrayRef {
+    fn order() -> SampleOrder {
+        SampleOrder::with_key(ORDER)
+    }
+
+    fn hashes(v: impl IntoIterator<Item = u128>) -> ArrayRef {
         Arc::new(FixedSizeBinaryArray::try_from_iter(v.into_iter().map(u128::to_be_bytes)).unwrap())
     }
 
-    fn bound(groups: usize, rows: usize) -> Bound {
-        let order = SampleOrder::with_key(ORDER);
-        Bound::new(groups, rows, order, &[DataType::Float64], &DataType::FixedSizeBinary(16)).unwrap()
+    fn ints(v: impl IntoIterator<Item = i64>) -> ArrayRef {
+        Arc::new(Int64Array::from_iter_values(v))
     }
 
-    fn accumulator(groups: usize, rows: usize) -> UnitBoundAccumulator {
-        UnitBoundAccumulator { bound: bound(groups, rows), sample: Sample::default() }
+    /// The unit argument of `units` in mode `arg`: the unit's hash, or its value.
+    fn unit_column(arg: UnitArg, units: &[i64]) -> ArrayRef {
+        match arg {
+            UnitArg::Value => ints(units.iter().copied()),
+            UnitArg::Hash => hashes(order().hashes(&[ints(units.iter().copied())]).unwrap()),
+        }
+    }
+
+    fn bound(arg: UnitArg, groups: usize, rows: usize) -> Bound {
+        let udf = UnitBound::new(groups as u64, rows as u64, order(), 1, arg);
+        let unit = match arg {
+            UnitArg::Hash => DataType::FixedSizeBinary(16),
+            UnitArg::Value => DataType::Int64,
+        };
+        Bound::new(&udf, &unit, &[DataType::Int64], &[DataType::Float64]).unwrap()
+    }
+
+    fn accumulator(arg: UnitArg, groups: usize, rows: usize) -> UnitBoundAccumulator {
+        UnitBoundAccumulator { bound: bound(arg, groups, rows), sample: Sample::default() }
     }
 
     fn floats(a: &ArrayRef) -> Vec<f64> {
@@ -491,133 +612,119 @@ mod tests {
         floats(&l.value(0))
     }
 
-    /// The definition, computed from scratch: the `l` smallest group orders, in each the `k` rows
-    /// with the smallest `order(x, unit)`, in (group, row order) order.
-    fn definition(groups: &[u128], unit: u128, xs: &[f64], l: usize, k: usize) -> Vec<f64> {
-        let cols: Vec<ArrayRef> = vec![Arc::new(Float64Array::from(xs.to_vec())), keys(vec![unit; xs.len()])];
-        let orders = SampleOrder::with_key(ORDER).hashes(&cols).unwrap();
-        let mut distinct = groups.to_vec();
+    /// The definition, computed from scratch with the plan-level order function: with
+    /// h = order(unit), the `l` groups with the smallest order(h, g), in each the `k` rows with
+    /// the smallest order(x, h), in (group order, row order) order.
+    fn definition(unit: i64, gs: &[i64], xs: &[f64], l: usize, k: usize) -> Vec<f64> {
+        let n = xs.len();
+        let h = hashes(order().hashes(&[ints(vec![unit; n])]).unwrap());
+        let group_orders = order().hashes(&[Arc::clone(&h), ints(gs.iter().copied())]).unwrap();
+        let row_orders = order().hashes(&[Arc::new(Float64Array::from(xs.to_vec())), h]).unwrap();
+        let mut distinct = group_orders.clone();
         distinct.sort_unstable();
         distinct.dedup();
         let mut out = Vec::new();
         for g in distinct.into_iter().take(l) {
             let mut rows: Vec<(u128, f64)> =
-                (0..xs.len()).filter(|&i| groups[i] == g).map(|i| (orders[i], xs[i])).collect();
+                (0..n).filter(|&i| group_orders[i] == g).map(|i| (row_orders[i], xs[i])).collect();
             rows.sort_by(|a, b| a.0.cmp(&b.0));
             out.extend(rows.into_iter().take(k).map(|(_, x)| x));
         }
         out
     }
 
-    /// One unit's rows: 400 rows over 37 groups (group orders scrambled), values with repeats.
-    fn one_unit() -> (Vec<u128>, u128, Vec<f64>) {
-        let groups: Vec<u128> =
-            (0..400u128).map(|i| (i * 7 % 37).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)).collect();
-        let xs: Vec<f64> = (0..400).map(|i| f64::from(i * 13 % 101)).collect();
-        (groups, 0xabcd, xs)
+    /// 400 rows over 37 groups, values with repeats.
+    fn rows() -> (Vec<i64>, Vec<f64>) {
+        ((0..400).map(|i| i * 7 % 37).collect(), (0..400).map(|i| f64::from(i * 13 % 101)).collect())
+    }
+
+    fn batch(arg: UnitArg, units: &[i64], gs: &[i64], xs: &[f64]) -> Vec<ArrayRef> {
+        vec![unit_column(arg, units), ints(gs.iter().copied()), Arc::new(Float64Array::from(xs.to_vec()))]
     }
 
     #[test]
     fn keeps_what_the_definition_keeps_whatever_the_batches() {
-        let (groups, unit, xs) = one_unit();
-        for (l, k) in [(1, 1), (2, 3), (5, 2), (40, 20), (3, 1000)] {
-            let want = definition(&groups, unit, &xs, l, k);
-            if k == 1000 {
-                assert_eq!(want.len(), groups_sizes(&groups, l), "every row of the kept groups");
-            }
-            for batch in [400, 64, 7, 1] {
-                let mut acc = accumulator(l, k);
-                for from in (0..400).step_by(batch) {
-                    let len = batch.min(400 - from);
-                    let cols = [
-                        keys(groups[from..from + len].iter().copied()),
-                        keys(vec![unit; len]),
-                        Arc::new(Float64Array::from(xs[from..from + len].to_vec())) as ArrayRef,
-                    ];
-                    acc.update_batch(&cols).unwrap();
+        let (gs, xs) = rows();
+        for arg in [UnitArg::Hash, UnitArg::Value] {
+            for (l, k) in [(1, 1), (2, 3), (5, 2), (40, 20), (3, 1000)] {
+                let want = definition(42, &gs, &xs, l, k);
+                if k == 1000 {
+                    // Every row of the kept groups: 400 rows over 37 groups, 10 or 11 each.
+                    assert!((30..=33).contains(&want.len()), "{}", want.len());
                 }
-                assert_eq!(kept_values(&mut acc), want, "L = {l}, K = {k}, batches of {batch}");
+                for size in [400, 64, 7, 1] {
+                    let mut acc = accumulator(arg, l, k);
+                    for from in (0..400).step_by(size) {
+                        let to = (from + size).min(400);
+                        acc.update_batch(&batch(arg, &vec![42; to - from], &gs[from..to], &xs[from..to])).unwrap();
+                    }
+                    assert_eq!(kept_values(&mut acc), want, "{arg:?}, L = {l}, K = {k}, batches of {size}");
+                }
             }
         }
-    }
-
-    /// Rows in the `l` smallest groups of `groups`.
-    fn groups_sizes(groups: &[u128], l: usize) -> usize {
-        let mut distinct = groups.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        groups.iter().filter(|g| distinct[..l].contains(g)).count()
     }
 
     #[test]
-    fn the_vectorised_form_equals_one_accumulator_per_unit() {
-        // Two units interleaved in one batch (indices 0 and 1), split over two batches, one row
-        // filtered out.
-        let (groups, _, xs) = one_unit();
-        let n = 120;
-        let units: Vec<usize> = (0..n).map(|i| (i * 5 / 3) % 2).collect();
-        let hashes: Vec<u128> = units.iter().map(|&u| 100 + u as u128).collect();
+    fn the_vectorised_form_equals_the_definition_per_unit() {
+        // Three units interleaved, two batches, one row filtered out.
+        let (gs, xs) = rows();
+        let n = 300;
+        let units: Vec<usize> = (0..n).map(|i| (i * 5 / 3) % 3).collect();
+        let values: Vec<i64> = units.iter().map(|&u| 100 + u as i64).collect();
         let filter = BooleanArray::from((0..n).map(|i| i != 17).collect::<Vec<_>>());
-        let cols = [
-            keys(groups[..n].iter().copied()),
-            keys(hashes.iter().copied()),
-            Arc::new(Float64Array::from(xs[..n].to_vec())) as ArrayRef,
-        ];
-        let mut vectorised = UnitBoundGroups { bound: bound(3, 2), samples: Vec::new(), bytes: 0 };
-        for (from, len) in [(0, 50), (50, n - 50)] {
-            let part: Vec<ArrayRef> = cols.iter().map(|c| c.slice(from, len)).collect();
-            let f = filter.slice(from, len);
-            vectorised.update_batch(&part, &units[from..from + len], Some(&f), 2).unwrap();
+        for arg in [UnitArg::Hash, UnitArg::Value] {
+            let cols = batch(arg, &values, &gs[..n], &xs[..n]);
+            let mut vectorised = UnitBoundGroups { bound: bound(arg, 3, 2), samples: Vec::new(), bytes: 0 };
+            for (from, len) in [(0, 50), (50, n - 50)] {
+                let part: Vec<ArrayRef> = cols.iter().map(|c| c.slice(from, len)).collect();
+                vectorised.update_batch(&part, &units[from..from + len], Some(&filter.slice(from, len)), 3).unwrap();
+            }
+            assert!(vectorised.size() > size_of_val(&vectorised) + vectorised.bound.encoders_size());
+            let out = vectorised.evaluate(EmitTo::All).unwrap();
+            for unit in 0..3 {
+                let rows: Vec<usize> = (0..n).filter(|&i| units[i] == unit && i != 17).collect();
+                let g: Vec<i64> = rows.iter().map(|&i| gs[i]).collect();
+                let x: Vec<f64> = rows.iter().map(|&i| xs[i]).collect();
+                let got = floats(&out.as_list::<i32>().value(unit));
+                assert_eq!(got, definition(100 + unit as i64, &g, &x, 3, 2), "{arg:?}, unit {unit}");
+            }
+            assert_eq!(vectorised.size(), size_of_val(&vectorised) + vectorised.bound.encoders_size(), "all emitted");
         }
-        assert!(vectorised.size() > size_of_val(&vectorised) + vectorised.bound.converter.size());
-        let out = vectorised.evaluate(EmitTo::All).unwrap();
-        for unit in 0..2 {
-            let take: Vec<usize> = (0..n).filter(|&i| units[i] == unit && i != 17).collect();
-            let g: Vec<u128> = take.iter().map(|&i| groups[i]).collect();
-            let x: Vec<f64> = take.iter().map(|&i| xs[i]).collect();
-            let got = floats(&out.as_list::<i32>().value(unit));
-            assert_eq!(got, definition(&g, 100 + unit as u128, &x, 3, 2), "unit {unit}");
-        }
-        assert_eq!(vectorised.size(), size_of_val(&vectorised) + vectorised.bound.converter.size(), "all emitted");
     }
 
     #[test]
     fn state_round_trips_and_merging_equals_one_pass() {
-        let (groups, unit, xs) = one_unit();
-        let cols =
-            [keys(groups.iter().copied()), keys(vec![unit; 400]), Arc::new(Float64Array::from(xs.clone())) as ArrayRef];
-        let mut whole = accumulator(4, 3);
-        whole.update_batch(&cols).unwrap();
-        let (mut a, mut b) = (accumulator(4, 3), accumulator(4, 3));
-        let part = |from, len| cols.iter().map(|c| c.slice(from, len)).collect::<Vec<_>>();
-        a.update_batch(&part(0, 150)).unwrap();
-        b.update_batch(&part(150, 250)).unwrap();
-        let state = b.state().unwrap().remove(0).to_array().unwrap();
-        a.merge_batch(&[state]).unwrap();
-        let want = definition(&groups, unit, &xs, 4, 3);
-        assert_eq!(kept_values(&mut a), want);
-        assert_eq!(kept_values(&mut whole), want);
-        // Each row as its own state, merged: the same sample again.
-        let groups_acc = UnitBoundGroups { bound: bound(4, 3), samples: Vec::new(), bytes: 0 };
-        let states = groups_acc.convert_to_state(&cols, None).unwrap();
-        let mut merged = accumulator(4, 3);
-        merged.merge_batch(&states).unwrap();
-        assert_eq!(kept_values(&mut merged), want);
+        let (gs, xs) = rows();
+        for arg in [UnitArg::Hash, UnitArg::Value] {
+            let cols = batch(arg, &[9; 400], &gs, &xs);
+            let want = definition(9, &gs, &xs, 4, 3);
+            let (mut a, mut b) = (accumulator(arg, 4, 3), accumulator(arg, 4, 3));
+            let part = |from, len| cols.iter().map(|c| c.slice(from, len)).collect::<Vec<_>>();
+            a.update_batch(&part(0, 150)).unwrap();
+            b.update_batch(&part(150, 250)).unwrap();
+            let state = b.state().unwrap().remove(0).to_array().unwrap();
+            a.merge_batch(&[state]).unwrap();
+            assert_eq!(kept_values(&mut a), want, "{arg:?}");
+            // Each row as its own state, merged: the same sample again.
+            let groups = UnitBoundGroups { bound: bound(arg, 4, 3), samples: Vec::new(), bytes: 0 };
+            let states = groups.convert_to_state(&cols, None).unwrap();
+            let mut merged = accumulator(arg, 4, 3);
+            merged.merge_batch(&states).unwrap();
+            assert_eq!(kept_values(&mut merged), want, "{arg:?}");
+        }
     }
 
     #[test]
     fn memory_does_not_grow_with_the_unit() {
-        let mut acc = accumulator(1, 3);
         let n = 100_000usize;
-        let groups = keys(vec![0; n]);
-        let unit = keys(vec![7; n]);
-        let xs: ArrayRef = Arc::new(Float64Array::from((0..n).map(|i| i as f64).collect::<Vec<_>>()));
+        let cols = batch(UnitArg::Value, &vec![7; n], &vec![0; n], &(0..n).map(|i| i as f64).collect::<Vec<_>>());
         let before = {
-            let mut small = accumulator(1, 3);
-            small.update_batch(&[groups.slice(0, 3), unit.slice(0, 3), xs.slice(0, 3)]).unwrap();
+            let mut small = accumulator(UnitArg::Value, 1, 3);
+            small.update_batch(&cols.iter().map(|c| c.slice(0, 3)).collect::<Vec<_>>()).unwrap();
             small.size()
         };
-        acc.update_batch(&[groups, unit, xs]).unwrap();
+        let mut acc = accumulator(UnitArg::Value, 1, 3);
+        acc.update_batch(&cols).unwrap();
         assert_eq!(kept_values(&mut acc).len(), 3);
         assert!(acc.size() <= before + 64, "{} vs {before}", acc.size());
     }

@@ -33,16 +33,15 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DFSchema, DataFusionError, Result, internal_err, plan_err};
+use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
 use datafusion::functions_aggregate::expr_fn::count;
-use datafusion::logical_expr::{Expr, ExprSchemable, Filter, LogicalPlan, LogicalPlanBuilder, ScalarUDF, col, lit};
+use datafusion::logical_expr::{Expr, Filter, LogicalPlan, LogicalPlanBuilder, ScalarUDF, col, lit};
 
 use crate::functions::{PermitSlot, context_of};
 use crate::guard::checking::Checking;
 use crate::guard::exec::selection_stage::SelectionStage;
-use crate::guard::ops::bounding::bound_rows;
+use crate::guard::ops::bounding::{bound_rows, integer_like};
 use crate::guard::ops::sample_order::SampleOrder;
 use crate::guard::ops::selected::{SelectedFilter, SelectedKeys};
 use crate::guard::view::{UnitsMap, selection_args};
@@ -116,7 +115,7 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
             let hash_key = order.key();
             let key_hash = ScalarUDF::from(order.clone()).call(agg.group_expr.clone());
             // First pass: units per candidate key hash (one kept row per unit and group: K = 1).
-            let first_pass = if unit.is_none() && fixed_width_keys(&agg.group_expr, agg.input.schema())? {
+            let first_pass = if unit.is_none() && integer_like(&agg.group_expr, agg.input.schema())? {
                 // Rows are units and keys fixed-width: count by the key's value (16 bytes or
                 // fewer per key, as its hash would be), then hash each candidate once.
                 let counted = LogicalPlanBuilder::from(agg.input.as_ref().clone())
@@ -165,19 +164,4 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
         })?
         .data;
     Ok((plan, stages))
-}
-
-/// Whether every key is of a fixed-width type whose values group exactly as their canonical
-/// encodings do (integers, decimals, dates, times, durations, booleans — not floats, whose
-/// grouping and encoding may disagree on −0 and NaN payloads): such keys can be counted by value
-/// and hashed after the count, with the same candidates and counts as hashing every row.
-fn fixed_width_keys(keys: &[Expr], schema: &DFSchema) -> Result<bool> {
-    for k in keys {
-        let t = k.get_type(schema)?;
-        let fixed = t == DataType::Boolean || (t.primitive_width().is_some_and(|w| w <= 16) && !t.is_floating());
-        if !fixed {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
