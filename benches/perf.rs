@@ -29,7 +29,8 @@
 //! Options: `--rows LIST` (default 1e6,1e7), `--curves LIST` (default 1e5), `--reps N`
 //! (default 7), `--data DIR` (default `target/bench-data`;
 //! generated files are reused), `--python PATH` (default `python3`), `--groups LIST` (the
-//! `groups` variants to run besides the baseline: `plain,units,selection`, the default).
+//! `groups` variants to run besides the baseline: `plain,units,selection`, the default; `floor`
+//! adds `min(x) … GROUP BY u`, the unit grouping alone).
 //! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
 //! of them alike; a ratio's spread is the range of the per-round ratios.
 
@@ -620,6 +621,7 @@ async fn groups(o: &Options, report: &mut Report) {
         "SELECT g, private_kde GROUP BY g (100 groups)",
         "the same, unit u: K = 10, L = 3",
         "the same, private keys: selection",
+        "floor of any per-unit bound: min(x) GROUP BY u",
     ];
     let kde = format!("private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}");
     let sqls = [
@@ -629,9 +631,12 @@ async fn groups(o: &Options, report: &mut Report) {
         format!(
             "SELECT g, {kde}, select_epsilon => 0.001, select_delta => 1e-9, select_max_groups => 100) FROM priv_t GROUP BY g"
         ),
+        // Every row to its unit's state (10⁵ units), nothing else: what grouping by the unit
+        // costs any operator that bounds each unit, before any hashing or sampling.
+        "SELECT count(*) FROM (SELECT u, min(x) FROM pub_t GROUP BY u)".to_string(),
     ];
-    let on = [0, 0, 1, 2];
-    let wanted = ["baseline", "plain", "units", "selection"];
+    let on = [0, 0, 1, 2, 0];
+    let wanted = ["baseline", "plain", "units", "selection", "floor"];
     let variants: Vec<_> = names
         .iter()
         .zip(sqls)

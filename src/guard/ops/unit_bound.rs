@@ -43,6 +43,8 @@ use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility};
 
+use smallvec::SmallVec;
+
 use super::sample_order::SampleOrder;
 
 /// The function's name.
@@ -193,39 +195,73 @@ impl Default for Sample {
     }
 }
 
-/// One kept group: its order and its kept rows by ascending row order (in Arrow's row encoding).
+/// One kept row's encoding: inline when short (most rows of a few numeric columns), so that
+/// keeping and dropping rows does not allocate.
+#[derive(Debug)]
+enum RowBytes {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+const INLINE: usize = 30;
+
+impl RowBytes {
+    fn new(row: &[u8]) -> Self {
+        if row.len() <= INLINE {
+            let mut bytes = [0; INLINE];
+            bytes[..row.len()].copy_from_slice(row);
+            Self::Inline { len: row.len() as u8, bytes }
+        } else {
+            Self::Heap(row.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..*len as usize],
+            Self::Heap(b) => b,
+        }
+    }
+
+    /// Bytes held outside the value itself.
+    fn heap(&self) -> usize {
+        match self {
+            Self::Inline { .. } => 0,
+            Self::Heap(b) => b.len(),
+        }
+    }
+}
+
+type Rows1 = SmallVec<[(u128, RowBytes); 1]>;
+
+/// One kept group: its order and its kept rows by ascending row order (in Arrow's row encoding);
+/// a group of one row allocates nothing.
 #[derive(Debug)]
 struct Kept {
     group: u128,
-    rows: Vec<(u128, Box<[u8]>)>,
+    rows: Rows1,
+    /// Heap bytes of `rows`.
+    heap: usize,
 }
 
-impl Kept {
-    fn heap(&self) -> usize {
-        self.rows.capacity() * size_of::<(u128, Box<[u8]>)>() + self.rows.iter().map(|(_, r)| r.len()).sum::<usize>()
-    }
+fn rows_heap(rows: &Rows1) -> usize {
+    if rows.spilled() { rows.capacity() * size_of::<(u128, RowBytes)>() } else { 0 }
 }
 
 impl Sample {
     /// Offers one row (made only if it is kept) under a bound of `groups` groups and `rows` rows;
     /// returns the change in heap bytes.
-    fn offer(
-        &mut self,
-        (groups, rows): (usize, usize),
-        group: u128,
-        order: u128,
-        row: impl FnOnce() -> Box<[u8]>,
-    ) -> isize {
+    fn offer(&mut self, (groups, rows): (usize, usize), group: u128, order: u128, row: &[u8]) -> isize {
         let before = self.heap;
         let at = match self.kept.binary_search_by(|k| k.group.cmp(&group)) {
             Ok(at) => at,
             Err(at) if at >= groups => return 0,
             Err(at) => {
                 let capacity = self.kept.capacity();
-                self.kept.insert(at, Kept { group, rows: Vec::new() });
+                self.kept.insert(at, Kept { group, rows: SmallVec::new(), heap: 0 });
                 if self.kept.len() > groups {
                     if let Some(dropped) = self.kept.pop() {
-                        self.heap -= dropped.heap();
+                        self.heap -= dropped.heap;
                     }
                 }
                 if self.kept.len() == groups {
@@ -235,25 +271,27 @@ impl Sample {
                 at
             }
         };
-        let kept = &mut self.kept[at].rows;
-        if kept.len() >= rows && kept.last().is_some_and(|(last, _)| order >= *last) {
+        let kept = &mut self.kept[at];
+        if kept.rows.len() >= rows && kept.rows.last().is_some_and(|(last, _)| order >= *last) {
             return self.heap as isize - before as isize;
         }
-        let capacity = kept.capacity();
-        let row = row();
-        self.heap += row.len();
-        kept.insert(kept.partition_point(|(o, _)| *o <= order), (order, row));
-        if kept.len() > rows {
-            if let Some((_, dropped)) = kept.pop() {
-                self.heap -= dropped.len();
+        let old = kept.heap;
+        let row = RowBytes::new(row);
+        let mut row_bytes = old - rows_heap(&kept.rows) + row.heap();
+        let pos = kept.rows.partition_point(|(o, _)| *o <= order);
+        kept.rows.insert(pos, (order, row));
+        if kept.rows.len() > rows {
+            if let Some((_, dropped)) = kept.rows.pop() {
+                row_bytes -= dropped.heap();
             }
         }
-        self.heap += (kept.capacity() - capacity) * size_of::<(u128, Box<[u8]>)>();
+        kept.heap = row_bytes + rows_heap(&kept.rows);
+        self.heap = self.heap - old + kept.heap;
         self.heap as isize - before as isize
     }
 
     fn rows(&self) -> impl Iterator<Item = (u128, u128, &[u8])> {
-        self.kept.iter().flat_map(|k| k.rows.iter().map(move |(o, r)| (k.group, *o, r.as_ref())))
+        self.kept.iter().flat_map(|k| k.rows.iter().map(move |(o, r)| (k.group, *o, r.as_bytes())))
     }
 
     fn len(&self) -> usize {
@@ -389,7 +427,7 @@ impl Bound {
             bytes.extend_from_slice(row.as_ref());
             push_hash(&mut bytes, sample.unit_hash);
             let order = self.order.hash(&bytes);
-            change += sample.offer(self.limits(), group, order, || row.as_ref().into());
+            change += sample.offer(self.limits(), group, order, row.as_ref());
         }
         Ok(change)
     }
@@ -410,7 +448,7 @@ impl Bound {
             let sample = &mut samples[into(l)];
             for i in offsets[l] as usize..offsets[l + 1] as usize {
                 let (group, order) = (order_value(g.value(i))?, order_value(o.value(i))?);
-                change += sample.offer(self.limits(), group, order, || r.value(i).into());
+                change += sample.offer(self.limits(), group, order, r.value(i));
             }
         }
         Ok(change)
