@@ -413,6 +413,17 @@ impl Bound {
         if candidates.is_empty() {
             return Ok(0);
         }
+        // Read every candidate's kept groups now, in one pass of independent loads, so that the
+        // memory system fetches them in parallel while the rows are encoded and hashed, instead
+        // of one cache miss at a time in the offers below.
+        let mut touched = 0u128;
+        for &i in &candidates {
+            let kept = &samples[unit(i as usize).expect("a candidate row has a unit")].kept;
+            for at in [0, kept.len() / 2, kept.len().saturating_sub(1)] {
+                touched ^= kept.get(at).map_or(0, |k| k.group);
+            }
+        }
+        std::hint::black_box(touched);
         let mut columns: Vec<ArrayRef> = values[self.first_column..].to_vec();
         if candidates.len() < n {
             let indices = UInt32Array::from(candidates.clone());
