@@ -203,7 +203,7 @@ async fn amplifying_string_operations_are_refused_before_the_debit() {
 /// unit. `DPCURVE_NEIGHBOUR_RUNS` repeats each comparison (2 here; 20 in the long run).
 #[tokio::test]
 async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
-    use datafusion::arrow::array::{ArrayRef, Float64Array, StringArray};
+    use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
     use dpcurve::{Admin, AnalystSession, NoiseSource};
     use std::sync::Arc;
     let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
@@ -240,16 +240,28 @@ async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
                 ],
             )
         };
+        // Table hi: table h with the unit as an integer id (grouped by value in the bound).
+        let ids: Vec<i64> =
+            unit.iter().map(|u| u.strip_prefix('u').map_or(600, |n| n.parse::<i64>().unwrap())).collect();
+        common::write_columns(
+            &dir.path("hi.parquet"),
+            vec![
+                ("unit", Arc::new(Int64Array::from(ids)) as ArrayRef),
+                ("s", Arc::new(StringArray::from(key.clone()))),
+                ("x", Arc::new(Float64Array::from(x.clone()))),
+            ],
+        );
         write("h.parquet", unit, key, x);
         write("v.parquet", unit2.clone(), vec!["k0".to_string(); unit2.len()], x2.clone());
         write("g.parquet", unit2, key2, x2);
         let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-        for t in ["h", "v", "g"] {
+        for t in ["h", "hi", "v", "g"] {
             admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
             admin.make_private(t, 1000.0, 1e-2).unwrap();
             admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         }
         admin.set_privacy_unit("h", "unit", 2, 1).await.unwrap();
+        admin.set_privacy_unit("hi", "unit", 2, 1).await.unwrap();
         admin.set_privacy_unit("v", "unit", 2, 1).await.unwrap();
         admin.set_memory_limit(64 << 20).unwrap();
         sides.push(dir);
@@ -258,6 +270,7 @@ async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
                   select_delta => 1e-6)['release']";
     let queries = [
         format!("SELECT {KDE}['release'] AS r FROM h"),
+        format!("SELECT {KDE}['release'] AS r FROM hi"),
         format!("SELECT s, {select} AS r FROM h GROUP BY s"),
         format!("SELECT {KDE}['release'] AS r FROM v"),
         format!("SELECT s, {select} AS r FROM g GROUP BY s"),

@@ -19,7 +19,8 @@
 //! ([`crate::mechanism::Contribution`]): each group's statistic moves by at most K rows, and one
 //! unit reaches at most L groups.
 //!
-//! The bound streams: one aggregate grouped by the unit's 16-byte keyed hash whose state is the
+//! The bound streams: one aggregate grouped by the unit (its 16-byte keyed hash, or its value when
+//! that is an integer-like type of at most 16 bytes) whose state is the
 //! K·L kept rows of each unit ([`UnitBound`]), whatever the unit's size or value — a unit of 10⁷
 //! rows, or a 10⁸-byte unit value, costs what any other unit costs, so whether the query fits in
 //! the memory limit does not depend on one unit. The number of units is the aggregate's number of
@@ -56,8 +57,9 @@ const KEPT: &str = "__dpcurve_kept";
 /// columns as `input`.
 ///
 /// One aggregate grouped by the unit's keyed hash does it, with `O(K·L)` state per unit
-/// ([`UnitBound`]); its list of kept rows is unnested back into rows. The unit enters it only as
-/// its 16-byte keyed hash, never as its value.
+/// ([`UnitBound`]); its list of kept rows is unnested back into rows. The unit enters it as its
+/// 16-byte keyed hash, or as its value when that is integer-like and at most 16 bytes wide: never
+/// as a value whose size could depend on one unit.
 pub fn bound_rows(
     input: &LogicalPlan,
     unit: &PrivacyUnit,
