@@ -98,6 +98,7 @@ impl UnitBound {
     }
 
     /// The order (to ship the bound to a cluster's executors).
+    #[cfg(feature = "cluster")]
     pub(crate) fn order(&self) -> &SampleOrder {
         &self.order
     }
@@ -179,10 +180,10 @@ impl UnitBound {
 #[derive(Debug)]
 struct Sample {
     /// A row can be kept only if its group order is at most this: the `L`-th kept group's order
-    /// once `L` groups are kept, `u128::MAX` before.
-    threshold: u128,
+    /// once `L` groups are kept, the largest order before.
+    threshold: Order,
     /// The unit's hash, once known (`hashed`).
-    unit_hash: u128,
+    unit_hash: Order,
     hashed: bool,
     kept: Vec<Kept>,
     /// Heap bytes: the kept rows and both levels of vectors.
@@ -191,7 +192,7 @@ struct Sample {
 
 impl Default for Sample {
     fn default() -> Self {
-        Self { threshold: u128::MAX, unit_hash: 0, hashed: false, kept: Vec::new(), heap: 0 }
+        Self { threshold: Order::MAX, unit_hash: Order::MAX, hashed: false, kept: Vec::new(), heap: 0 }
     }
 }
 
@@ -203,7 +204,7 @@ enum RowBytes {
     Heap(Box<[u8]>),
 }
 
-const INLINE: usize = 30;
+const INLINE: usize = 22;
 
 impl RowBytes {
     fn new(row: &[u8]) -> Self {
@@ -232,40 +233,66 @@ impl RowBytes {
     }
 }
 
-type Rows1 = SmallVec<[(u128, RowBytes); 1]>;
+type Rows1 = SmallVec<[(Order, RowBytes); 1]>;
 
 /// One kept group: its order and its kept rows by ascending row order (in Arrow's row encoding);
 /// a group of one row allocates nothing.
 #[derive(Debug)]
 struct Kept {
-    group: u128,
+    group: Order,
     rows: Rows1,
-    /// Heap bytes of `rows`.
-    heap: usize,
+}
+
+impl Kept {
+    /// Heap bytes held by the group's rows.
+    fn heap(&self) -> usize {
+        rows_heap(&self.rows) + self.rows.iter().map(|(_, r)| r.heap()).sum::<usize>()
+    }
 }
 
 fn rows_heap(rows: &Rows1) -> usize {
-    if rows.spilled() { rows.capacity() * size_of::<(u128, RowBytes)>() } else { 0 }
+    if rows.spilled() { rows.capacity() * size_of::<(Order, RowBytes)>() } else { 0 }
+}
+
+/// A 128-bit order as two words, high first: it compares as the `u128` does, with 8-byte
+/// alignment (a `u128` aligns to 16 and padded every kept row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Order([u64; 2]);
+
+impl Order {
+    const MAX: Self = Self([u64::MAX; 2]);
+
+    fn new(v: u128) -> Self {
+        Self([(v >> 64) as u64, v as u64])
+    }
+
+    fn get(self) -> u128 {
+        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
+    }
 }
 
 impl Sample {
     /// Offers one row (made only if it is kept) under a bound of `groups` groups and `rows` rows;
     /// returns the change in heap bytes.
     fn offer(&mut self, (groups, rows): (usize, usize), group: u128, order: u128, row: &[u8]) -> isize {
+        let (group, order) = (Order::new(group), Order::new(order));
         let before = self.heap;
         let at = match self.kept.binary_search_by(|k| k.group.cmp(&group)) {
             Ok(at) => at,
             Err(at) if at >= groups => return 0,
             Err(at) => {
                 let capacity = self.kept.capacity();
-                self.kept.insert(at, Kept { group, rows: SmallVec::new(), heap: 0 });
+                if capacity == 0 {
+                    self.kept.reserve_exact(groups.min(4));
+                }
+                self.kept.insert(at, Kept { group, rows: SmallVec::new() });
                 if self.kept.len() > groups {
                     if let Some(dropped) = self.kept.pop() {
-                        self.heap -= dropped.heap;
+                        self.heap -= dropped.heap();
                     }
                 }
                 if self.kept.len() == groups {
-                    self.threshold = self.kept.last().map_or(u128::MAX, |k| k.group);
+                    self.threshold = self.kept.last().map_or(Order::MAX, |k| k.group);
                 }
                 self.heap += (self.kept.capacity() - capacity) * size_of::<Kept>();
                 at
@@ -275,23 +302,21 @@ impl Sample {
         if kept.rows.len() >= rows && kept.rows.last().is_some_and(|(last, _)| order >= *last) {
             return self.heap as isize - before as isize;
         }
-        let old = kept.heap;
-        let row = RowBytes::new(row);
-        let mut row_bytes = old - rows_heap(&kept.rows) + row.heap();
+        let (old_rows, row) = (rows_heap(&kept.rows), RowBytes::new(row));
+        self.heap += row.heap();
         let pos = kept.rows.partition_point(|(o, _)| *o <= order);
         kept.rows.insert(pos, (order, row));
         if kept.rows.len() > rows {
             if let Some((_, dropped)) = kept.rows.pop() {
-                row_bytes -= dropped.heap();
+                self.heap -= dropped.heap();
             }
         }
-        kept.heap = row_bytes + rows_heap(&kept.rows);
-        self.heap = self.heap - old + kept.heap;
+        self.heap = self.heap + rows_heap(&kept.rows) - old_rows;
         self.heap as isize - before as isize
     }
 
     fn rows(&self) -> impl Iterator<Item = (u128, u128, &[u8])> {
-        self.kept.iter().flat_map(|k| k.rows.iter().map(move |(o, r)| (k.group, *o, r.as_bytes())))
+        self.kept.iter().flat_map(|k| k.rows.iter().map(move |(o, r)| (k.group.get(), o.get(), r.as_bytes())))
     }
 
     fn len(&self) -> usize {
@@ -388,7 +413,7 @@ impl Bound {
             let Some(u) = unit(i) else { continue };
             let sample = &mut samples[u];
             if !sample.hashed {
-                sample.unit_hash = match &self.unit {
+                sample.unit_hash = Order::new(match &self.unit {
                     None => order_value(values[0].as_fixed_size_binary().value(i))?,
                     Some(c) => {
                         if units.is_none() {
@@ -396,16 +421,16 @@ impl Bound {
                         }
                         self.order.hash(units.as_ref().expect("encoded above").row(i).as_ref())
                     }
-                };
+                });
                 sample.hashed = true;
             }
             bytes.clear();
-            push_hash(&mut bytes, sample.unit_hash);
+            push_hash(&mut bytes, sample.unit_hash.get());
             if let Some(k) = &keys {
                 bytes.extend_from_slice(k.row(i).as_ref());
             }
             let group = self.order.hash(&bytes);
-            if group <= sample.threshold {
+            if Order::new(group) <= sample.threshold {
                 candidates.push(i as u32);
                 groups.push(group);
             }
@@ -416,11 +441,11 @@ impl Bound {
         // Read every candidate's kept groups now, in one pass of independent loads, so that the
         // memory system fetches them in parallel while the rows are encoded and hashed, instead
         // of one cache miss at a time in the offers below.
-        let mut touched = 0u128;
+        let mut touched = 0u64;
         for &i in &candidates {
             let kept = &samples[unit(i as usize).expect("a candidate row has a unit")].kept;
             for at in [0, kept.len() / 2, kept.len().saturating_sub(1)] {
-                touched ^= kept.get(at).map_or(0, |k| k.group);
+                touched ^= kept.get(at).map_or(0, |k| k.group.0[1]);
             }
         }
         std::hint::black_box(touched);
@@ -436,7 +461,7 @@ impl Bound {
             let row = rows.row(j);
             bytes.clear();
             bytes.extend_from_slice(row.as_ref());
-            push_hash(&mut bytes, sample.unit_hash);
+            push_hash(&mut bytes, sample.unit_hash.get());
             let order = self.order.hash(&bytes);
             change += sample.offer(self.limits(), group, order, row.as_ref());
         }
