@@ -99,13 +99,43 @@ pub struct KdeMechanism {
     /// The pure-ε release (δ = 0), if this is one.
     laplace: Option<LaplaceNodes>,
     /// The pure-ε release's kernel weights on the nodes at each grid point and its mean noise
-    /// variance factor: public geometry, computed once per mechanism (a GROUP BY releases every
-    /// group with one mechanism) and shared by its clones.
-    node_tables: Arc<OnceLock<(Vec<Taps>, f64)>>,
+    /// variance factor: public geometry, each computed once per mechanism when first needed (a
+    /// GROUP BY releases every group with one mechanism; planning needs only the factor) and
+    /// shared by its clones.
+    node_tables: Arc<NodeTables>,
     /// The Sobolev-space (H¹, exponential-kernel noise) release, if this is one.
     sobolev: Option<SobolevMap>,
     /// The ICLP release (Lin & Reimherr §4.4): discrete Laplace noise on the lifted coordinates.
     iclp: bool,
+}
+
+/// The pure-ε release's public tables ([`KdeMechanism::node_taps_at_grid`],
+/// [`KdeMechanism::noise_variance`]).
+#[derive(Debug, Default)]
+struct NodeTables {
+    taps: OnceLock<Vec<Taps>>,
+    variance_factor: OnceLock<f64>,
+}
+
+/// Which release a [`KdeMechanism`] makes besides the Gaussian one on the lifted coordinates.
+enum Form {
+    Gaussian,
+    Sobolev(SobolevMap),
+    Iclp,
+    Laplace(LaplaceNodes),
+}
+
+/// The refusal of a release that needs a linearly binned statistic at a bandwidth too small for
+/// one (`what` names the release, `binned` what it bins, `alternative` another way out).
+fn needs_binned(spec: &KdeSpec, what: &str, binned: &str, alternative: &str) -> MechanismError {
+    MechanismError::Noise(format!(
+        "{what} needs a bandwidth of at least {:e} for a grid of {} points on [{}, {}] (its {binned} linearly \
+         binned); use a larger bandwidth or fewer points{alternative}",
+        16.0 * (spec.grid.hi - spec.grid.lo) / crate::mechanism::density::kde::MAX_BINS as f64,
+        spec.grid.points,
+        spec.grid.lo,
+        spec.grid.hi
+    ))
 }
 
 /// `Σ_i weight_i·w[first + i]`: a pure-ε release's kernel sum at one point.
@@ -155,16 +185,7 @@ impl KdeMechanism {
         let basis = KdeBasis::cached(&layout)?;
         let sensitivity = c.per_group() * basis.stat_sensitivity + 2.0 * basis.float_error;
         let lattice = LatticeMechanism::gaussian_over(sensitivity, basis.dim(), rho, c.groups)?;
-        Ok(KdeMechanism {
-            spec,
-            layout,
-            basis,
-            lattice,
-            laplace: None,
-            node_tables: Arc::default(),
-            sobolev: None,
-            iclp: false,
-        })
+        Ok(Self::assemble(spec, layout, basis, lattice, Form::Gaussian))
     }
 
     /// The Sobolev-space release (Hall et al. §4.2, [`crate::mechanism::density::sobolev`]): the same statistic and
@@ -178,14 +199,7 @@ impl KdeMechanism {
         }
         let layout = KdeLayout::new(spec.grid, spec.bandwidth).map_err(MechanismError::Kde)?;
         let Some(map) = SobolevMap::new(spec.grid, &layout) else {
-            return Err(MechanismError::Noise(format!(
-                "space => 'sobolev' needs a bandwidth of at least {:e} for a grid of {} points on [{}, {}] (its \
-                 statistic is linearly binned); use a larger bandwidth or fewer points",
-                16.0 * (spec.grid.hi - spec.grid.lo) / crate::mechanism::density::kde::MAX_BINS as f64,
-                spec.grid.points,
-                spec.grid.lo,
-                spec.grid.hi
-            )));
+            return Err(needs_binned(&spec, "space => 'sobolev'", "statistic is", ""));
         };
         let rho =
             calibration::zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(MechanismError::Calibration)?;
@@ -193,16 +207,7 @@ impl KdeMechanism {
             c.per_group() * crate::mechanism::density::sobolev::h1_sensitivity() + 2.0 * map.float_slack();
         let lattice = LatticeMechanism::gaussian_over(sensitivity, spec.grid.points, rho, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
-        Ok(KdeMechanism {
-            spec,
-            layout,
-            basis,
-            lattice,
-            laplace: None,
-            node_tables: Arc::default(),
-            sobolev: Some(map),
-            iclp: false,
-        })
+        Ok(Self::assemble(spec, layout, basis, lattice, Form::Sobolev(map)))
     }
 
     /// The ICLP release (Lin & Reimherr §4.4; pure ε, `mechanism => 'iclp'`): the Gaussian
@@ -215,14 +220,7 @@ impl KdeMechanism {
     pub fn iclp(spec: KdeSpec, c: Contribution) -> Result<Self, MechanismError> {
         let layout = KdeLayout::new(spec.grid, spec.bandwidth).map_err(MechanismError::Kde)?;
         if !layout.is_binned() {
-            return Err(MechanismError::Noise(format!(
-                "mechanism => 'iclp' needs a bandwidth of at least {:e} for a grid of {} points on [{}, {}] (its \
-                 statistic is linearly binned); use a larger bandwidth or fewer points",
-                16.0 * (spec.grid.hi - spec.grid.lo) / crate::mechanism::density::kde::MAX_BINS as f64,
-                spec.grid.points,
-                spec.grid.lo,
-                spec.grid.hi
-            )));
+            return Err(needs_binned(&spec, "mechanism => 'iclp'", "statistic is", ""));
         }
         if !(spec.epsilon.is_finite() && spec.epsilon > 0.0) {
             return Err(MechanismError::Noise(format!("epsilon must be a finite number > 0, got {}", spec.epsilon)));
@@ -236,16 +234,7 @@ impl KdeMechanism {
             spec.epsilon,
             c.groups,
         )?;
-        Ok(KdeMechanism {
-            spec,
-            layout,
-            basis,
-            lattice,
-            laplace: None,
-            node_tables: Arc::default(),
-            sobolev: None,
-            iclp: true,
-        })
+        Ok(Self::assemble(spec, layout, basis, lattice, Form::Iclp))
     }
 
     fn iclp_sensitivity(basis: &KdeBasis) -> f64 {
@@ -291,14 +280,7 @@ impl KdeMechanism {
         node_spacing: f64,
     ) -> Result<Self, MechanismError> {
         let Some((origin, bin_spacing, nbins)) = layout.bins() else {
-            return Err(MechanismError::Noise(format!(
-                "the pure-ε KDE (delta => 0) needs a bandwidth of at least {:e} for a grid of {} points on \
-                 [{}, {}] (its counts are linearly binned); use a larger bandwidth or fewer points, or delta > 0",
-                16.0 * (spec.grid.hi - spec.grid.lo) / crate::mechanism::density::kde::MAX_BINS as f64,
-                spec.grid.points,
-                spec.grid.lo,
-                spec.grid.hi
-            )));
+            return Err(needs_binned(&spec, "the pure-ε KDE (delta => 0)", "counts are", ", or delta > 0"));
         };
         if !(spec.epsilon.is_finite() && spec.epsilon > 0.0) {
             return Err(MechanismError::Noise(format!("epsilon must be a finite number > 0, got {}", spec.epsilon)));
@@ -313,17 +295,23 @@ impl KdeMechanism {
         let float_error = 2.0 * lattice::DD_OP_ERR * ROW_LIMIT;
         let lattice = LatticeMechanism::laplace_over(c.per_group() + 2.0 * float_error, nodes, spec.epsilon, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
-        let laplace = Some(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes });
-        Ok(KdeMechanism {
+        Ok(Self::assemble(
             spec,
             layout,
             basis,
             lattice,
-            laplace,
-            node_tables: Arc::default(),
-            sobolev: None,
-            iclp: false,
-        })
+            Form::Laplace(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes }),
+        ))
+    }
+
+    fn assemble(spec: KdeSpec, layout: KdeLayout, basis: Arc<KdeBasis>, lattice: LatticeMechanism, form: Form) -> Self {
+        let (laplace, sobolev, iclp) = match form {
+            Form::Gaussian => (None, None, false),
+            Form::Sobolev(map) => (None, Some(map), false),
+            Form::Iclp => (None, None, true),
+            Form::Laplace(nodes) => (Some(nodes), None, false),
+        };
+        KdeMechanism { spec, layout, basis, lattice, laplace, node_tables: Arc::default(), sobolev, iclp }
     }
 
     /// The pure-ε release's nodes: (position of node 0, spacing, count).
@@ -341,21 +329,27 @@ impl KdeMechanism {
         tap_sum(&self.node_taps(n, x), w)
     }
 
-    /// The pure-ε release's taps at every grid point and `mean_k Σ_i K(t_k − node_i)²` over a
-    /// sample of at most 257 grid points (computed once per mechanism).
-    fn node_tables(&self, n: &LaplaceNodes) -> &(Vec<Taps>, f64) {
-        self.node_tables.get_or_init(|| {
+    /// The pure-ε release's taps at every grid point (computed once per mechanism).
+    fn node_taps_at_grid(&self, n: &LaplaceNodes) -> &[Taps] {
+        self.node_tables.taps.get_or_init(|| {
             let g = self.spec.grid;
-            let taps: Vec<Taps> = (0..g.points).map(|k| self.node_taps(n, g.at(k))).collect();
+            (0..g.points).map(|k| self.node_taps(n, g.at(k))).collect()
+        })
+    }
+
+    /// `mean_k Σ_i K(t_k − node_i)²` over a sample of at most 257 grid points (computed once per
+    /// mechanism, without the taps at every grid point).
+    fn node_variance_factor(&self, n: &LaplaceNodes) -> f64 {
+        *self.node_tables.variance_factor.get_or_init(|| {
+            let g = self.spec.grid;
             let sample = g.points.min(257);
-            let mean = (0..sample)
+            (0..sample)
                 .map(|j| {
                     let x = g.lo + (g.hi - g.lo) * j as f64 / (sample - 1).max(1) as f64;
                     self.node_taps(n, x).weights.iter().map(|k| k * k).sum::<f64>()
                 })
                 .sum::<f64>()
-                / sample as f64;
-            (taps, mean)
+                / sample as f64
         })
     }
 
@@ -365,7 +359,7 @@ impl KdeMechanism {
     pub fn noise_variance(&self) -> f64 {
         let s2 = self.sigma().powi(2);
         let Some(n) = &self.laplace else { return s2 };
-        s2 * self.node_tables(n).1
+        s2 * self.node_variance_factor(n)
     }
 
     /// The parameters.
@@ -466,7 +460,7 @@ impl KdeMechanism {
             return map.synthesise(w);
         }
         if let Some(n) = &self.laplace {
-            return self.node_tables(n).0.iter().map(|t| tap_sum(t, w)).collect();
+            return self.node_taps_at_grid(n).iter().map(|t| tap_sum(t, w)).collect();
         }
         let y = self.circle_from_lifted(w);
         let lat = self.layout.lattice();
@@ -684,7 +678,7 @@ impl KdeMechanism {
                 key,
                 |(_, s)| 8 * (s.len() + 1),
                 || {
-                    let taps = &self.node_tables(n).0;
+                    let taps = self.node_taps_at_grid(n);
                     let q = bands::laplace_sup_quantile_banded(alpha, taps, n.nodes);
                     Ok::<_, std::convert::Infallible>((q, taps.iter().map(Taps::norm).collect()))
                 },
