@@ -513,3 +513,62 @@ fn distribution_functions_and_quantiles_are_plotted_with_their_bands() {
     assert_eq!(doc.matches("<polyline").count(), 2, "{doc}");
     assert_eq!(doc.matches(r#"<polygon class="band""#).count(), 2, "both bands are shaded: {doc}");
 }
+
+/// Simulated band quantiles persist beside the catalog (`catalog.db.cache/`): a second process
+/// reads them instead of simulating again, and a damaged cache is ignored and rewritten — with
+/// the same band every time.
+#[test]
+fn band_simulations_are_cached_beside_the_catalog() {
+    let dir = TempDir::new("cli-band-cache");
+    let v: Vec<Option<f64>> = mixture(2_000, 5).into_iter().map(Some).collect();
+    write_x(&dir.path("p.parquet"), &v);
+    let cat = dir.str("catalog.db");
+    assert_eq!(admin_cmd(&cat, &["register", "p", &dir.str("p.parquet")]).0, 0);
+    assert_eq!(admin_cmd(&cat, &["make-private", "p", "--epsilon", "10", "--delta", "1e-6"]).0, 0);
+    let sql = "SELECT k['noise_band'] AS band, k['mass'] AS mass FROM (SELECT private_kde(x, 0.05, 0.5, 0, \
+               lo => -3, hi => 3, points => 64) AS k FROM p)";
+    // The band of the kernel sum (the density's band times the released mass): a function of
+    // public parameters only, so equal across releases up to rounding.
+    let run = || -> Vec<f64> {
+        let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "-c", sql, "--format", "csv"], None);
+        assert_eq!(code, 0, "{err}");
+        let row = out.lines().nth(1).unwrap_or_else(|| panic!("{out}"));
+        let (band, mass) = row.trim_start_matches("\"[").split_once("]\",").unwrap();
+        let mass: f64 = mass.parse().unwrap();
+        band.split(", ").map(|v| v.parse::<f64>().unwrap() * mass).collect()
+    };
+    let same =
+        |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs());
+    let cache = dir.path("catalog.db.cache");
+    assert!(!cache.exists());
+    let cold = run();
+    assert_eq!(cold.len(), 64);
+    let files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().unwrap() == "scalar")
+            .collect()
+    };
+    assert_eq!(files().len(), 1, "one simulated quantile stored");
+    let stored = std::fs::read_to_string(&files()[0]).unwrap();
+    assert!(stored.starts_with("dpcurve public scalar 1\nkde-laplace-band v1 "), "{stored}");
+    let warm = run();
+    assert!(same(&warm, &cold), "the stored quantile gives the same band: {warm:?} vs {cold:?}");
+    for f in files() {
+        std::fs::write(f, "not a scalar").unwrap();
+    }
+    let rebuilt = run();
+    assert!(same(&rebuilt, &cold), "a damaged entry is recomputed: {rebuilt:?} vs {cold:?}");
+    assert_eq!(std::fs::read_to_string(&files()[0]).unwrap(), stored, "and rewritten");
+    // The stored value is what the band uses: an intact entry holding twice the quantile doubles
+    // the band (a negative control for the comparisons above, which a cache never read would pass).
+    let mut lines = stored.lines().skip(1);
+    let key = lines.next().unwrap();
+    let q = f64::from_bits(u64::from_str_radix(lines.next().unwrap(), 16).unwrap());
+    let store = dpcurve::policy::public_scalars::DiskScalars::beside(&dir.path("catalog.db"));
+    dpcurve::mechanism::noise::cache::ScalarStore::put(&store, key, 2.0 * q);
+    let doubled: Vec<f64> = cold.iter().map(|b| 2.0 * b).collect();
+    let read = run();
+    assert!(same(&read, &doubled), "{read:?} vs {doubled:?}");
+}

@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod error;
 mod hex;
 pub mod locations;
+pub mod public_scalars;
 pub mod query_log;
 mod schema;
 pub mod shares;

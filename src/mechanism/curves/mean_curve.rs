@@ -28,7 +28,7 @@ use rand::Rng;
 
 use crate::mechanism::contribution::Contribution;
 use crate::mechanism::noise::bands;
-use crate::mechanism::noise::cache::PublicCache;
+use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
 use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
 use crate::mechanism::sums::{BufferedSums, add_saturating};
@@ -457,12 +457,9 @@ impl MeanCurveMechanism {
                     key,
                     |_| 8,
                     || {
-                        Ok::<_, std::convert::Infallible>(bands::laplace_sup_quantile(
-                            alpha,
-                            &amplitudes,
-                            &self.basis.vectors,
-                            &sd,
-                        ))
+                        Ok::<_, std::convert::Infallible>(stored_quantile("mean-curve-laplace-band", &key, || {
+                            bands::laplace_sup_quantile(alpha, &amplitudes, &self.basis.vectors, &sd)
+                        }))
                     },
                 )
                 .unwrap_or_else(|e| match e {});

@@ -30,7 +30,7 @@ use crate::mechanism::contribution::Contribution;
 use crate::mechanism::density::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS};
 use crate::mechanism::density::sobolev::SobolevMap;
 use crate::mechanism::noise::bands::{self, Taps};
-use crate::mechanism::noise::cache::PublicCache;
+use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
 use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
 
@@ -679,7 +679,9 @@ impl KdeMechanism {
                 |(_, s)| 8 * (s.len() + 1),
                 || {
                     let taps = self.node_taps_at_grid(n);
-                    let q = bands::laplace_sup_quantile_banded(alpha, taps, n.nodes);
+                    let q = stored_quantile("kde-laplace-band", &key, || {
+                        bands::laplace_sup_quantile_banded(alpha, taps, n.nodes)
+                    });
                     Ok::<_, std::convert::Infallible>((q, taps.iter().map(Taps::norm).collect()))
                 },
             )
@@ -714,9 +716,11 @@ impl KdeMechanism {
                     let work = m * (usize::BITS - m.leading_zeros()) as usize;
                     let draws = (200_000_000 / work.max(1)).clamp(500, bands::SIMULATION_DRAWS);
                     let mut w = vec![0.0; dim];
-                    Ok::<_, std::convert::Infallible>(bands::simulated_quantile(alpha, draws, |rng| {
-                        w.iter_mut().for_each(|v| *v = bands::standard_laplace(rng) / std::f64::consts::SQRT_2);
-                        self.curve_from_lifted(&w).iter().map(|v| (v / s).abs()).fold(0.0, f64::max)
+                    Ok::<_, std::convert::Infallible>(stored_quantile("kde-iclp-band", &key, || {
+                        bands::simulated_quantile(alpha, draws, |rng| {
+                            w.iter_mut().for_each(|v| *v = bands::standard_laplace(rng) / std::f64::consts::SQRT_2);
+                            self.curve_from_lifted(&w).iter().map(|v| (v / s).abs()).fold(0.0, f64::max)
+                        })
                     }))
                 },
             )

@@ -38,6 +38,8 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
+use crate::mechanism::noise::cache::stored_quantile;
+
 use rand::Rng;
 
 use super::monotone::{MonotoneCubic, isotonic};
@@ -512,24 +514,26 @@ fn band_quantile(shape: &TreeShape, root: LevelNoise, level: LevelNoise, alpha: 
     // One standard error of the simulated tail probability is added to the level, so the
     // simulation's own error makes the band wider, not narrower.
     let conservative = alpha - (alpha * (1.0 - alpha) / draws as f64).sqrt();
-    let q = simulated_quantile(conservative.max(alpha / 2.0), draws, |rng| {
-        let y: Vec<Vec<f64>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(l, &s)| {
-                let noise = if l == 0 { root } else { level };
-                (0..s).map(|_| noise.simulate(rng)).collect()
-            })
-            .collect();
-        let leaves = shape.estimate_leaves(&y, &variance);
-        let total: f64 = leaves.iter().sum();
-        let mut running = 0.0f64;
-        let mut sup = total.abs();
-        for c in &leaves {
-            running += c;
-            sup = sup.max(running.abs()).max((total - running).abs());
-        }
-        sup
+    let q = stored_quantile("cdf-tree-band", &key, || {
+        simulated_quantile(conservative.max(alpha / 2.0), draws, |rng| {
+            let y: Vec<Vec<f64>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(l, &s)| {
+                    let noise = if l == 0 { root } else { level };
+                    (0..s).map(|_| noise.simulate(rng)).collect()
+                })
+                .collect();
+            let leaves = shape.estimate_leaves(&y, &variance);
+            let total: f64 = leaves.iter().sum();
+            let mut running = 0.0f64;
+            let mut sup = total.abs();
+            for c in &leaves {
+                running += c;
+                sup = sup.max(running.abs()).max((total - running).abs());
+            }
+            sup
+        })
     });
     let mut cache = CACHE.lock().expect("cdf band cache");
     if cache.len() >= 256 {

@@ -3,10 +3,16 @@
 //! asking for many distinct large parameter sets (each cheap in budget). When an insertion
 //! would pass the bound, the cache is emptied first (entries in use stay alive through their
 //! `Arc`s). Values are computed outside the lock.
+//!
+//! Simulated band quantiles (post-processing scalars of public parameters, ≈ 50 ms each) also
+//! persist across processes through a [`ScalarStore`] that a front end installs (a catalog
+//! session: a directory beside the catalog), so that a one-query process does not simulate again.
+//! Nothing that calibrates noise goes there: a wrong stored value could only mis-state a band.
 
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A byte-bounded map from public parameters to shared values.
 pub struct PublicCache<K, V> {
@@ -61,6 +67,41 @@ impl<K: Eq + Hash, V> PublicCache<K, V> {
     pub fn bytes(&self) -> usize {
         self.inner.lock().expect("cache lock").as_ref().map_or(0, |(_, b)| *b)
     }
+}
+
+/// A persistent store of public scalars (implemented outside the mechanism layer; values are
+/// band quantiles only, never anything that calibrates noise).
+pub trait ScalarStore: Send + Sync {
+    /// The stored value of `key`, if present and intact.
+    fn get(&self, key: &str) -> Option<f64>;
+    /// Stores `value` under `key` (best effort: a failure only means recomputing later).
+    fn put(&self, key: &str, value: f64);
+}
+
+static STORE: RwLock<Option<Arc<dyn ScalarStore>>> = RwLock::new(None);
+
+/// Installs the process's scalar store (None: none). Every store yields the same values (they
+/// are functions of their keys), so the last one installed serves every session.
+pub fn set_scalar_store(store: Option<Arc<dyn ScalarStore>>) {
+    *STORE.write().expect("store lock") = store;
+}
+
+/// The version of the band simulations' definitions, part of every stored key: bump it when a
+/// simulation (its seed, draws or statistic) changes, so stored values of the old one are not used.
+const SIMULATIONS: u32 = 1;
+
+/// A simulated band quantile `name(key)`: the store's value when it has one, else `compute()`'s
+/// (then stored).
+pub fn stored_quantile(name: &str, key: &impl Debug, compute: impl FnOnce() -> f64) -> f64 {
+    let store = STORE.read().expect("store lock").clone();
+    let Some(store) = store else { return compute() };
+    let key = format!("{name} v{SIMULATIONS} {key:?}");
+    if let Some(v) = store.get(&key) {
+        return v;
+    }
+    let v = compute();
+    store.put(&key, v);
+    v
 }
 
 #[cfg(test)]
