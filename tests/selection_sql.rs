@@ -208,13 +208,14 @@ async fn private_keys_without_a_selection_and_misplaced_arguments_are_refused() 
 #[tokio::test]
 async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() {
     // The same groups under an integer key (counted by value, then hashed) and under a string
-    // key (hashed on every row): code 1 has exactly τ = 15 rows, code 2 one fewer, code 3 many.
+    // key (hashed on every row): code 1 has exactly τ = 15 rows, code 2 one fewer, code 3 many,
+    // and a NULL key (one group under both: its own value, its own hash) 20.
     let dir = TempDir::new("sel-int-keys");
     let (mut code, mut name, mut x) = (Vec::new(), Vec::new(), Vec::new());
-    for (c, rows) in [(1i64, 15), (2, 14), (3, 200)] {
+    for (c, rows) in [(Some(1i64), 15), (Some(2), 14), (Some(3), 200), (None, 20)] {
         for i in 0..rows {
             code.push(c);
-            name.push(format!("c{c}"));
+            name.push(c.map(|c| format!("c{c}")));
             x.push((i % 31) as f64 / 31.0);
         }
     }
@@ -235,9 +236,11 @@ async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() 
     let by = |k: &str| format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k}", kde(SELECT));
     let codes = cities(&s, &by("code")).await;
     let names = cities(&s, &by("name")).await;
-    assert_eq!(codes.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["1", "3"], "count ≥ τ = 15 exactly");
+    // (A NULL key reads as "" here.)
+    assert_eq!(codes.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["", "1", "3"], "count ≥ τ = 15 exactly");
+    assert_eq!(names.len(), codes.len());
     for ((c, a), (n, b)) in codes.iter().zip(&names) {
-        assert_eq!(format!("c{c}"), *n);
+        assert_eq!(if c.is_empty() { String::new() } else { format!("c{c}") }, *n);
         assert_eq!(a.to_bits(), b.to_bits(), "group {c}: the same rows");
     }
 }

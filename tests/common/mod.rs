@@ -144,11 +144,13 @@ pub fn mean_result(batches: &[RecordBatch]) -> (Vec<f64>, Vec<f64>, i64) {
 }
 
 /// Writes `columns` (named, in order) to a Parquet file as one batch; non-nullable fields except
-/// lists.
+/// lists and columns holding nulls.
 pub fn write_columns(path: &Path, columns: Vec<(&str, datafusion::arrow::array::ArrayRef)>) {
     let fields: Vec<Field> = columns
         .iter()
-        .map(|(n, c)| Field::new(*n, c.data_type().clone(), matches!(c.data_type(), DataType::List(_))))
+        .map(|(n, c)| {
+            Field::new(*n, c.data_type().clone(), matches!(c.data_type(), DataType::List(_)) || c.null_count() > 0)
+        })
         .collect();
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns.into_iter().map(|(_, c)| c).collect()).unwrap();
