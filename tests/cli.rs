@@ -42,6 +42,17 @@ fn admin_cmd(cat: &str, args: &[&str]) -> (i32, String, String) {
     dpcurve(&full, None)
 }
 
+/// A catalog `catalog.db` in `dir` with one private table `p`: `n` mixture draws (seed `seed`)
+/// in column `x`, total budget (`epsilon`, `delta`). Returns the catalog's path.
+fn private_table(dir: &TempDir, n: usize, seed: u64, epsilon: &str, delta: &str) -> String {
+    let v: Vec<Option<f64>> = mixture(n, seed).into_iter().map(Some).collect();
+    write_x(&dir.path("p.parquet"), &v);
+    let cat = dir.str("catalog.db");
+    assert_eq!(admin_cmd(&cat, &["register", "p", &dir.str("p.parquet")]).0, 0);
+    assert_eq!(admin_cmd(&cat, &["make-private", "p", "--epsilon", epsilon, "--delta", delta]).0, 0);
+    cat
+}
+
 const KDE: &str = "SELECT private_kde(x, bandwidth => 0.05, epsilon => 1, delta => 1e-6, lo => 0, hi => 1, points => 32) AS kde FROM t";
 
 #[test]
@@ -99,12 +110,8 @@ fn file_of_statements_plot_and_svg() {
 #[test]
 fn stored_releases_are_listed_and_evaluated_from_the_cli() {
     let dir = TempDir::new("cli-releases");
-    let v: Vec<Option<f64>> = mixture(2_000, 3).into_iter().map(Some).collect();
-    write_x(&dir.path("p.parquet"), &v);
-    let cat = dir.str("catalog.db");
+    let cat = private_table(&dir, 2_000, 3, "1", "1e-6");
     let admin = |args: &[&str]| admin_cmd(&cat, args);
-    assert_eq!(admin(&["register", "p", &dir.str("p.parquet")]).0, 0);
-    assert_eq!(admin(&["make-private", "p", "--epsilon", "1", "--delta", "1e-6"]).0, 0);
     let sql =
         "SELECT k.release FROM (SELECT private_kde(x, 0.05, 0.5, 1e-7, lo => -3, hi => 3, points => 64) AS k FROM p)";
     let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "-c", sql, "--format", "csv"], None);
@@ -223,11 +230,7 @@ fn example_sql_file_runs() {
 #[test]
 fn each_statement_is_printed_as_it_completes() {
     let dir = TempDir::new("cli-each");
-    let v: Vec<Option<f64>> = mixture(500, 13).into_iter().map(Some).collect();
-    write_x(&dir.path("p.parquet"), &v);
-    let cat = dir.str("catalog.db");
-    assert_eq!(admin_cmd(&cat, &["register", "p", &dir.str("p.parquet")]).0, 0);
-    assert_eq!(admin_cmd(&cat, &["make-private", "p", "--epsilon", "0.1", "--delta", "1e-5"]).0, 0);
+    let cat = private_table(&dir, 500, 13, "0.1", "1e-5");
     let one = "SELECT private_kde(x, 0.05, 0.1, 1e-6, 0, 1, 16)['release'] AS r FROM p";
     let (code, out, err) =
         dpcurve(&["sql", "--catalog", &cat, "--format", "json", "-c", &format!("{one}; {one}")], None);
@@ -348,12 +351,8 @@ fn a_closed_output_pipe_ends_the_process_without_a_panic() {
 #[test]
 fn admin_memory_limit_keys_and_locations_commands() {
     let dir = TempDir::new("cli-admin-more");
-    let v: Vec<Option<f64>> = mixture(500, 3).into_iter().map(Some).collect();
-    write_x(&dir.path("p.parquet"), &v);
-    let cat = dir.str("catalog.db");
+    let cat = private_table(&dir, 500, 3, "1", "1e-6");
     let admin = |args: &[&str]| admin_cmd(&cat, args);
-    assert_eq!(admin(&["register", "p", &dir.str("p.parquet")]).0, 0);
-    assert_eq!(admin(&["make-private", "p", "--epsilon", "1", "--delta", "1e-6"]).0, 0);
     let (code, out, err) = admin(&["set-memory-limit", "512MiB"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("512 MiB"), "{out}");
@@ -520,11 +519,7 @@ fn distribution_functions_and_quantiles_are_plotted_with_their_bands() {
 #[test]
 fn band_simulations_are_cached_beside_the_catalog() {
     let dir = TempDir::new("cli-band-cache");
-    let v: Vec<Option<f64>> = mixture(2_000, 5).into_iter().map(Some).collect();
-    write_x(&dir.path("p.parquet"), &v);
-    let cat = dir.str("catalog.db");
-    assert_eq!(admin_cmd(&cat, &["register", "p", &dir.str("p.parquet")]).0, 0);
-    assert_eq!(admin_cmd(&cat, &["make-private", "p", "--epsilon", "10", "--delta", "1e-6"]).0, 0);
+    let cat = private_table(&dir, 2_000, 5, "10", "1e-6");
     let sql = "SELECT k['noise_band'] AS band, k['mass'] AS mass FROM (SELECT private_kde(x, 0.05, 0.5, 0, \
                lo => -3, hi => 3, points => 64) AS k FROM p)";
     // The band of the kernel sum (the density's band times the released mass): a function of
