@@ -17,6 +17,7 @@
 
 use std::fmt;
 
+use crate::mechanism::density::binning::{LinearBins, UNIT, linear_bin};
 use crate::mechanism::sums::{BufferedSums, add_saturating};
 
 /// Fixed-point unit of the statistic: one row contributes `FIXED_ONE` in total.
@@ -408,30 +409,6 @@ impl KdeLayout {
     }
 }
 
-/// `x + ROUND_MAGIC` (1.5·2^52) rounds x to the nearest integer, which is then the low
-/// [`LOW_BITS`] of the sum's representation (valid for |x| < 2^51). Converting this way
-/// avoids both libm's floor/round (no SSE4.1 on the baseline target) and the saturating
-/// float-to-int casts, which dominated the binning loop.
-const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
-const LOW_BITS: u64 = (1 << 51) - 1;
-
-/// Linear binning of one value on bins `origin + j/inv_spacing`, `j < nbins`: the left bin
-/// `l` and the weights (in units of 2^-40) that go to bins `l` and `l + 1`; they sum to
-/// exactly `2^40`. `ok` is false (and the weights must be ignored) for NaN, ±inf and
-/// values outside the bins — branch-free, so the hot loop does not mispredict on data.
-#[inline(always)]
-pub(crate) fn linear_bin(x: f64, origin: f64, inv_spacing: f64, nbins: usize) -> (usize, i64, i64, bool) {
-    let p = (x - origin) * inv_spacing;
-    let ok = p >= 0.0 && p <= (nbins - 1) as f64;
-    let p = if ok { p } else { 0.0 };
-    // l = the integer nearest p − 1/2, at most nbins − 2, so l ∈ [p − 1, p] and the
-    // fraction p − l ∈ [0, 1] (on a bin edge either neighbour gives the same weights).
-    let t = (p - 0.5).min((nbins - 2) as f64) + ROUND_MAGIC;
-    let l = t - ROUND_MAGIC; // exact
-    let right = ((p - l) * FIXED_ONE + ROUND_MAGIC).to_bits() & LOW_BITS;
-    ((t.to_bits() & LOW_BITS) as usize, (1i64 << 40) - right as i64, right as i64, ok)
-}
-
 /// Rows a [`KdeLayout::accumulation`] buffers before flushing: one row adds at most 2^40 to an
 /// entry, so 2^22 rows keep every buffered entry below 2^62 (no i64 overflow, ever).
 const FLUSH_ROWS: usize = 1 << 22;
@@ -447,7 +424,10 @@ impl KdeLayout {
     /// dropped). Bit-identical to adding every value with [`KdeLayout::add`].
     pub fn accumulate(&self, acc: &mut BufferedSums, values: &[f64]) {
         for chunk in values.chunks(FLUSH_ROWS) {
-            self.accumulate_chunk(acc, chunk.len(), chunk.iter().copied());
+            match self.linear_bins() {
+                Some(bins) => bins.add(acc.buffer_split(chunk.len(), UNIT), chunk),
+                None => self.accumulate_exact(acc, chunk.len(), chunk.iter().copied()),
+            }
         }
     }
 
@@ -458,30 +438,28 @@ impl KdeLayout {
         for chunk in rows.chunks(FLUSH_ROWS) {
             // A dropped row is NaN, which binning drops (branch-free).
             let xs = chunk.iter().map(|&i| if valid(i as usize) { values[i as usize] } else { f64::NAN });
-            self.accumulate_chunk(acc, chunk.len(), xs);
+            match self.linear_bins() {
+                Some(bins) => bins.add_iter(acc.buffer_split(chunk.len(), UNIT), xs),
+                None => self.accumulate_exact(acc, chunk.len(), xs),
+            }
         }
     }
 
-    /// Adds `len` (≤ [`FLUSH_ROWS`]) values.
-    #[inline(always)]
-    fn accumulate_chunk(&self, acc: &mut BufferedSums, len: usize, values: impl Iterator<Item = f64>) {
-        let pending = acc.buffer(len);
+    /// The bins of binned mode, for the block binning loop.
+    fn linear_bins(&self) -> Option<LinearBins> {
         match &self.mode {
             Mode::Binned { origin, spacing, nbins, .. } => {
-                let (origin, inv, nbins) = (*origin, 1.0 / spacing, *nbins);
-                let pending = &mut pending[..nbins];
-                for x in values {
-                    let (l, left, right, ok) = linear_bin(x, origin, inv, nbins);
-                    let mask = -(ok as i64);
-                    pending[l] += left & mask;
-                    pending[l + 1] += right & mask;
-                }
+                Some(LinearBins { origin: *origin, inv_spacing: 1.0 / spacing, nbins: *nbins })
             }
-            Mode::Exact { .. } => {
-                for x in values {
-                    self.add_exact(|k, w| pending[k] += w, x);
-                }
-            }
+            Mode::Exact { .. } => None,
+        }
+    }
+
+    /// Adds `len` (≤ [`FLUSH_ROWS`]) values in exact mode.
+    fn accumulate_exact(&self, acc: &mut BufferedSums, len: usize, values: impl Iterator<Item = f64>) {
+        let pending = acc.buffer(len);
+        for x in values {
+            self.add_exact(|k, w| pending[k] += w, x);
         }
     }
 }

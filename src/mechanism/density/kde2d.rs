@@ -27,7 +27,8 @@
 use rand::Rng;
 
 use crate::mechanism::contribution::Contribution;
-use crate::mechanism::density::kde::{FIXED_ONE, Grid, linear_bin};
+use crate::mechanism::density::binning::linear_bin;
+use crate::mechanism::density::kde::{FIXED_ONE, Grid};
 use crate::mechanism::density::release::{KdeMechanism, KdeSpec, MechanismError, Normalise, projection_shift_weighted};
 use crate::mechanism::noise::bands;
 use crate::mechanism::noise::calibration;

@@ -4,6 +4,7 @@
 
 pub mod auto_bandwidth;
 pub mod basis;
+pub mod binning;
 pub mod error;
 pub mod kde;
 pub mod kde2d;

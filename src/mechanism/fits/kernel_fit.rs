@@ -105,7 +105,8 @@ use nalgebra::{DMatrix, DVector};
 use rand::Rng;
 
 use crate::mechanism::contribution::Contribution;
-use crate::mechanism::density::kde::{FIXED_ONE, Grid, linear_bin};
+use crate::mechanism::density::binning::linear_bin;
+use crate::mechanism::density::kde::{FIXED_ONE, Grid};
 use crate::mechanism::density::release::MechanismError;
 use crate::mechanism::noise::calibration;
 use crate::mechanism::noise::calibration::Calibration;
