@@ -31,7 +31,7 @@ use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::noise::cache::set_scalar_store;
 use crate::policy::public_scalars::DiskScalars;
 use crate::policy::{
-    BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, StoredReleaseRecord,
+    BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, ResultsTable, StoredReleaseRecord,
     TableInfo,
 };
 
@@ -342,6 +342,11 @@ impl AnalystSession {
         let who = analyst.map(str::to_string);
         schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog), who.clone())))?;
         schema.register_table("releases".into(), Arc::new(ReleasesTable::new(Arc::clone(&catalog), who.clone())))?;
+        schema.register_table("results".into(), Arc::new(ResultsTable::new(Arc::clone(&catalog), who.clone())))?;
+        engine.ctx.register_udtf(
+            "stored_result",
+            Arc::new(crate::policy::results::StoredResultFunction::new(Arc::clone(&catalog), who.clone())),
+        );
         // Stored releases: evaluated and re-read without data or budget.
         let reader = crate::guard::ScopedReleases { catalog: Arc::clone(&catalog), analyst: who.clone() };
         let (eval, table) = crate::functions::releases::release_functions(Arc::new(reader));

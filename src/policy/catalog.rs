@@ -19,11 +19,11 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 pub use super::error::PolicyError;
 use super::error::storage;
 use super::locations::{check_location_syntax, locations_overlap};
-use super::schema::{SCHEMA, UPGRADE_1_TO_2, UPGRADE_2_TO_3, UPGRADE_3_TO_4, UPGRADE_4_TO_5};
+use super::schema::{SCHEMA, UPGRADE_1_TO_2, UPGRADE_2_TO_3, UPGRADE_3_TO_4, UPGRADE_4_TO_5, UPGRADE_5_TO_6};
 use crate::mechanism::noise::budget::Budget;
 
 /// The catalog format this version reads and writes.
-pub const FORMAT_VERSION: i64 = 5;
+pub const FORMAT_VERSION: i64 = 6;
 
 /// Most public keys one column may declare.
 pub const MAX_KEYS: usize = 100_000;
@@ -127,6 +127,27 @@ pub struct StoredReleaseRecord {
     /// The SQL text of the query.
     pub query: String,
     /// The analyst whose session made it (None: the table owner's session).
+    pub analyst: Option<String>,
+    /// The paid execution of the query that made it (shared by the releases of one query).
+    pub execution: i64,
+    /// The SHA-256 of the query's whole text (hex).
+    pub statement_sha256: String,
+}
+
+/// A paid execution whose result a server kept ([`Catalog::store_result`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResultRecord {
+    /// The execution (the `execution` of its releases in `dpcurve.releases`).
+    pub execution: i64,
+    /// UTC time the result was kept (ISO 8601).
+    pub at: String,
+    /// The SHA-256 of the query's whole text (hex).
+    pub statement_sha256: String,
+    /// The SQL text of the query (bounded as in the release log).
+    pub query: String,
+    /// Size of the kept Arrow IPC stream.
+    pub bytes: i64,
+    /// The analyst who paid.
     pub analyst: Option<String>,
 }
 
@@ -322,7 +343,10 @@ impl Catalog {
             if old <= 3 {
                 tx.execute_batch(UPGRADE_3_TO_4).map_err(storage)?;
             }
-            tx.execute_batch(UPGRADE_4_TO_5).map_err(storage)?;
+            if old <= 4 {
+                tx.execute_batch(UPGRADE_4_TO_5).map_err(storage)?;
+            }
+            tx.execute_batch(UPGRADE_5_TO_6).map_err(storage)?;
             tx.commit().map_err(storage)?;
             return Self::validate(&conn, false);
         }

@@ -8,12 +8,13 @@ mod hex;
 pub mod locations;
 pub mod public_scalars;
 pub mod query_log;
+pub mod results;
 mod schema;
 pub mod shares;
 pub mod table;
 
 pub use analysts::AnalystInfo;
-pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, TableInfo};
+pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, StoredResultRecord, TableInfo};
 pub use query_log::QueryRecord;
 pub use shares::Grant;
-pub use table::{BudgetsTable, PrivateTable, ReleasesTable};
+pub use table::{BudgetsTable, PrivateTable, ReleasesTable, ResultsTable};

@@ -37,6 +37,21 @@ CREATE TABLE stored_releases (
     };
 }
 
+/// The results of paid executions a server kept (format 6), in the schema and in the upgrade
+/// from format 5: the Arrow IPC stream of the rows the analyst was sent, read again for free.
+macro_rules! query_results_table {
+    () => {
+        "
+CREATE TABLE query_results (
+    query_id INTEGER PRIMARY KEY REFERENCES queries(id),
+    at TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+"
+    };
+}
+
 /// Analysts and their shares of private tables' budgets (format 4), in the schema
 /// and in the upgrade from format 3.
 macro_rules! analysts_tables {
@@ -109,8 +124,13 @@ CREATE TABLE group_keys (
 );
 ",
     stored_releases_table!(),
-    analysts_tables!()
+    analysts_tables!(),
+    query_results_table!()
 );
+
+/// Upgrades a format-5 catalog (before kept results) to format 6.
+pub(super) const UPGRADE_5_TO_6: &str =
+    concat!(query_results_table!(), "UPDATE meta SET value = '6' WHERE key = 'version';\n");
 
 /// Upgrades a format-3 catalog (before analysts) to format 4: releases made so far were the
 /// table owner's sessions' (analyst NULL).

@@ -200,6 +200,8 @@ impl ReleasesTable {
             text("at"),
             text("query"),
             Field::new("analyst", DataType::Utf8, true),
+            Field::new("execution", DataType::Int64, false),
+            text("statement_sha256"),
         ]))
     }
 
@@ -224,12 +226,60 @@ impl ReleasesTable {
                 text(&|r| &r.at),
                 text(&|r| &r.query),
                 Arc::new(rows.iter().map(|r| r.analyst.as_deref()).collect::<StringArray>()),
+                Arc::new(rows.iter().map(|r| r.execution).collect::<Int64Array>()),
+                text(&|r| &r.statement_sha256),
             ],
         )?)
     }
 }
 
 catalog_view!(ReleasesTable);
+
+/// `dpcurve.results`: the paid executions whose whole result a server kept (an analyst's
+/// session lists only that analyst's) — execution, time, the statement's SHA-256 and text, and
+/// the kept Arrow stream's size. Re-reading costs nothing: `SELECT * FROM stored_result(execution)`.
+#[derive(Debug)]
+pub struct ResultsTable {
+    catalog: Arc<Catalog>,
+    analyst: Option<String>,
+}
+
+impl ResultsTable {
+    fn schema_ref() -> SchemaRef {
+        let text = |n: &str| Field::new(n, DataType::Utf8, false);
+        Arc::new(Schema::new(vec![
+            Field::new("execution", DataType::Int64, false),
+            text("at"),
+            text("statement_sha256"),
+            text("query"),
+            Field::new("bytes", DataType::Int64, false),
+            Field::new("analyst", DataType::Utf8, true),
+        ]))
+    }
+
+    fn batch(&self) -> Result<RecordBatch> {
+        let rows = self
+            .catalog
+            .stored_results_of(self.analyst.as_deref())
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let text = |f: &dyn Fn(&super::catalog::StoredResultRecord) -> &str| -> ArrayRef {
+            Arc::new(rows.iter().map(|r| Some(f(r))).collect::<StringArray>())
+        };
+        Ok(RecordBatch::try_new(
+            Self::schema_ref(),
+            vec![
+                Arc::new(rows.iter().map(|r| r.execution).collect::<Int64Array>()),
+                text(&|r| &r.at),
+                text(&|r| &r.statement_sha256),
+                text(&|r| &r.query),
+                Arc::new(rows.iter().map(|r| r.bytes).collect::<Int64Array>()),
+                Arc::new(rows.iter().map(|r| r.analyst.as_deref()).collect::<StringArray>()),
+            ],
+        )?)
+    }
+}
+
+catalog_view!(ResultsTable);
 
 /// Whether a provider is a private table (and which).
 pub fn as_private(provider: &dyn TableProvider) -> Option<&PrivateTable> {

@@ -96,6 +96,16 @@ fn unknown_ticket() -> Status {
     )
 }
 
+/// Stores a paid ticket's result in the catalog (a failure only costs the free re-read: logged).
+fn keep_durably(catalog: Arc<Catalog>, analyst: &str, handle: Handle, schema: &SchemaRef, batches: &[RecordBatch]) {
+    let stored = crate::policy::results::encode(schema, batches)
+        .map_err(|e| e.to_string())
+        .and_then(|data| catalog.store_result(analyst, &handle, &data).map_err(|e| e.to_string()));
+    if let Err(e) = stored {
+        eprintln!("dpcurve serve: a paid result could not be kept in the catalog: {e}");
+    }
+}
+
 fn unknown_prepared() -> Status {
     Status::not_found("unknown or closed prepared statement")
 }
@@ -343,7 +353,13 @@ impl DpFlightSql {
             *state = TicketState::Failed(tonic::Code::Internal, "the ticket's query did not finish".into());
             let registry = Arc::clone(&self.registry);
             let who = analyst.to_string();
+            let (catalog, schema) = (Arc::clone(&self.catalog), Arc::clone(&entry.schema));
             let done = move |outcome: Outcome| {
+                if let Outcome::Done(Some(batches), _) = &outcome {
+                    // Kept in the catalog too (as the analyst was sent it), so `dpcurve.results` and
+                    // `stored_result` give it back after the ticket is forgotten or the server restarts.
+                    keep_durably(catalog, &who, handle, &schema, batches);
+                }
                 *state = match outcome {
                     Outcome::Done(Some(batches), bytes) if registry.keep_result(&who, &handle, bytes) => {
                         TicketState::Kept(Arc::new(batches))

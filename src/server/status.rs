@@ -3,6 +3,7 @@
 
 use datafusion::common::DataFusionError;
 use tonic::Status;
+use tonic::metadata::MetadataValue;
 
 use crate::policy::PolicyError;
 
@@ -17,7 +18,9 @@ fn policy_code(e: &PolicyError) -> tonic::Code {
     }
 }
 
-/// The gRPC status of a session error: the session's message, a code by kind.
+/// The gRPC status of a session error: the session's message, a code by kind, and what kind
+/// of error it is in the `dpcurve-error` metadata entry (`refused` with the guard's rule in
+/// `dpcurve-rule`, `invalid`, `resources-exhausted`; ledger errors as [`policy_status`]).
 pub fn status_of(e: &DataFusionError) -> Status {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
@@ -27,14 +30,37 @@ pub fn status_of(e: &DataFusionError) -> Status {
         source = s.source();
     }
     let message = e.to_string();
-    match e.find_root() {
-        DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(message),
+    let root = e.find_root();
+    let (mut status, kind) = match root {
+        DataFusionError::ResourcesExhausted(_) => (Status::resource_exhausted(message), Some("resources-exhausted")),
         DataFusionError::Plan(_)
         | DataFusionError::SQL(..)
         | DataFusionError::SchemaError(..)
-        | DataFusionError::NotImplemented(_) => Status::invalid_argument(message),
-        _ => Status::internal(message),
+        | DataFusionError::NotImplemented(_) => (Status::invalid_argument(message), Some("invalid")),
+        _ => (Status::internal(message), None),
+    };
+    let rule = match root {
+        DataFusionError::Plan(m) => guard_rule(m),
+        _ => None,
+    };
+    let metadata = status.metadata_mut();
+    if let Some(rule) = rule {
+        metadata.insert("dpcurve-error", MetadataValue::from_static("refused"));
+        // Rule names are the guard's own lower-case ASCII words.
+        if let Ok(v) = MetadataValue::try_from(rule) {
+            metadata.insert("dpcurve-rule", v);
+        }
+    } else if let Some(kind) = kind {
+        metadata.insert("dpcurve-error", MetadataValue::from_static(kind));
     }
+    status
+}
+
+/// The guard rule a planning error names (its messages start `[rule <name>]`).
+fn guard_rule(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("[rule ")?;
+    let name = &rest[..rest.find(']')?];
+    (!name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')).then_some(name)
 }
 
 /// What kind of refusal a ledger error is, for programs (the `dpcurve-error` metadata entry).
@@ -48,9 +74,46 @@ fn policy_kind(e: &PolicyError) -> &'static str {
     }
 }
 
-/// The gRPC status of a ledger or catalog error, its kind in the `dpcurve-error` metadata entry.
+/// The gRPC status of a ledger or catalog error: its kind in the `dpcurve-error` metadata
+/// entry and, for a refusal by budget or share, the table (`dpcurve-table`), whether the
+/// analyst's share or the table's total is short (`dpcurve-scope`: `share` or `table`), and
+/// what the query costs and what remains (`dpcurve-cost-epsilon`, `dpcurve-cost-delta`,
+/// `dpcurve-remaining-epsilon`, `dpcurve-remaining-delta`, as decimal numbers).
 pub fn policy_status(e: &PolicyError) -> Status {
     let mut status = Status::new(policy_code(e), e.to_string());
-    status.metadata_mut().insert("dpcurve-error", tonic::metadata::MetadataValue::from_static(policy_kind(e)));
+    let metadata = status.metadata_mut();
+    metadata.insert("dpcurve-error", MetadataValue::from_static(policy_kind(e)));
+    let mut put = |key: &'static str, value: String| {
+        if let Ok(v) = MetadataValue::try_from(value) {
+            metadata.insert(key, v);
+        }
+    };
+    match e {
+        PolicyError::BudgetExhausted { table, analyst, cost, remaining } => {
+            put("dpcurve-table", table.clone());
+            put("dpcurve-scope", if analyst.is_some() { "share" } else { "table" }.into());
+            put("dpcurve-cost-epsilon", cost.epsilon().to_string());
+            put("dpcurve-cost-delta", cost.delta().to_string());
+            put("dpcurve-remaining-epsilon", remaining.epsilon().to_string());
+            put("dpcurve-remaining-delta", remaining.delta().to_string());
+        }
+        PolicyError::NoShare { table, .. } => put("dpcurve-table", table.clone()),
+        _ => {}
+    }
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule_is_read_only_from_the_guards_prefix() {
+        assert_eq!(guard_rule("[rule no-raw-rows] private table 't' …"), Some("no-raw-rows"));
+        assert_eq!(guard_rule("[rule privacy-unit] x"), Some("privacy-unit"));
+        assert_eq!(guard_rule("column [rule no-raw-rows] later"), None);
+        assert_eq!(guard_rule("[rule ] x"), None);
+        assert_eq!(guard_rule("[rule no raw] x"), None);
+        assert_eq!(guard_rule("[rule no-raw-rows"), None);
+    }
 }

@@ -58,27 +58,17 @@ impl Catalog {
         parameters: &str,
         data: &[u8],
     ) -> Result<String, PolicyError> {
-        let mut guard = self.store.lock().expect("release store lock");
-        if guard.is_none() {
-            let conn = Connection::open_with_flags(
-                &self.path,
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        self.with_store(|conn| {
+            conn.execute(
+                &format!(
+                    "INSERT INTO stored_releases (id, charge_id, at, table_name, function, parameters, data)
+                     VALUES (?6, ?1, {NOW}, ?2, ?3, ?4, ?5)"
+                ),
+                params![charge_id, table, function, parameters, data, id],
             )
             .map_err(storage)?;
-            conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
-            conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;").map_err(storage)?;
-            *guard = Some(conn);
-        }
-        let conn = guard.as_mut().expect("opened above");
-        conn.execute(
-            &format!(
-                "INSERT INTO stored_releases (id, charge_id, at, table_name, function, parameters, data)
-                 VALUES (?6, ?1, {NOW}, ?2, ?3, ?4, ?5)"
-            ),
-            params![charge_id, table, function, parameters, data, id],
-        )
-        .map_err(storage)?;
-        Ok(format!("{RELEASE_ID_PREFIX}{}", conn.last_insert_rowid()))
+            Ok(format!("{RELEASE_ID_PREFIX}{}", conn.last_insert_rowid()))
+        })
     }
 
     /// A stored release's function, parameters and released numbers; None if there is none
@@ -143,7 +133,7 @@ impl Catalog {
         let mut stmt = conn
             .prepare(
                 "SELECT s.id, s.at, s.table_name, s.function, s.parameters, r.epsilon, r.delta, s.charge_id, q.head,
-                        q.length, q.sha256, r.analyst
+                        q.length, q.sha256, r.analyst, q.id
                  FROM stored_releases s JOIN releases r ON r.id = s.charge_id JOIN queries q ON q.id = r.query_id
                  WHERE (?1 IS NULL OR s.table_name = ?1) AND (?2 IS NULL OR r.analyst = ?2) ORDER BY s.id",
             )
@@ -159,6 +149,90 @@ impl Catalog {
                 charge: r.get(7)?,
                 query: query_text(r, 8)?,
                 analyst: r.get(11)?,
+                execution: r.get(12)?,
+                statement_sha256: r.get(10)?,
+            })
+        })
+        .map_err(storage)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(storage)
+    }
+
+    /// The release store's own connection (`synchronous = NORMAL`: a kept release or result
+    /// is a convenience, the charge before it was fsynced).
+    fn with_store<T>(&self, f: impl FnOnce(&Connection) -> Result<T, PolicyError>) -> Result<T, PolicyError> {
+        let mut guard = self.store.lock().expect("release store lock");
+        if guard.is_none() {
+            let conn = Connection::open_with_flags(
+                &self.path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(storage)?;
+            conn.busy_timeout(BUSY_TIMEOUT).map_err(storage)?;
+            conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;").map_err(storage)?;
+            *guard = Some(conn);
+        }
+        f(guard.as_ref().expect("opened above"))
+    }
+
+    /// Keeps the result (an Arrow IPC stream) of the paid execution that `analyst` ran with the
+    /// server ticket whose handle is `handle`. Returns the execution, None when that ticket ran
+    /// no paid query of theirs. A result is kept once; a second call changes nothing.
+    pub fn store_result(&self, analyst: &str, handle: &[u8], data: &[u8]) -> Result<Option<i64>, PolicyError> {
+        let ticket = crate::policy::query_log::ticket_hash(handle);
+        self.with_store(|conn| {
+            let execution: Option<i64> = conn
+                .query_row(
+                    "SELECT id FROM queries WHERE ticket = ?1 AND analyst = ?2 ORDER BY id DESC LIMIT 1",
+                    params![ticket.as_slice(), analyst],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(storage)?;
+            let Some(execution) = execution else { return Ok(None) };
+            conn.execute(
+                &format!(
+                    "INSERT OR IGNORE INTO query_results (query_id, at, bytes, data) VALUES (?1, {NOW}, ?2, ?3)"
+                ),
+                params![execution, data.len() as i64, data],
+            )
+            .map_err(storage)?;
+            Ok(Some(execution))
+        })
+    }
+
+    /// The kept result of an execution (None: none kept, or another analyst's; `analyst` None:
+    /// the table owner's session, which sees all).
+    pub fn stored_result_of(&self, execution: i64, analyst: Option<&str>) -> Result<Option<Vec<u8>>, PolicyError> {
+        let conn = self.conn.lock().expect("catalog lock");
+        conn.query_row(
+            "SELECT k.data FROM query_results k JOIN queries q ON q.id = k.query_id
+             WHERE k.query_id = ?1 AND (?2 IS NULL OR q.analyst = ?2)",
+            params![execution, analyst],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(storage)
+    }
+
+    /// The kept results, oldest first, as a session sees them (`analyst` None: all).
+    pub fn stored_results_of(&self, analyst: Option<&str>) -> Result<Vec<StoredResultRecord>, PolicyError> {
+        let conn = self.conn.lock().expect("catalog lock");
+        let mut stmt = conn
+            .prepare(
+                "SELECT k.query_id, k.at, q.sha256, q.head, q.length, q.sha256, k.bytes, q.analyst
+                 FROM query_results k JOIN queries q ON q.id = k.query_id
+                 WHERE ?1 IS NULL OR q.analyst = ?1 ORDER BY k.query_id",
+            )
+            .map_err(storage)?;
+        stmt.query_map(params![analyst], |r| {
+            Ok(StoredResultRecord {
+                execution: r.get(0)?,
+                at: r.get(1)?,
+                statement_sha256: r.get(2)?,
+                query: query_text(r, 3)?,
+                bytes: r.get(6)?,
+                analyst: r.get(7)?,
             })
         })
         .map_err(storage)?

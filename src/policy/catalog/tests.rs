@@ -16,7 +16,7 @@ const V4_RELEASES: &str = "CREATE TABLE releases (
 ";
 
 /// Turns a format-5 catalog into the format-4 layout (with foreign keys off).
-const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
+const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; DROP TABLE query_results; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
         table_name TEXT NOT NULL, function TEXT NOT NULL, epsilon INTEGER NOT NULL, delta INTEGER NOT NULL, \
         query TEXT NOT NULL, analyst TEXT); \
         INSERT INTO r4 SELECT r.id, r.at, r.table_name, r.function, r.epsilon, r.delta, q.head, r.analyst \
@@ -178,7 +178,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         ))
         .unwrap();
     let e = Catalog::open(&v2).unwrap_err().to_string();
-    assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 5"), "{e}");
+    assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 6"), "{e}");
     let c = Catalog::create_or_open(&v2).unwrap();
     c.register_table("p", "/data/p.parquet").unwrap();
     c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -209,7 +209,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         ))
         .unwrap();
     let e = Catalog::open(&v3).unwrap_err().to_string();
-    assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 5"), "{e}");
+    assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 6"), "{e}");
     let c = Catalog::create_or_open(&v3).unwrap();
     c.add_analyst("alice").unwrap();
     c.grant("alice", "p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -229,7 +229,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     }
     Connection::open(&v4).unwrap().execute_batch(TO_FORMAT_4).unwrap();
     let e = Catalog::open(&v4).unwrap_err().to_string();
-    assert!(e.contains("catalog format 4") && e.contains("upgrades it to format 5"), "{e}");
+    assert!(e.contains("catalog format 4") && e.contains("upgrades it to format 6"), "{e}");
     let c = Catalog::create_or_open(&v4).unwrap();
     let log = c.release_log(None).unwrap();
     assert_eq!(log.iter().map(|r| r.query.as_str()).collect::<Vec<_>>(), ["SELECT old", "SELECT old"]);
