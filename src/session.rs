@@ -31,8 +31,8 @@ use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::noise::cache::set_scalar_store;
 use crate::policy::public_scalars::DiskScalars;
 use crate::policy::{
-    BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, ResultsTable, StoredReleaseRecord,
-    TableInfo,
+    BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, ResultsTable,
+    StoredReleaseRecord, TableInfo,
 };
 
 /// How a session is set up.
@@ -343,6 +343,7 @@ impl AnalystSession {
         schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog), who.clone())))?;
         schema.register_table("releases".into(), Arc::new(ReleasesTable::new(Arc::clone(&catalog), who.clone())))?;
         schema.register_table("results".into(), Arc::new(ResultsTable::new(Arc::clone(&catalog), who.clone())))?;
+        engine.ctx.register_udf(statement_sha256_udf());
         engine.ctx.register_udtf(
             "stored_result",
             Arc::new(crate::policy::results::StoredResultFunction::new(Arc::clone(&catalog), who.clone())),
@@ -781,4 +782,36 @@ mod tests {
         // A ratio of distinct groups to rows never exceeds 1: the probe never fires.
         assert!(ratio(&analyst) >= 1.0);
     }
+}
+
+/// `statement_sha256(sql)`: the SHA-256 under which the ledger records a statement (see
+/// [`crate::statements::statement_sha256`]) — what a client matches against
+/// `dpcurve.releases` and `dpcurve.results` to find its own earlier executions. Text in, text
+/// out: it reads no table.
+fn statement_sha256_udf() -> datafusion::logical_expr::ScalarUDF {
+    use datafusion::arrow::array::{Array, AsArray, StringArray};
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+    let hash = |v: Option<&str>| v.map(crate::statements::statement_sha256).transpose();
+    create_udf(
+        "statement_sha256",
+        vec![DataType::Utf8],
+        DataType::Utf8,
+        Volatility::Immutable,
+        Arc::new(move |args: &[ColumnarValue]| match &args[0] {
+            ColumnarValue::Scalar(s) => {
+                let text = match s {
+                    datafusion::common::ScalarValue::Utf8(v) => v.as_deref(),
+                    _ => None,
+                };
+                Ok(ColumnarValue::Scalar(datafusion::common::ScalarValue::Utf8(hash(text)?)))
+            }
+            ColumnarValue::Array(a) => {
+                let a = a.as_string::<i32>();
+                let out =
+                    (0..a.len()).map(|i| hash(a.is_valid(i).then(|| a.value(i)))).collect::<Result<StringArray>>()?;
+                Ok(ColumnarValue::Array(Arc::new(out)))
+            }
+        }),
+    )
 }

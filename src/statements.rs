@@ -44,6 +44,17 @@ pub fn parse(sql: &str) -> Result<VecDeque<Statement>> {
     })
 }
 
+/// The SHA-256 (hex) under which the ledger records `sql`, one statement: that of its parsed,
+/// normalised form (so `dpcurve.releases.statement_sha256` can be matched by any client that
+/// asks this, whatever the layout of its text).
+pub fn statement_sha256(sql: &str) -> Result<String> {
+    let statements = parse(sql)?;
+    match statements.len() {
+        1 => Ok(crate::policy::QueryRecord::of(&statements[0].to_string()).sha256_hex()),
+        n => Err(DataFusionError::Plan(format!("statement_sha256 takes one statement, this text has {n}"))),
+    }
+}
+
 /// [`parse`], on the calling thread.
 fn parse_here(sql: &str) -> Result<VecDeque<Statement>> {
     let mut statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;

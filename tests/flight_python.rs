@@ -7,26 +7,10 @@ mod common;
 
 use std::process::Command;
 
-use common::{Server, TempDir, mixture, self_signed, write_x};
+use common::{Server, TempDir, mixture, python, self_signed, write_x};
 use dpcurve::Admin;
 use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::policy::Catalog;
-
-/// The virtual environment's Python, made (or checked) first by `.ci/python-env`: idempotent,
-/// it installs `tests/python/requirements.txt` from the package registry when they are missing.
-fn python() -> std::path::PathBuf {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(root.join(".ci/python-env")).output().expect("cannot run .ci/python-env");
-    assert!(
-        out.status.success(),
-        "the Python client tests need a virtual environment with tests/python/requirements.txt, and \
-         .ci/python-env could not make it (is python3 with venv installed, and the package registry \
-         reachable?):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root.join(".venv/bin/python")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {

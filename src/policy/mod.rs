@@ -14,7 +14,10 @@ pub mod shares;
 pub mod table;
 
 pub use analysts::AnalystInfo;
-pub use catalog::{Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, StoredResultRecord, TableInfo};
+pub use catalog::{
+    Catalog, Charge, Policy, PolicyError, PrivacyUnit, ReleaseRecord, StoredReleaseRecord, StoredResultRecord,
+    TableInfo,
+};
 pub use query_log::QueryRecord;
 pub use shares::Grant;
 pub use table::{BudgetsTable, PrivateTable, ReleasesTable, ResultsTable};

@@ -47,6 +47,11 @@ impl QueryRecord {
         Self { ticket: Some(ticket_hash(handle)), ..self }
     }
 
+    /// The statement's SHA-256 (hex), as `dpcurve.releases` and `dpcurve.results` show it.
+    pub fn sha256_hex(&self) -> String {
+        hex(&self.sha256)
+    }
+
     /// The text as the release log shows it: the statement, or its head and what was cut.
     pub fn display(&self) -> String {
         display(&self.head, self.length, &hex(&self.sha256))

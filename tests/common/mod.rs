@@ -322,3 +322,21 @@ impl Drop for Server {
         self.kill();
     }
 }
+
+/// The Python of the virtual environment `.ci/python-env` makes (or checks) first: idempotent,
+/// it installs `tests/python/requirements.txt` from the package registry when they are missing
+/// and the client package from `python/`.
+pub fn python() -> PathBuf {
+    use std::process::Command;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(root.join(".ci/python-env")).output().expect("cannot run .ci/python-env");
+    assert!(
+        out.status.success(),
+        "the Python tests need a virtual environment with tests/python/requirements.txt, and \
+         .ci/python-env could not make it (is python3 with venv installed, and the package registry \
+         reachable?):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join(".venv/bin/python")
+}

@@ -191,9 +191,7 @@ impl Catalog {
                 .map_err(storage)?;
             let Some(execution) = execution else { return Ok(None) };
             conn.execute(
-                &format!(
-                    "INSERT OR IGNORE INTO query_results (query_id, at, bytes, data) VALUES (?1, {NOW}, ?2, ?3)"
-                ),
+                &format!("INSERT OR IGNORE INTO query_results (query_id, at, bytes, data) VALUES (?1, {NOW}, ?2, ?3)"),
                 params![execution, data.len() as i64, data],
             )
             .map_err(storage)?;
