@@ -9,7 +9,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::{Server, TempDir, mixture, python, self_signed, write_columns};
-use datafusion::arrow::array::{ArrayRef, Float64Array, StringArray};
+use datafusion::arrow::array::{ArrayRef, Float64Array, ListArray, StringArray};
+use datafusion::arrow::datatypes::Float64Type;
 use dpcurve::Admin;
 
 /// Runs `args` with the environment's Python; panics with its output when it fails.
@@ -35,10 +36,14 @@ async fn the_python_package_speaks_in_dataframes_curves_and_exceptions() {
     let x = mixture(n, 21);
     let y: Vec<f64> = mixture(n, 22).into_iter().map(|v| 1.0 - v).collect();
     let g: Vec<&str> = (0..n).map(|i| ["a", "b", "c"][i % 3]).collect();
+    let curves = ListArray::from_iter_primitive::<Float64Type, _, _>(
+        (0..n).map(|i| Some((0..20).map(move |j| Some(0.1 * ((i + j) as f64 * 0.3).sin())))),
+    );
     let columns: Vec<(&str, ArrayRef)> = vec![
         ("x", Arc::new(Float64Array::from(x))),
         ("y", Arc::new(Float64Array::from(y))),
         ("g", Arc::new(StringArray::from(g))),
+        ("c", Arc::new(curves)),
     ];
     write_columns(&dir.path("patients.parquet"), columns);
     let catalog = dir.path("catalog.db");

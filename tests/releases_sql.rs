@@ -338,3 +338,41 @@ async fn a_sobolev_release_is_charged_stored_and_evaluated_like_the_default_one(
     let rough = |d: &[f64]| d.windows(3).map(|w| (w[2] - 2.0 * w[1] + w[0]).powi(2)).sum::<f64>();
     assert!(rough(&density) > 5.0 * rough(&smooth), "{} vs {}", rough(&density), rough(&smooth));
 }
+
+#[tokio::test]
+async fn a_statements_hash_finds_its_executions_whatever_its_layout() {
+    let f = fixture("releases-hash").await;
+    let s = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let q = "SELECT region, private_kde(x, 0.05, 0.5, 0, points => 16) AS k FROM g GROUP BY region";
+    s.query(q).await.unwrap();
+    s.query("SELECT private_kde(x, 0.05, 0.5, 0, points => 16) AS k FROM p").await.unwrap();
+    let hash = |sql: &str| {
+        let s = &s;
+        let sql = sql.replace('\'', "''");
+        async move {
+            let b = s.query(&format!("SELECT statement_sha256('{sql}') AS h")).await.unwrap();
+            b[0].column(0).as_string::<i32>().value(0).to_string()
+        }
+    };
+    let h = hash(q).await;
+    assert_eq!(h.len(), 64);
+    // Layout and keyword case do not change it; a literal does.
+    let relaid = "select region,\n   private_kde(x, 0.05, 0.5, 0, points => 16) AS k\nFROM g  GROUP BY region  ";
+    assert_eq!(hash(relaid).await, h);
+    assert_ne!(hash(&q.replace("points => 16", "points => 17")).await, h);
+    // The grouped call's three releases, under one execution, and nothing else.
+    let b = s
+        .query(&format!("SELECT release, execution FROM dpcurve.releases WHERE statement_sha256 = '{h}'"))
+        .await
+        .unwrap();
+    let executions: Vec<i64> =
+        b.iter().flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec()).collect();
+    assert_eq!(executions.len(), 3);
+    assert!(executions.iter().all(|e| *e == executions[0]));
+    // Outside the server nothing keeps whole results; stored_result says so by name.
+    let e = s.query(&format!("SELECT * FROM stored_result({})", executions[0])).await.unwrap_err().to_string();
+    assert!(e.contains(&format!("no kept result of execution {}", executions[0])), "{e}");
+    // One statement only.
+    let e = s.query("SELECT statement_sha256('SELECT 1; SELECT 2')").await.unwrap_err().to_string();
+    assert!(e.contains("one statement"), "{e}");
+}

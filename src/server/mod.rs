@@ -60,6 +60,9 @@ pub const MAX_PREPARED_PER_ANALYST: usize = 1000;
 /// Bytes of statements and kept results one analyst may hold unless `--max-bytes-per-analyst`
 /// says otherwise.
 pub const DEFAULT_MAX_BYTES_PER_ANALYST: usize = 256 << 20;
+/// The largest paid result kept in the catalog (`dpcurve.results`): curves are kilobytes, and
+/// this bounds what one query adds to the catalog.
+pub const MAX_KEPT_RESULT_BYTES: usize = 16 << 20;
 /// How long a ticket can be fetched (and re-fetched) after it was issued.
 pub const TICKET_LIFETIME: Duration = Duration::from_secs(3600);
 /// The largest request message (a statement's text, mostly) the server reads.

@@ -96,11 +96,15 @@ fn unknown_ticket() -> Status {
     )
 }
 
-/// Stores a paid ticket's result in the catalog (a failure only costs the free re-read: logged).
+/// Stores a paid ticket's result in the catalog, up to [`super::MAX_KEPT_RESULT_BYTES`] (a failure
+/// only costs the free re-read: logged).
 fn keep_durably(catalog: Arc<Catalog>, analyst: &str, handle: Handle, schema: &SchemaRef, batches: &[RecordBatch]) {
-    let stored = crate::policy::results::encode(schema, batches)
-        .map_err(|e| e.to_string())
-        .and_then(|data| catalog.store_result(analyst, &handle, &data).map_err(|e| e.to_string()));
+    let stored = crate::policy::results::encode(schema, batches).map_err(|e| e.to_string()).and_then(|data| {
+        if data.len() > super::MAX_KEPT_RESULT_BYTES {
+            return Ok(None); // too large to keep: its releases are stored
+        }
+        catalog.store_result(analyst, &handle, &data).map_err(|e| e.to_string())
+    });
     if let Err(e) = stored {
         eprintln!("dpcurve serve: a paid result could not be kept in the catalog: {e}");
     }

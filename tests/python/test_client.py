@@ -4,7 +4,8 @@ The Rust test starts the server on a fresh catalog and passes, in the environmen
 DPCURVE_TLS_URI and DPCURVE_TLS_CA (the same catalog over TLS, its self-signed certificate);
 tokens DPCURVE_ALICE (a share of `patients`), DPCURVE_ERIN (another share, for the reuse and
 recovery counts), DPCURVE_BOB (a share too small for one query), DPCURVE_CAROL (no share).
-`patients` has columns x, y in [-0.2, 1.2] and g with declared keys 'a', 'b', 'c'.
+`patients` has columns x, y in [-0.2, 1.2], g with declared keys 'a', 'b', 'c', and curves c
+(20 points each).
 """
 
 import math
@@ -116,6 +117,26 @@ def test_a_2d_density_is_a_grid_and_plots_as_a_heat_map(alice):
     assert fig.axes[1].get_ylabel() == "density"
 
 
+@pytest.mark.parametrize(
+    "call, columns",
+    [
+        ("private_cdf(x, epsilon => 0.2, delta => 0, points => 40)", ["x", "cdf", "noise_band", "band"]),
+        ("private_quantiles(x, [0.25, 0.5, 0.75], 0.2, 0)", ["p", "quantile", "lower", "upper"]),
+        ("private_mean_curve(c, 1.0, 1e-5, clip => 0.5, points => 20)", ["t", "mean", "noise_band"]),
+        ("private_kernel_regression(y, x, 0.5, 0, bandwidth => 0.1)", ["x", "fit"]),
+    ],
+)
+def test_every_curve_type_unnests_and_plots(alice, call, columns):
+    df = alice.curve(f"SELECT {call} AS r FROM patients", reuse=False)
+    assert list(df.columns) == columns, df.columns
+    assert len(df) >= 3 and df[columns[1]].notna().all()
+    assert df.attrs["release"].startswith("r") and df.attrs["charged"]
+    fig = dpcurve.plot(df)
+    assert len(fig.axes[0].get_lines()) == 1 and fig.axes[0].get_ylabel() == columns[1]
+    if "lower" in columns:
+        assert (df["lower"] <= df["quantile"]).all() and (df["quantile"] <= df["upper"]).all()
+
+
 def test_sql_budgets_releases_and_a_stored_release_free(alice):
     kde = alice.curve(KDE.replace("points => 64", "points => 33"), reuse=False)
     df = alice.sql("SELECT 1 AS one, 'a' AS s")
@@ -132,6 +153,15 @@ def test_sql_budgets_releases_and_a_stored_release_free(alice):
     assert left(alice) == before
     pd.testing.assert_series_equal(again["density"], kde["density"])
     assert not again.attrs["charged"]
+    # The kept result of the paid execution: free for its analyst, unknown to any other.
+    execution = kde.attrs["execution"]
+    kept = alice.sql(f"SELECT * FROM stored_result({execution})")
+    assert kept["k"].iloc[0]["release"] == kde.attrs["release"] and left(alice) == before
+    with dpcurve.connect(URI, token=os.environ["DPCURVE_BOB"]) as bob:
+        with pytest.raises(dpcurve.InvalidQuery, match=f"no kept result of execution {execution}"):
+            bob.sql(f"SELECT * FROM stored_result({execution})")
+        with pytest.raises(dpcurve.InvalidQuery):
+            bob.release(kde.attrs["release"])
 
 
 def test_refusals_are_exceptions_with_their_fields(alice):

@@ -1,6 +1,7 @@
 //! Tests of the catalog and ledger.
 
 use super::*;
+use crate::policy::QueryRecord;
 
 /// The release log of formats 1–4 (the whole statement in every row).
 const V4_RELEASES: &str = "CREATE TABLE releases (
@@ -238,6 +239,26 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     c.charge(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "SELECT new").unwrap();
     assert_eq!(c.release_log(None).unwrap().last().unwrap().query, "SELECT new");
 
+    // Format 5 (before kept results): the upgrade adds them; earlier releases keep their executions.
+    let v5 = temp("v5");
+    {
+        let c = Catalog::create_or_open(&v5).unwrap();
+        c.register_table("p", "/data/p.parquet").unwrap();
+        c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        let ids = c.charge(&[Charge { table: "p".into(), function: "private_kde".into(), cost }], "q5").unwrap();
+        c.store_release(None, ids[0], "p", "private_kde", "{}", &[5]).unwrap();
+    }
+    Connection::open(&v5)
+        .unwrap()
+        .execute_batch("DROP TABLE query_results; UPDATE meta SET value = '5' WHERE key = 'version';")
+        .unwrap();
+    let e = Catalog::open(&v5).unwrap_err().to_string();
+    assert!(e.contains("catalog format 5") && e.contains("upgrades it to format 6"), "{e}");
+    let c = Catalog::create_or_open(&v5).unwrap();
+    let old = &c.stored_releases(None).unwrap()[0];
+    assert_eq!((old.query.as_str(), old.statement_sha256.len()), ("q5", 64));
+    assert!(c.stored_results_of(None).unwrap().is_empty());
+
     // A valid catalog whose pages were damaged.
     let damaged = temp("damaged");
     {
@@ -256,4 +277,39 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     }
     std::fs::write(&damaged, bytes).unwrap();
     assert!(Catalog::open(&damaged).is_err());
+}
+
+#[test]
+fn a_kept_result_belongs_to_the_execution_its_ticket_paid_for_and_to_its_analyst() {
+    let c = Catalog::create_or_open(&temp("kept-results")).unwrap();
+    c.register_table("p", "/data/p.parquet").unwrap();
+    c.make_private("p", b(10.0, 0.0)).unwrap();
+    for a in ["alice", "bob"] {
+        c.add_analyst(a).unwrap();
+        c.grant(a, "p", b(5.0, 0.0)).unwrap();
+    }
+    let kde = Charge { table: "p".into(), function: "private_kde".into(), cost: b(0.5, 0.0) };
+    let (ticket, other) = ([7u8; 16], [8u8; 16]);
+    let record = QueryRecord::of("SELECT private_kde(x) FROM p").for_ticket(&ticket);
+    let (ids, _) = c.charge_reserving(std::slice::from_ref(&kde), &record, Some("alice"), 1).unwrap();
+    let id = c.store_release(None, ids[0], "p", "private_kde", "{}", &[1]).unwrap();
+    // Another ticket, or another analyst's claim on this one: nothing is kept.
+    assert_eq!(c.store_result("alice", &other, b"x").unwrap(), None);
+    assert_eq!(c.store_result("bob", &ticket, b"x").unwrap(), None);
+    let execution = c.store_result("alice", &ticket, b"ipc bytes").unwrap().unwrap();
+    // Kept once: a second store changes nothing.
+    assert_eq!(c.store_result("alice", &ticket, b"other").unwrap(), Some(execution));
+    assert_eq!(c.stored_result_of(execution, Some("alice")).unwrap().as_deref(), Some(&b"ipc bytes"[..]));
+    assert_eq!(c.stored_result_of(execution, None).unwrap().as_deref(), Some(&b"ipc bytes"[..]));
+    assert_eq!(c.stored_result_of(execution, Some("bob")).unwrap(), None, "another analyst's");
+    assert_eq!(c.stored_result_of(execution + 1, Some("alice")).unwrap(), None);
+    let listed = c.stored_results_of(Some("alice")).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].execution, listed[0].bytes), (execution, 9));
+    assert_eq!(listed[0].statement_sha256, record.sha256_hex());
+    assert!(c.stored_results_of(Some("bob")).unwrap().is_empty());
+    // The release names the same execution and statement.
+    let r = c.stored_releases_of(None, Some("alice")).unwrap();
+    assert_eq!((r[0].release.as_str(), r[0].execution), (id.as_str(), execution));
+    assert_eq!(r[0].statement_sha256, record.sha256_hex());
 }
