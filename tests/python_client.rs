@@ -63,10 +63,12 @@ async fn the_python_package_speaks_in_dataframes_curves_and_exceptions() {
     }
 
     let server = Server::start(&catalog, &[]);
+    let small = Server::start(&catalog, &["--max-bytes-per-analyst", "100000"]);
     let (cert, key) = self_signed(&dir);
     let tls = Server::start(&catalog, &["--tls-cert", &cert.to_string_lossy(), "--tls-key", &key.to_string_lossy()]);
     let mut env: Vec<(&str, String)> = tokens.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     env.push(("DPCURVE_URI", format!("grpc://{}", server.addr)));
+    env.push(("DPCURVE_SMALL_URI", format!("grpc://{}", small.addr)));
     env.push(("DPCURVE_TLS_URI", format!("grpc+tls://{}", tls.addr.replace("127.0.0.1", "localhost"))));
     env.push(("DPCURVE_TLS_CA", cert.to_string_lossy().into_owned()));
 

@@ -1,6 +1,7 @@
 """The `dpcurve` Python package against a real `dpcurve serve` (run by tests/python_client.rs).
 
 The Rust test starts the server on a fresh catalog and passes, in the environment: DPCURVE_URI;
+DPCURVE_SMALL_URI (the same catalog, served with 100 kB of memory per analyst: no result is kept);
 DPCURVE_TLS_URI and DPCURVE_TLS_CA (the same catalog over TLS, its self-signed certificate);
 tokens DPCURVE_ALICE (a share of `patients`), DPCURVE_ERIN (another share, for the reuse and
 recovery counts), DPCURVE_BOB (a share too small for one query), DPCURVE_CAROL (no share).
@@ -183,6 +184,39 @@ def test_refusals_are_exceptions_with_their_fields(alice):
         dpcurve.connect(URI, token="dpc1.alice." + "0" * 64)
     # Every class is a dpcurve.Error.
     assert issubclass(dpcurve.Refused, dpcurve.Error) and issubclass(dpcurve.BudgetExhausted, dpcurve.Error)
+
+
+def test_connect_does_not_warn():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with dpcurve.connect(URI, token=os.environ["DPCURVE_ALICE"]) as db:
+            db.sql("SELECT 1 AS one")
+
+
+def test_a_paid_result_too_large_to_keep_is_not_paid_again():
+    # A server that keeps at most 100 kB per analyst: these results are not kept.
+    small = os.environ["DPCURVE_SMALL_URI"]
+    grouped = (
+        "SELECT g, private_kde(x, bandwidth => 0.05, epsilon => 0.25, delta => 1e-6, points => 2048) AS k "
+        "FROM patients GROUP BY g"
+    )
+    single = KDE.replace("points => 64", "points => 4096")
+    with dpcurve.connect(small, token=os.environ["DPCURVE_ERIN"]) as db:
+        first = db.curve(grouped, reuse=False)
+        assert len(first) == 3 * 2048
+        s0 = left(db)
+        with pytest.raises(dpcurve.ResultNotKept) as e:
+            db.curve(grouped)
+        assert sorted(e.value.releases) == sorted(first.attrs["release"])
+        assert left(db) == s0, "not paid again"
+        # One release is a whole curve: rebuilt from it, free.
+        paid = db.curve(single, reuse=False)
+        again = db.curve(single)
+        assert again.attrs["reused"] and again.attrs["release"] == paid.attrs["release"]
+        pd.testing.assert_series_equal(again["density"], paid["density"])
+        assert left(db) == pytest.approx(s0 - COST)
 
 
 def test_tls_with_the_servers_certificate():
