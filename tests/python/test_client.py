@@ -195,6 +195,13 @@ def test_connect_does_not_warn():
             db.sql("SELECT 1 AS one")
 
 
+def test_user_name_and_password_are_the_analyst_and_their_token():
+    with dpcurve.connect(URI, username="alice", password=os.environ["DPCURVE_ALICE"]) as db:
+        assert "patients" in set(db.budgets()["table_name"])
+    with pytest.raises(dpcurve.AuthenticationError):
+        dpcurve.connect(URI, username="alice", password=os.environ["DPCURVE_BOB"])
+
+
 def test_a_paid_result_too_large_to_keep_is_not_paid_again():
     # A server that keeps at most 100 kB per analyst: these results are not kept.
     small = os.environ["DPCURVE_SMALL_URI"]
