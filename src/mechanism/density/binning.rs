@@ -12,8 +12,6 @@
 //! outside the bins) goes to a spare entry past the last bin, which the flush ignores:
 //! every value costs the same work, whatever it is.
 
-use crate::mechanism::density::kde::FIXED_ONE;
-
 /// `x + ROUND_MAGIC` (1.5·2^52) rounds x to the nearest integer, which is then the low
 /// [`LOW_BITS`] of the sum's representation (valid for |x| < 2^51). Converting this way
 /// avoids both libm's floor/round (no SSE4.1 on the baseline target) and the saturating
@@ -21,8 +19,9 @@ use crate::mechanism::density::kde::FIXED_ONE;
 const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
 const LOW_BITS: u64 = (1 << 51) - 1;
 
-/// The weight of one whole row, in the statistic's units.
+/// The weight of one whole row, in the statistic's units (2^-40 of a row).
 pub const UNIT: i64 = 1 << 40;
+const FIXED_ONE: f64 = UNIT as f64;
 
 /// Linear binning of one value on bins `origin + j/inv_spacing`, `j < nbins`: the left bin
 /// `l` and the weights (in units of 2^-40) that go to bins `l` and `l + 1`; they sum to

@@ -21,7 +21,7 @@ use crate::mechanism::density::binning::{LinearBins, UNIT, linear_bin};
 use crate::mechanism::sums::{BufferedSums, add_saturating};
 
 /// Fixed-point unit of the statistic: one row contributes `FIXED_ONE` in total.
-pub const FIXED_ONE: f64 = (1u64 << 40) as f64;
+pub const FIXED_ONE: f64 = UNIT as f64;
 /// Bin spacing is at most `h / BINS_PER_BANDWIDTH`; linear binning's worst-case error
 /// relative to the peak is (spacing/h)²/8 = 4.9e-4 (SPEC §2 asks for ≤ 1e-3).
 pub const BINS_PER_BANDWIDTH: f64 = 16.0;
