@@ -274,12 +274,17 @@ async fn no_analyst_evicts_another_and_a_lost_ticket_names_its_release() {
     let id = release_id(&first);
     assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
     assert!(e.message().contains(&format!("release('{id}')")), "{e}");
+    let detail = |e: &tonic::Status, k: &str| e.metadata().get(k).map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(detail(&e, "dpcurve-error").as_deref(), Some("result-stored"));
+    assert_eq!(detail(&e, "dpcurve-releases"), Some(id.clone()));
     let stored = run(&mut bob, &format!("SELECT * FROM release('{id}')")).await.unwrap();
     assert_eq!(stored[0].num_rows(), 1);
     // Eve, holding bob's ticket, learns nothing of it.
     let mut eve = client(&server.addr, &f.eve).await;
     let e = fetch(&mut eve, ticket(&paid)).await.unwrap_err();
     assert!(e.message().contains("unknown or expired ticket") && !e.message().contains(&id), "{e}");
+    assert_eq!(detail(&e, "dpcurve-error").as_deref(), Some("unknown-ticket"));
+    assert_eq!(detail(&e, "dpcurve-releases"), None);
 }
 
 /// Waits until the ledger shows a charge on `fit`.

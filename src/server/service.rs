@@ -91,9 +91,11 @@ fn sql_info() -> &'static SqlInfoData {
 }
 
 fn unknown_ticket() -> Status {
-    Status::not_found(
+    let mut status = Status::not_found(
         "unknown or expired ticket: tickets are issued by GetFlightInfo to the analyst who asked, and kept for an hour",
-    )
+    );
+    status.metadata_mut().insert("dpcurve-error", MetadataValue::from_static("unknown-ticket"));
+    status
 }
 
 /// Stores a paid ticket's result in the catalog, up to [`super::MAX_KEPT_RESULT_BYTES`] (a failure
@@ -302,12 +304,19 @@ impl DpFlightSql {
         if ids.len() > LISTED_RELEASES {
             reads.push(format!("… ({} in all; SELECT * FROM dpcurve.releases lists them)", ids.len()));
         }
-        Status::not_found(format!(
+        let mut status = Status::not_found(format!(
             "this ticket's result is no longer kept here (tickets expire after an hour, an analyst's oldest are \
              forgotten past their limits, a restart forgets them all), but its query was paid for and its releases \
              are stored: read them for free with SELECT * FROM {}",
             reads.join(", ")
-        ))
+        ));
+        // For programs: the kind, and the stored releases' ids (the first LISTED_RELEASES).
+        let listed: Vec<&str> = ids.iter().take(LISTED_RELEASES).map(String::as_str).collect();
+        status.metadata_mut().insert("dpcurve-error", MetadataValue::from_static("result-stored"));
+        if let Ok(v) = MetadataValue::try_from(listed.join(",")) {
+            status.metadata_mut().insert("dpcurve-releases", v);
+        }
+        status
     }
 
     /// Runs a ticket's statement (planned again, for this fetch) and streams its result.
