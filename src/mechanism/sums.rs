@@ -15,6 +15,7 @@
 #[derive(Debug, Clone)]
 pub struct BufferedSums {
     totals: Vec<i128>,
+    /// Empty until used (a statistic that only bins linearly never needs it).
     pending: Vec<i64>,
     /// Entry l: (rows whose weight `unit` is split between l and l + 1, the sum of the
     /// parts that went to l + 1); one spare entry past the end, ignored. Empty until used.
@@ -30,7 +31,7 @@ impl BufferedSums {
         assert!(flush_rows > 0);
         Self {
             totals: vec![0; len],
-            pending: vec![0; len],
+            pending: Vec::new(),
             split: Vec::new(),
             split_unit: 0,
             pending_rows: 0,
@@ -48,6 +49,9 @@ impl BufferedSums {
     #[inline]
     pub fn buffer(&mut self, rows: usize) -> &mut [i64] {
         assert!(rows <= self.flush_rows, "announce at most flush_rows rows at a time");
+        if self.pending.is_empty() {
+            self.pending = vec![0; self.totals.len()];
+        }
         if self.pending_rows + rows > self.flush_rows {
             self.flush();
         }
@@ -129,6 +133,28 @@ impl BufferedSums {
     }
 }
 
+/// The buffers a statistic's accumulation uses besides its totals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffers {
+    /// The i64 buffer ([`BufferedSums::buffer`]).
+    Plain,
+    /// The split buffer of linear binning ([`BufferedSums::buffer_split`]).
+    Split,
+}
+
+/// The most heap bytes a [`BufferedSums`] of `len` sums holds when accumulating with `buffers`:
+/// what planning budgets per state. The buffers are allocated when the first row arrives, so
+/// whether a state holds them depends on the rows; planning counts them always, so that no
+/// amount of data can make a query exceed the memory it was admitted with (SPEC §0).
+pub fn most_heap_bytes(len: usize, buffers: Buffers) -> u64 {
+    let len = len as u64;
+    let totals = 16 * len;
+    match buffers {
+        Buffers::Plain => totals + 8 * len,
+        Buffers::Split => totals + 16 * (len + 1),
+    }
+}
+
 /// `a += b` element-wise, saturating (exact and order-independent below saturation).
 pub fn add_saturating(a: &mut [i128], b: &[i128]) {
     for (x, y) in a.iter_mut().zip(b) {
@@ -180,5 +206,19 @@ mod tests {
         // 5·10^6 rows > flush_rows: flushed in between, and nothing wrapped.
         assert_eq!(s.totals(), &reference[..]);
         assert_eq!(reference.iter().sum::<i128>(), 5_000_000 * unit as i128 + 3 * 5000);
+    }
+
+    #[test]
+    fn planning_counts_every_buffer_a_state_can_hold() {
+        for len in [1, 7, 2515] {
+            let mut plain = BufferedSums::new(len, 1 << 20);
+            let empty = plain.heap_size() as u64;
+            plain.buffer(1)[0] += 1;
+            assert_eq!(plain.heap_size() as u64, most_heap_bytes(len, Buffers::Plain));
+            assert!(empty < most_heap_bytes(len, Buffers::Plain), "a state grows when rows arrive");
+            let mut split = BufferedSums::new(len, 1 << 20);
+            split.buffer_split(1, 1 << 40)[0][0] += 1;
+            assert_eq!(split.heap_size() as u64, most_heap_bytes(len, Buffers::Split));
+        }
     }
 }

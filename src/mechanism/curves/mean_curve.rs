@@ -31,7 +31,7 @@ use crate::mechanism::noise::bands;
 use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
 use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
-use crate::mechanism::sums::{BufferedSums, add_saturating};
+use crate::mechanism::sums::{BufferedSums, Buffers, add_saturating, most_heap_bytes};
 
 pub use super::eigenbasis::{CovKernel, EIGEN_CUTOFF, Eigenbasis, inner};
 
@@ -277,7 +277,7 @@ impl MeanCurveMechanism {
     /// and 64 B per point for coordinates, noise and the curve).
     pub fn memory_bytes(&self) -> (u64, u64) {
         let m = self.spec.points as u64;
-        let state = 16 * m + 16;
+        let state = most_heap_bytes(self.spec.points, Buffers::Plain) + 16;
         let basis =
             8 * (self.basis.vectors.iter().map(|v| v.len() as u64).sum::<u64>() + self.basis.lambda.len() as u64);
         (state, basis + 8 * (self.smoother.len() + self.whiten.len()) as u64 + 64 * m)

@@ -34,7 +34,7 @@ use crate::mechanism::noise::bands;
 use crate::mechanism::noise::calibration;
 use crate::mechanism::noise::calibration::Calibration;
 use crate::mechanism::noise::lattice::{DD, LatticeMechanism, ROW_LIMIT};
-use crate::mechanism::sums::BufferedSums;
+use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
 /// Largest product-lattice statistic (entries): 2^22 × 16 B = 64 MiB per accumulator.
 pub const MAX_STATE: usize = 1 << 22;
@@ -202,11 +202,14 @@ impl Kde2dMechanism {
     /// Memory one call needs: (state, work) in bytes — the i128 statistic, and the release's
     /// double-double passes plus the synthesis.
     pub fn memory_bytes(&self) -> (u64, u64) {
-        let (bx, by) = (self.bins.0 as u64, self.bins.1 as u64);
+        let bx = self.bins.0 as u64;
         let (dx, dy) = (self.dims.0 as u64, self.dims.1 as u64);
         let (gx, gy) = (self.spec.grid_x.points as u64, self.spec.grid_y.points as u64);
         let (ax, ay) = (self.axis_x.memory_bytes().1, self.axis_y.memory_bytes().1);
-        (16 * bx * by, 16 * (bx * dy + dx * dy) + 8 * (dx * gy + gx * gy + dx * dy) + ax + ay)
+        (
+            most_heap_bytes(self.state_len(), Buffers::Plain),
+            16 * (bx * dy + dx * dy) + 8 * (dx * gy + gx * gy + dx * dy) + ax + ay,
+        )
     }
 
     /// A zeroed statistic.

@@ -33,6 +33,7 @@ use crate::mechanism::noise::bands::{self, Taps};
 use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
 use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
+use crate::mechanism::sums::{Buffers, most_heap_bytes};
 
 pub use super::basis::{KdeBasis, MAX_CIRCLE, MAX_LATTICE, SPECTRUM_CUTOFF};
 pub use super::error::MechanismError;
@@ -377,7 +378,8 @@ impl KdeMechanism {
     /// double-double transform and synthesis over the circle, 96 B per circle point, an
     /// upper bound on what `release` allocates).
     pub fn memory_bytes(&self) -> (u64, u64) {
-        let state = 16 * self.layout.state_len() as u64;
+        let buffers = if self.layout.is_binned() { Buffers::Split } else { Buffers::Plain };
+        let state = most_heap_bytes(self.layout.state_len(), buffers);
         if self.sobolev.is_some() {
             // Grid sums, whitened coordinates and the synthesis: a few vectors of the grid's length.
             return (state, 64 * self.spec.grid.points as u64);

@@ -49,7 +49,7 @@ use crate::mechanism::noise::bands::{SIMULATION_DRAWS, simulated_quantile, stand
 use crate::mechanism::noise::calibration::{Calibration, zcdp_rho};
 use crate::mechanism::noise::lattice::rational_at_least;
 use crate::mechanism::noise::samplers::{DiscreteGaussian, discrete_laplace};
-use crate::mechanism::sums::BufferedSums;
+use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
 /// Share of the budget (ε, or ρ under zCDP) spent on the total count that picks the resolution.
 pub const ROOT_SHARE: f64 = 0.15;
@@ -289,7 +289,7 @@ impl CdfMechanism {
     /// Memory one call needs: (state, release work), in bytes.
     pub fn memory_bytes(&self) -> (u64, u64) {
         let leaves = self.statistic_leaves() as u64;
-        (24 * leaves, 96 * leaves + 32 * self.spec.points as u64)
+        (most_heap_bytes(self.statistic_leaves(), Buffers::Plain), 96 * leaves + 32 * self.spec.points as u64)
     }
 
     /// An empty statistic: one exact count per leaf.

@@ -111,7 +111,7 @@ use crate::mechanism::density::release::MechanismError;
 use crate::mechanism::noise::calibration;
 use crate::mechanism::noise::calibration::Calibration;
 use crate::mechanism::noise::lattice::{DD, DD_OP_ERR, LatticeMechanism};
-use crate::mechanism::sums::BufferedSums;
+use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
 pub use super::loss::{Features, FitLoss, PERIOD_MARGIN};
 
@@ -436,7 +436,10 @@ impl KernelFitMechanism {
     /// Memory one call needs: (state, work) in bytes.
     pub fn memory_bytes(&self) -> (u64, u64) {
         let (nb, d) = (self.bins as u64, self.features.dim() as u64);
-        (16 * self.state_len() as u64, 8 * nb * (d + 4 * d) + 8 * d * d + 32 * d + 8 * self.spec.grid.points as u64)
+        (
+            most_heap_bytes(self.state_len(), Buffers::Plain),
+            8 * nb * (d + 4 * d) + 8 * d * d + 32 * d + 8 * self.spec.grid.points as u64,
+        )
     }
 
     /// A statistic under accumulation.

@@ -255,3 +255,19 @@ fn an_iclp_band_is_simulated_only_on_circles_it_can_afford() {
     assert!(release.density.is_some());
     assert!(wide.bands(&release, 0.05).is_none());
 }
+
+#[test]
+fn the_planned_state_covers_what_accumulating_rows_holds() {
+    // Binned (the split buffer) and exact (the i64 buffer) layouts: after rows arrive, a state
+    // holds its buffers too, and planning must have counted them.
+    for (grid, h) in [(Grid { lo: 0.0, hi: 1.0, points: 256 }, 0.02), (Grid { lo: 0.0, hi: 1e6, points: 100 }, 1e-3)] {
+        let m = KdeMechanism::new(KdeSpec { grid, bandwidth: h, ..spec() }).unwrap();
+        assert_eq!(m.layout().is_binned(), grid.points == 256);
+        let mut acc = m.layout().accumulation();
+        let before = acc.heap_size() as u64;
+        m.layout().accumulate(&mut acc, &[0.5, 0.25, 0.75, 1e5]);
+        let (planned, _) = m.memory_bytes();
+        assert!(acc.heap_size() as u64 > before, "the buffers are allocated by the first rows");
+        assert!(acc.heap_size() as u64 <= planned, "{} held, {planned} planned", acc.heap_size());
+    }
+}
