@@ -294,3 +294,17 @@ def test_a_paid_result_lost_to_a_dropped_connection_is_recovered():
         assert proxy.cuts == 1, "the proxy never cut the connection: the test would prove nothing"
         assert kde.attrs["recovered"] and len(kde) == 4096
         assert left(db) == pytest.approx(before - COST), "charged once, recovered free"
+
+
+def test_a_paid_result_too_large_to_keep_is_recovered_from_its_release():
+    # The same cut on the server that keeps no result: rebuilt from the stored release.
+    server = os.environ["DPCURVE_SMALL_URI"].split("://", 1)[1]
+    proxy = CuttingProxy(server, cut_after=40_000)
+    sql = KDE.replace("points => 64", "points => 4095")
+    with dpcurve.connect(f"grpc://127.0.0.1:{proxy.port}", token=os.environ["DPCURVE_ERIN"], recover_timeout=3) as db:
+        before = left(db)
+        kde = db.curve(sql, reuse=False)
+        assert proxy.cuts == 1, "the proxy never cut the connection: the test would prove nothing"
+        assert kde.attrs["recovered"] and len(kde) == 4095 and kde.attrs["release"].startswith("r")
+        assert kde.attrs["column"] == "private_kde", "rebuilt from release(id), not a kept result"
+        assert left(db) == pytest.approx(before - COST)

@@ -182,19 +182,24 @@ class Database:
 
     def _reuse(self, digest: str) -> Optional[pd.DataFrame]:
         execution = self._kept_result(digest, -1)
-        last = self._last_execution(digest)
         if execution is not None:
             return self._from_kept(execution, "reused")
+        last = self._last_execution(digest)
         if last < 0:
             return None
-        # Paid before, but that execution's result was not kept: one release is a whole curve.
-        ids = self._execution_releases(last)
+        return self._from_releases(last, "reused")
+
+    def _from_releases(self, execution: int, flag: str) -> pd.DataFrame:
+        """A paid execution whose whole result was not kept: one release is a whole curve,
+        rebuilt free; several raise `ResultNotKept` (never paid again)."""
+        ids = self._execution_releases(execution)
         if len(ids) == 1:
             df = self.release(ids[0])
-            df.attrs["reused"] = True
+            df.attrs[flag] = True
+            df.attrs["execution"] = execution
             return df
         raise ResultNotKept(
-            f"this statement was paid for before (execution {last}) but its whole result was not kept; its "
+            f"this statement was paid for (execution {execution}) but its whole result was not kept; its "
             f"releases are stored ({', '.join(ids)}): read them free with db.release(id), or call "
             "db.curve(sql, reuse=False) to pay for a fresh release",
             ids,
@@ -205,24 +210,33 @@ class Database:
         return [r for r in t.column(0).to_pylist()]
 
     def _recover(self, digest: str, before: int) -> Optional[pd.DataFrame]:
-        """After a dropped connection: the result of the execution it paid for, once kept."""
+        """After a dropped connection: the execution the call paid for (one newer than `before`)
+        — its kept result once the server has kept it, else, after a grace period, its stored
+        releases. None when nothing was paid (the caller re-raises)."""
         self.close()
-        deadline = time.monotonic() + self._recover_timeout
-        paid_deadline = time.monotonic() + min(2.0, self._recover_timeout)
+        start = time.monotonic()
+        grace = min(5.0, self._recover_timeout)
+        connected, paid_at, last = False, None, before
         while True:
+            now = time.monotonic()
             try:
-                self._conn = self._open()
+                if not connected:
+                    self._conn = self._open()
+                    connected = True
                 kept = self._kept_result(digest, before)
                 if kept is not None:
                     return self._from_kept(kept, "recovered")
-                paid = self._last_execution(digest) > before
+                last = self._last_execution(digest)
+                if last > before and paid_at is None:
+                    paid_at = now
             except Error as e:
                 cause = e.__cause__
                 if not (isinstance(cause, adbc_driver_manager.Error) and is_transport(cause)):
                     raise
-                paid = True  # the server is unreachable: keep trying until the deadline
-            now = time.monotonic()
-            if now > deadline or (not paid and now > paid_deadline):
+                connected = False  # the server is unreachable: try again until the deadline
+            if paid_at is not None and now - paid_at >= grace:
+                return self._from_releases(last, "recovered")
+            if now - start > self._recover_timeout or (connected and paid_at is None and now - start > 2.0):
                 return None
             time.sleep(0.1)
 
