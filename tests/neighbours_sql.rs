@@ -406,3 +406,32 @@ async fn distribution_releases_show_nothing_of_one_row_but_their_numbers() {
     let (e, _) = n.observe(&queries[5], 2).await;
     assert!(e.error.as_deref().is_some_and(|m| m.contains("power of two")), "{e:?}");
 }
+
+/// Alice's row is the only one of group g3, so only with her does that group's state exist and
+/// allocate its accumulation buffers. Calls admitted just under the smallest memory limit (and
+/// those just over it) must end the same way with and without her. (The planned state counts
+/// the buffers — `release::tests::the_planned_state_covers_what_accumulating_rows_holds`; with
+/// the old 16 B/bin estimate this query still ran alike on both sides, so that unit test is
+/// what catches an underestimate.)
+#[tokio::test]
+async fn a_group_only_one_row_fills_is_planned_at_its_full_size() {
+    let n = Neighbours::new("nb-buffers").await;
+    n.with.1.set_memory_limit(64 << 20).unwrap();
+    n.without.1.set_memory_limit(64 << 20).unwrap();
+    // Sizes around the limit: the largest states the planner admits, four declared groups.
+    let mut admitted = 0;
+    for h in ["1.5e-4", "2e-4", "3e-4", "5e-4", "8e-4"] {
+        let q = format!(
+            "SELECT g, k['release'] AS r FROM (SELECT g, private_kde(x, {h}, 1e-12, 1e-18, 0, 1, points => 65536, \
+             mechanism => 'gaussian') AS k FROM p GROUP BY g)"
+        );
+        for partitions in [1, 2] {
+            let (a, b) = n.observe(&q, partitions).await;
+            assert_eq!(a, b, "h = {h}, {partitions} partitions");
+            if a.error.is_none() {
+                admitted += 1;
+            }
+        }
+    }
+    assert!(admitted > 0 && admitted < 10, "the sizes must straddle the limit: {admitted} of 10 admitted");
+}
