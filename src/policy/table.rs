@@ -65,13 +65,52 @@ impl TableProvider for PrivateTable {
     }
 }
 
-/// `dpcurve.budgets`: one row per private table with its total, spent and remaining
-/// budget, read from the ledger at scan time. Budgets depend only on past public
-/// parameters, so showing them to analysts reveals nothing about the data.
-#[derive(Debug)]
-pub struct BudgetsTable {
-    catalog: Arc<Catalog>,
-    analyst: Option<String>,
+/// A read-only view of the catalog, read afresh at every scan (`schema_ref()` and `batch()`).
+macro_rules! catalog_view {
+    ($(#[$doc:meta])* $view:ident) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $view {
+            catalog: Arc<Catalog>,
+            analyst: Option<String>,
+        }
+
+        impl $view {
+            /// The view over `catalog` as `analyst`'s session sees it (None: the table owner's).
+            pub fn new(catalog: Arc<Catalog>, analyst: Option<String>) -> Self {
+                Self { catalog, analyst }
+            }
+        }
+
+        #[async_trait]
+        impl TableProvider for $view {
+            fn schema(&self) -> SchemaRef {
+                Self::schema_ref()
+            }
+
+            fn table_type(&self) -> TableType {
+                TableType::View
+            }
+
+            async fn scan(
+                &self,
+                state: &dyn Session,
+                projection: Option<&Vec<usize>>,
+                filters: &[Expr],
+                limit: Option<usize>,
+            ) -> Result<Arc<dyn ExecutionPlan>> {
+                let mem = MemTable::try_new(Self::schema_ref(), vec![vec![self.batch()?]])?;
+                mem.scan(state, projection, filters, limit).await
+            }
+        }
+    };
+}
+
+catalog_view! {
+    /// `dpcurve.budgets`: one row per private table with its total, spent and remaining
+    /// budget, read from the ledger at scan time. Budgets depend only on past public
+    /// parameters, so showing them to analysts reveals nothing about the data.
+    BudgetsTable
 }
 
 impl BudgetsTable {
@@ -140,50 +179,12 @@ impl BudgetsTable {
     }
 }
 
-/// A read-only view of the catalog, read afresh at every scan (`schema_ref()` and `batch()`).
-macro_rules! catalog_view {
-    ($view:ty) => {
-        impl $view {
-            /// The view over `catalog` as `analyst`'s session sees it (None: the table owner's).
-            pub fn new(catalog: Arc<Catalog>, analyst: Option<String>) -> Self {
-                Self { catalog, analyst }
-            }
-        }
-
-        #[async_trait]
-        impl TableProvider for $view {
-            fn schema(&self) -> SchemaRef {
-                Self::schema_ref()
-            }
-
-            fn table_type(&self) -> TableType {
-                TableType::View
-            }
-
-            async fn scan(
-                &self,
-                state: &dyn Session,
-                projection: Option<&Vec<usize>>,
-                filters: &[Expr],
-                limit: Option<usize>,
-            ) -> Result<Arc<dyn ExecutionPlan>> {
-                let mem = MemTable::try_new(Self::schema_ref(), vec![vec![self.batch()?]])?;
-                mem.scan(state, projection, filters, limit).await
-            }
-        }
-    };
-}
-
-catalog_view!(BudgetsTable);
-
-/// `dpcurve.releases`: the stored releases of the catalog (an analyst's session
-/// lists only that analyst's) — id, table, function,
-/// public parameters, what the call cost, its ledger entry, time and query. Re-reading costs
-/// nothing: use `release(id)` or `release_eval(id, x)`.
-#[derive(Debug)]
-pub struct ReleasesTable {
-    catalog: Arc<Catalog>,
-    analyst: Option<String>,
+catalog_view! {
+    /// `dpcurve.releases`: the stored releases of the catalog (an analyst's session
+    /// lists only that analyst's) — id, table, function,
+    /// public parameters, what the call cost, its ledger entry, time and query. Re-reading costs
+    /// nothing: use `release(id)` or `release_eval(id, x)`.
+    ReleasesTable
 }
 
 impl ReleasesTable {
@@ -233,15 +234,11 @@ impl ReleasesTable {
     }
 }
 
-catalog_view!(ReleasesTable);
-
-/// `dpcurve.results`: the paid executions whose whole result a server kept (an analyst's
-/// session lists only that analyst's) — execution, time, the statement's SHA-256 and text, and
-/// the kept Arrow stream's size. Re-reading costs nothing: `SELECT * FROM stored_result(execution)`.
-#[derive(Debug)]
-pub struct ResultsTable {
-    catalog: Arc<Catalog>,
-    analyst: Option<String>,
+catalog_view! {
+    /// `dpcurve.results`: the paid executions whose whole result a server kept (an analyst's
+    /// session lists only that analyst's) — execution, time, the statement's SHA-256 and text, and
+    /// the kept Arrow stream's size. Re-reading costs nothing: `SELECT * FROM stored_result(execution)`.
+    ResultsTable
 }
 
 impl ResultsTable {
@@ -278,8 +275,6 @@ impl ResultsTable {
         )?)
     }
 }
-
-catalog_view!(ResultsTable);
 
 /// Whether a provider is a private table (and which).
 pub fn as_private(provider: &dyn TableProvider) -> Option<&PrivateTable> {

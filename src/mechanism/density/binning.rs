@@ -2,13 +2,13 @@
 //! `origin + j/inv_spacing` puts the weights `2^40 − r` and `r` on its two nearest bins `l`
 //! and `l + 1` (exact integers that sum to one unit of mass).
 //!
-//! [`linear_bin`] is the definition, one value at a time. [`LinearBins`] computes the same
+//! `linear_bin` is the definition, one value at a time. `LinearBins` computes the same
 //! numbers for a block of values at once (a loop the compiler vectorises; on x86-64 it is
 //! compiled three times — AVX-512, AVX2, baseline — and the widest the CPU offers is chosen
 //! at run time) and records each value as `(1, r)` at its left bin in a split buffer
 //! ([`crate::mechanism::sums::BufferedSums::buffer_split`]): one read-modify-write per row
 //! instead of two. The flush turns the pairs back into the weights above, so the statistic
-//! is bit-identical to adding every value with [`linear_bin`]. A dropped value (NaN, ±∞,
+//! is bit-identical to adding every value with `linear_bin`. A dropped value (NaN, ±∞,
 //! outside the bins) goes to a spare entry past the last bin, which the flush ignores:
 //! every value costs the same work, whatever it is.
 
@@ -148,7 +148,7 @@ impl LinearBins {
 }
 
 /// For each value: its left bin (the spare entry `nbins` when it is dropped) and the weight
-/// its right neighbour gets — [`linear_bin`]'s arithmetic, operation for operation (no
+/// its right neighbour gets — `linear_bin`'s arithmetic, operation for operation (no
 /// fused multiply-add, so every kernel gives the same bits).
 #[inline(always)]
 fn locate(bins: &LinearBins, values: &[f64], left: &mut [u32], right: &mut [i64]) {
