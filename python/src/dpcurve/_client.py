@@ -131,11 +131,9 @@ class Database:
         recovered from what the server kept (`attrs["recovered"] = True`).
         """
         digest = self._statement_sha256(query)
-        if reuse:
-            kept = self._reuse(digest)
-            if kept is not None:
-                return kept
         before = self._last_execution(digest)
+        if reuse and before >= 0:
+            return self._reuse(digest, before)
         try:
             table = self.arrow(query)
         except Error as e:
@@ -180,13 +178,12 @@ class Database:
         df.attrs["execution"] = execution
         return df
 
-    def _reuse(self, digest: str) -> Optional[pd.DataFrame]:
+    def _reuse(self, digest: str, last: int) -> pd.DataFrame:
+        """The newest kept result of the statement this analyst paid for (newest execution
+        `last`), or that execution's stored releases."""
         execution = self._kept_result(digest, -1)
         if execution is not None:
             return self._from_kept(execution, "reused")
-        last = self._last_execution(digest)
-        if last < 0:
-            return None
         return self._from_releases(last, "reused")
 
     def _from_releases(self, execution: int, flag: str) -> pd.DataFrame:
