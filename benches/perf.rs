@@ -21,6 +21,10 @@
 //!   coordinates in double-double, noise, synthesis) for `private_kde` at G = 256…16384 and
 //!   `private_mean_curve` at m = 100, 1000;
 //! * `gate`: per-query cost of the budget gate, ledger on disk (fsync) vs in memory (tmpfs);
+//! * `process`: one `dpcurve sql --catalog … -c` process per query (the binary this bench was built
+//!   with) vs the same query in one analyst session: `private_kde` (pure ε) over 10⁵ rows and
+//!   `private_mean_curve` over 10⁴ curves at m = 100 and 1000, each with the store beside the
+//!   catalog warm and emptied before the process (cold), and `SELECT 1` (the process floor);
 //! * `groups`: `SELECT g, private_kde(x, …) … GROUP BY g` over 100 declared keys, the same with a
 //!   privacy unit (≈ 100 rows per unit; K = 10, L = 3) and over private keys (partition
 //!   selection), vs `SELECT g, sum(x) … GROUP BY g` on the same file (10^7 rows by default: the
@@ -260,6 +264,7 @@ fn remove_catalog(dir: &Path, name: &str) {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", base.display()));
     }
+    let _ = std::fs::remove_dir_all(format!("{}.cache", base.display()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -458,6 +463,50 @@ async fn eigen(o: &Options, report: &mut Report) {
         report.add("eigen cache", &format!("m = {m}"), "eigendecomposition alone", median(&decomposition), "");
         drop(s);
         remove_catalog(&o.data, "eigen");
+    }
+}
+
+/// One query per `dpcurve sql` process against the same query inside one session.
+async fn process(o: &Options, report: &mut Report) {
+    let cases = [
+        ("private_kde (pure ε), 10⁵ rows", mixture_file(&o.data, 100_000), kde_pure_sql("priv_t", "0.02")),
+        ("private_mean_curve, 10⁴ × m = 100", curves_file(&o.data, 10_000, 100), MEAN_SQL.to_string()),
+        ("private_mean_curve, 10⁴ × m = 1000", curves_file(&o.data, 10_000, 1000), MEAN_SQL.to_string()),
+    ];
+    for (what, file, sql) in cases {
+        println!("\n# one process per query: {what}");
+        let (_admin, s) = catalog_with_admin(&o.data, "process", &file).await;
+        let catalog = o.data.join(format!("catalog-process-{}.db", std::process::id()));
+        let store = o.data.join(format!("catalog-process-{}.db.cache", std::process::id()));
+        let spawn = |sql: &str, cold: bool| {
+            if cold {
+                let _ = std::fs::remove_dir_all(&store);
+            }
+            let t = Instant::now();
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+                .args(["sql", "--catalog", &catalog.to_string_lossy(), "--format", "csv", "-c", sql])
+                .output()
+                .unwrap();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            assert!(out.status.success(), "{sql}: {}", String::from_utf8_lossy(&out.stderr));
+            ms
+        };
+        s.query(&sql).await.unwrap();
+        spawn(&sql, false);
+        let mut times = vec![Vec::new(); 4];
+        for _ in 0..o.reps {
+            let t = Instant::now();
+            std::hint::black_box(s.query(&sql).await.unwrap());
+            times[0].push(t.elapsed().as_secs_f64() * 1e3);
+            times[1].push(spawn(&sql, false));
+            times[2].push(spawn(&sql, true));
+            times[3].push(spawn("SELECT 1", false));
+        }
+        let names =
+            ["in one session", "one process per query", "one process, store emptied", "process floor: SELECT 1"];
+        report_against(report, "process", what, &names, &times, 0);
+        drop(s);
+        remove_catalog(&o.data, "process");
     }
 }
 
@@ -736,6 +785,9 @@ async fn main() {
     }
     if o.wants("groups") {
         groups(&o, &mut report).await;
+    }
+    if o.wants("process") {
+        process(&o, &mut report).await;
     }
     report.print();
 }

@@ -28,8 +28,8 @@ use crate::functions::{Permits, private_udafs};
 use crate::guard::PrivacyPlanner;
 use crate::mechanism::NoiseSource;
 use crate::mechanism::noise::budget::Budget;
-use crate::mechanism::noise::cache::set_scalar_store;
-use crate::policy::public_scalars::DiskScalars;
+use crate::mechanism::noise::cache::set_public_store;
+use crate::policy::public_store::DiskStore;
 use crate::policy::{
     BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, ResultsTable,
     StoredReleaseRecord, TableInfo,
@@ -327,7 +327,7 @@ impl AnalystSession {
         // directory after registration (SPEC §5.2).
         catalog.check_locations().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         // Simulated band quantiles persist beside the catalog (public values only).
-        set_scalar_store(Some(Arc::new(DiskScalars::beside(catalog.path()))));
+        set_public_store(Some(Arc::new(DiskStore::beside(catalog.path()))));
         let engine = Engine::new(&opts, Some(Arc::clone(&catalog)), analyst)?;
         let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         for t in tables {

@@ -6,6 +6,8 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use common::{TempDir, mixture, write_x};
+use dpcurve::mechanism::noise::cache::PublicStore;
+use dpcurve::policy::public_store::{DiskStore, read_entry};
 
 fn dpcurve(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpcurve"))
@@ -542,28 +544,80 @@ fn band_simulations_are_cached_beside_the_catalog() {
         std::fs::read_dir(&cache)
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().unwrap() == "scalar")
+            .filter(|p| p.extension().unwrap() == "value")
             .collect()
     };
     assert_eq!(files().len(), 1, "one simulated quantile stored");
-    let stored = std::fs::read_to_string(&files()[0]).unwrap();
-    assert!(stored.starts_with("dpcurve public scalar 1\nkde-laplace-band v1 "), "{stored}");
+    let stored = std::fs::read(&files()[0]).unwrap();
+    let (key, value) = read_entry(&files()[0]).unwrap();
+    assert!(key.starts_with("kde-laplace-band v1 "), "{key}");
     let warm = run();
     assert!(same(&warm, &cold), "the stored quantile gives the same band: {warm:?} vs {cold:?}");
     for f in files() {
-        std::fs::write(f, "not a scalar").unwrap();
+        std::fs::write(f, "not a value").unwrap();
     }
     let rebuilt = run();
     assert!(same(&rebuilt, &cold), "a damaged entry is recomputed: {rebuilt:?} vs {cold:?}");
-    assert_eq!(std::fs::read_to_string(&files()[0]).unwrap(), stored, "and rewritten");
+    assert_eq!(std::fs::read(&files()[0]).unwrap(), stored, "and rewritten");
     // The stored value is what the band uses: an intact entry holding twice the quantile doubles
     // the band (a negative control for the comparisons above, which a cache never read would pass).
-    let mut lines = stored.lines().skip(1);
-    let key = lines.next().unwrap();
-    let q = f64::from_bits(u64::from_str_radix(lines.next().unwrap(), 16).unwrap());
-    let store = dpcurve::policy::public_scalars::DiskScalars::beside(&dir.path("catalog.db"));
-    dpcurve::mechanism::noise::cache::ScalarStore::put(&store, key, 2.0 * q);
+    let q = f64::from_le_bytes(value.try_into().unwrap());
+    DiskStore::beside(&dir.path("catalog.db")).put(&key, &(2.0 * q).to_le_bytes());
     let doubled: Vec<f64> = cold.iter().map(|b| 2.0 * b).collect();
     let read = run();
     assert!(same(&read, &doubled), "{read:?} vs {doubled:?}");
+}
+
+/// The mean curve's eigenbasis (O(m³): ≈ 1 s at m = 1000) is stored beside the catalog and read by
+/// the next process — only when no one but the catalog's owner could have written it, since a
+/// basis calibrates the noise.
+#[cfg(unix)]
+#[test]
+fn eigenbases_are_stored_beside_the_catalog_and_trusted_only_from_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("cli-eigen-cache");
+    let curves = dpcurve::datagen::karhunen_loeve_curves(300, 60, 3);
+    dpcurve::cli::demo::write_curves_parquet(&dir.path("c.parquet"), &curves).unwrap();
+    let cat = dir.str("catalog.db");
+    assert_eq!(admin_cmd(&cat, &["register", "c", &dir.str("c.parquet")]).0, 0);
+    assert_eq!(admin_cmd(&cat, &["make-private", "c", "--epsilon", "100", "--delta", "1e-3"]).0, 0);
+    let sql = "SELECT m['noise_band'] AS band, m['n'] AS n FROM (SELECT private_mean_curve(c, 1, 1e-6, \
+               clip => 4, range => 0.3) AS m FROM c)";
+    // The band times the released count: a function of public parameters and the basis only.
+    let run = || -> Vec<f64> {
+        let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "-c", sql, "--format", "csv"], None);
+        assert_eq!(code, 0, "{err}");
+        let row = out.lines().nth(1).unwrap_or_else(|| panic!("{out}"));
+        let (band, n) = row.trim_start_matches("\"[").split_once("]\",").unwrap();
+        let n: f64 = n.parse().unwrap();
+        band.split(", ").map(|v| v.parse::<f64>().unwrap() * n.max(1.0)).collect()
+    };
+    let same =
+        |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs());
+    let cold = run();
+    assert_eq!(cold.len(), 60);
+    let cache = dir.path("catalog.db.cache");
+    let basis = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| read_entry(p).is_some_and(|(k, _)| k.starts_with("eigenbasis v1 ")))
+        .expect("the eigenbasis is stored");
+    let (key, value) = read_entry(&basis).unwrap();
+    assert_eq!(std::fs::metadata(&basis).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(same(&run(), &cold), "the stored basis gives the same band");
+    // A planted basis (λ × 4: other noise, another band) in a file only the owner may write is read:
+    // the control that shows the store is used ...
+    let mut f: Vec<f64> = value.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+    let j = f[1] as usize;
+    f[3..3 + j].iter_mut().for_each(|l| *l *= 4.0);
+    let planted: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let store = DiskStore::beside(&dir.path("catalog.db"));
+    store.put(&key, &planted);
+    let read = run();
+    assert!(!same(&read, &cold), "the planted basis is read: {read:?}");
+    // ... and the same file writable by the group is not: the basis is computed again.
+    std::fs::set_permissions(&basis, std::fs::Permissions::from_mode(0o660)).unwrap();
+    assert!(same(&run(), &cold), "a basis others could have written is not trusted");
+    assert_eq!(read_entry(&basis).unwrap().1, value, "and it is rewritten");
+    assert_eq!(std::fs::metadata(&basis).unwrap().permissions().mode() & 0o777, 0o600);
 }

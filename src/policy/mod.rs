@@ -6,7 +6,7 @@ pub mod catalog;
 pub mod error;
 mod hex;
 pub mod locations;
-pub mod public_scalars;
+pub mod public_store;
 pub mod query_log;
 pub mod results;
 mod schema;

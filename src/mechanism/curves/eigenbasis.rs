@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use nalgebra::{DMatrix, SymmetricEigen};
 
-use crate::mechanism::noise::cache::PublicCache;
+use crate::mechanism::noise::cache::{PublicCache, decode_f64s, encode_f64s, stored};
 
 /// Relative cut-off of kept eigenvalues (SPEC §3).
 pub const EIGEN_CUTOFF: f64 = 1e-12;
@@ -79,6 +79,9 @@ pub struct Eigenbasis {
 
 type CacheKey = (CovKernel, u64, usize);
 static CACHE: PublicCache<CacheKey, Eigenbasis> = PublicCache::new(256 << 20);
+/// The version of [`Eigenbasis::compute`]'s definition in stored keys: bump it when the
+/// computation (kernels, cut-off, bound) changes, so bases stored by the old one are not used.
+const DEFINITION: u32 = 1;
 
 impl Eigenbasis {
     /// Computes the eigenpairs (O(m³); see [`Eigenbasis::cached`]).
@@ -115,13 +118,50 @@ impl Eigenbasis {
         (1.0 + off + rounding).sqrt()
     }
 
-    /// The eigenpairs for (kernel, ρ, m), computed once per process and reused.
+    /// The eigenpairs for (kernel, ρ, m), computed once per process and reused; across processes,
+    /// kept in the public store a catalog session installs (an m = 1000 basis takes ≈ 1 s).
     pub fn cached(kernel: CovKernel, rho: f64, m: usize) -> Arc<Self> {
         let key = (kernel, rho.to_bits(), m);
         let bytes = |b: &Eigenbasis| 8 * (b.lambda.len() + b.vectors.iter().map(Vec::len).sum::<usize>());
         CACHE
-            .get_or_try_insert(key, bytes, || Ok::<_, std::convert::Infallible>(Self::compute(kernel, rho, m)))
+            .get_or_try_insert(key, bytes, || {
+                Ok::<_, std::convert::Infallible>(stored(
+                    "eigenbasis",
+                    DEFINITION,
+                    &key,
+                    |b: &Eigenbasis| Some(b.encode()),
+                    |bytes| Self::decode(bytes, m),
+                    || Self::compute(kernel, rho, m),
+                ))
+            })
             .unwrap_or_else(|e| match e {})
+    }
+
+    /// The stored form: m, J, the norm bound, λ, then the vectors, as little-endian f64s.
+    fn encode(&self) -> Vec<u8> {
+        let head = [self.m as f64, self.lambda.len() as f64, self.norm_bound];
+        encode_f64s(head.into_iter().chain(self.lambda.iter().copied()).chain(self.vectors.iter().flatten().copied()))
+    }
+
+    /// A stored basis of curve length m, if it has the shape [`Self::compute`] gives (lengths, λ
+    /// positive, descending and above the cut-off, every value finite, a norm bound ≥ 1).
+    fn decode(bytes: &[u8], m: usize) -> Option<Self> {
+        let values = decode_f64s(bytes)?;
+        let (&[len, j, norm_bound], rest) = values.split_first_chunk::<3>()?;
+        let j = j as usize;
+        let shaped = len == m as f64 && j >= 1 && j as f64 == values[1] && j <= m && rest.len() == j + j * m;
+        if !shaped || !values.iter().all(|v| v.is_finite()) || !(norm_bound >= 1.0) {
+            return None;
+        }
+        let (lambda, vectors) = rest.split_at(j);
+        let ordered =
+            lambda[0] > 0.0 && lambda.windows(2).all(|w| w[0] >= w[1]) && lambda[j - 1] > EIGEN_CUTOFF * lambda[0];
+        ordered.then(|| Eigenbasis {
+            m,
+            lambda: lambda.to_vec(),
+            vectors: vectors.chunks_exact(m).map(<[f64]>::to_vec).collect(),
+            norm_bound,
+        })
     }
 
     /// Benchmarks only: forget every cached eigenbasis (to time uncached queries).
@@ -160,4 +200,40 @@ impl Eigenbasis {
 /// Discrete L² inner product `(1/m)·Σ a_k b_k`.
 pub fn inner(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / a.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_basis_decodes_bit_identical_and_only_in_the_shape_compute_gives() {
+        for kernel in [CovKernel::Gaussian, CovKernel::Exponential] {
+            let b = Eigenbasis::compute(kernel, 0.2, 40);
+            let bytes = b.encode();
+            let d = Eigenbasis::decode(&bytes, 40).expect("decodes");
+            assert_eq!(d.lambda, b.lambda);
+            assert_eq!(d.vectors, b.vectors);
+            assert_eq!((d.m, d.norm_bound.to_bits()), (b.m, b.norm_bound.to_bits()));
+            // Another m, a truncated or extended file: refused.
+            assert!(Eigenbasis::decode(&bytes, 41).is_none());
+            assert!(Eigenbasis::decode(&bytes[..bytes.len() - 8], 40).is_none());
+            assert!(Eigenbasis::decode(&[&bytes[..], &[0; 8]].concat(), 40).is_none());
+            assert!(Eigenbasis::decode(&bytes[..bytes.len() - 1], 40).is_none());
+            // Values compute never gives: refused.
+            let edit = |at: usize, v: f64| {
+                let mut f = decode_f64s(&bytes).unwrap();
+                f[at] = v;
+                Eigenbasis::decode(&encode_f64s(f), 40)
+            };
+            let j = b.lambda.len();
+            assert!(edit(2, 0.5).is_none(), "a norm bound below 1");
+            assert!(edit(2, f64::INFINITY).is_none());
+            assert!(edit(1, j as f64 + 0.5).is_none(), "a fractional count");
+            assert!(edit(3, -1.0).is_none(), "a negative λ");
+            assert!(edit(3 + j - 1, 2.0 * b.lambda[0]).is_none(), "λ not descending");
+            assert!(edit(3 + j + 5, f64::NAN).is_none(), "a NaN in a vector");
+            assert!(edit(3 + j + 5, 0.25).is_some(), "the control: a finite change of shape passes");
+        }
+    }
 }

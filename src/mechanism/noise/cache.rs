@@ -4,10 +4,11 @@
 //! would pass the bound, the cache is emptied first (entries in use stay alive through their
 //! `Arc`s). Values are computed outside the lock.
 //!
-//! Simulated band quantiles (post-processing scalars of public parameters, ≈ 50 ms each) also
-//! persist across processes through a [`ScalarStore`] that a front end installs (a catalog
-//! session: a directory beside the catalog), so that a one-query process does not simulate again.
-//! Nothing that calibrates noise goes there: a wrong stored value could only mis-state a band.
+//! The slowest of them also persist across processes through a [`PublicStore`] that a front end
+//! installs (a catalog session: a directory beside the catalog, trusted only as far as the
+//! catalog itself), so that a one-query process does not compute them again: simulated band
+//! quantiles (post-processing scalars, ≈ 50 ms each) and the mean curve's eigenbases (O(m³),
+//! ≈ 1 s at m = 1000). Keys are public parameters; nothing derived from data is ever stored.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -69,20 +70,20 @@ impl<K: Eq + Hash, V> PublicCache<K, V> {
     }
 }
 
-/// A persistent store of public scalars (implemented outside the mechanism layer; values are
-/// band quantiles only, never anything that calibrates noise).
-pub trait ScalarStore: Send + Sync {
-    /// The stored value of `key`, if present and intact.
-    fn get(&self, key: &str) -> Option<f64>;
+/// A persistent store of public values (implemented outside the mechanism layer). Values are
+/// functions of their keys — public parameters — never of data.
+pub trait PublicStore: Send + Sync {
+    /// The stored bytes of `key`, if present, intact and trusted.
+    fn get(&self, key: &str) -> Option<Vec<u8>>;
     /// Stores `value` under `key` (best effort: a failure only means recomputing later).
-    fn put(&self, key: &str, value: f64);
+    fn put(&self, key: &str, value: &[u8]);
 }
 
-static STORE: RwLock<Option<Arc<dyn ScalarStore>>> = RwLock::new(None);
+static STORE: RwLock<Option<Arc<dyn PublicStore>>> = RwLock::new(None);
 
-/// Installs the process's scalar store (None: none). Every store yields the same values (they
-/// are functions of their keys), so the last one installed serves every session.
-pub fn set_scalar_store(store: Option<Arc<dyn ScalarStore>>) {
+/// Installs the process's store (None: none). Every store yields the same values (they are
+/// functions of their keys), so the last one installed serves every session.
+pub fn set_public_store(store: Option<Arc<dyn PublicStore>>) {
     *STORE.write().expect("store lock") = store;
 }
 
@@ -90,18 +91,52 @@ pub fn set_scalar_store(store: Option<Arc<dyn ScalarStore>>) {
 /// simulation (its seed, draws or statistic) changes, so stored values of the old one are not used.
 const SIMULATIONS: u32 = 1;
 
-/// A simulated band quantile `name(key)`: the store's value when it has one, else `compute()`'s
-/// (then stored).
-pub fn stored_quantile(name: &str, key: &impl Debug, compute: impl FnOnce() -> f64) -> f64 {
+/// `name(key)` from the store when it holds a value `decode` accepts, else `compute()`'s (then
+/// stored, `encode`d, unless `encode` declines it). `version` names the definition of the computation: bump it when the
+/// computation changes, so values stored by the old one are not used.
+pub fn stored<T>(
+    name: &str,
+    version: u32,
+    key: &impl Debug,
+    encode: impl FnOnce(&T) -> Option<Vec<u8>>,
+    decode: impl FnOnce(&[u8]) -> Option<T>,
+    compute: impl FnOnce() -> T,
+) -> T {
     let store = STORE.read().expect("store lock").clone();
     let Some(store) = store else { return compute() };
-    let key = format!("{name} v{SIMULATIONS} {key:?}");
-    if let Some(v) = store.get(&key) {
+    let key = format!("{name} v{version} {key:?}");
+    if let Some(v) = store.get(&key).and_then(|bytes| decode(&bytes)) {
         return v;
     }
     let v = compute();
-    store.put(&key, v);
+    if let Some(bytes) = encode(&v) {
+        store.put(&key, &bytes);
+    }
     v
+}
+
+/// A simulated band quantile `name(key)`: the store's value when it has a finite one, else
+/// `compute()`'s (then stored, when finite).
+pub fn stored_quantile(name: &str, key: &impl Debug, compute: impl FnOnce() -> f64) -> f64 {
+    stored(
+        name,
+        SIMULATIONS,
+        key,
+        |v: &f64| v.is_finite().then(|| v.to_le_bytes().to_vec()),
+        |b| Some(f64::from_le_bytes(b.try_into().ok()?)).filter(|v| v.is_finite()),
+        compute,
+    )
+}
+
+/// Little-endian f64s (the stored form of vectors).
+pub fn encode_f64s(values: impl IntoIterator<Item = f64>) -> Vec<u8> {
+    values.into_iter().flat_map(f64::to_le_bytes).collect()
+}
+
+/// The f64s of [`encode_f64s`]'s bytes (None unless a whole number of them).
+pub fn decode_f64s(bytes: &[u8]) -> Option<Vec<f64>> {
+    (bytes.len() % 8 == 0)
+        .then(|| bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
 }
 
 #[cfg(test)]
