@@ -135,7 +135,9 @@ pub fn encode_f64s(values: impl IntoIterator<Item = f64>) -> Vec<u8> {
 
 /// The f64s of [`encode_f64s`]'s bytes (None unless a whole number of them).
 pub fn decode_f64s(bytes: &[u8]) -> Option<Vec<f64>> {
-    bytes.len().is_multiple_of(8)
+    bytes
+        .len()
+        .is_multiple_of(8)
         .then(|| bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
 }
 
