@@ -103,11 +103,12 @@ impl DiskStore {
         (kind && Some(owner_of(&meta)) == self.owner && private_to_owner(&meta)).then_some(meta)
     }
 
-    /// (path, bytes) of every entry and temporary file.
+    /// (path, bytes) of every entry, temporary file and entry of the older scalar-only format
+    /// (`.scalar`, never read: emptying the store removes them too).
     fn entries(&self) -> Vec<(PathBuf, u64)> {
         let Ok(dir) = std::fs::read_dir(&self.dir) else { return Vec::new() };
         dir.filter_map(|e| e.ok())
-            .filter(|e| e.path().extension().is_some_and(|x| x == EXTENSION || x == "tmp"))
+            .filter(|e| e.path().extension().is_some_and(|x| x == EXTENSION || x == "tmp" || x == "scalar"))
             .map(|e| (e.path(), e.metadata().map_or(0, |m| m.len())))
             .collect()
     }

@@ -1,6 +1,12 @@
 //! The catalog's SQL: the schema of the current format, and the upgrade from each older format
 //! to the next (each ends by writing its version into `meta`).
 
+/// The tables the data owner's configuration fills (tables, budgets, bounds, keys, analysts and
+/// their shares): every open checks their pages. The logs (statements, releases, stored releases,
+/// kept results) grow with use and are checked page by page only by the data owner's opens.
+pub(crate) const POLICY_TABLES: [&str; 7] =
+    ["meta", "tables", "policies", "column_bounds", "group_keys", "analysts", "grants"];
+
 /// The queries whose executions were charged (format 5, [`super::query_log`]): each statement's
 /// bounded head, once per execution, in the schema and in the upgrade from format 4.
 macro_rules! queries_table {

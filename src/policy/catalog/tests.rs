@@ -106,6 +106,48 @@ fn policies_bounds_and_reopening() {
     assert_eq!(policy.curve_length, Some(100));
 }
 
+/// Analyst sessions (and the server) open a catalog at a cost that does not grow with its logs:
+/// they check its header, schema, format and policy tables, not the pages of the release log or
+/// the kept results; the data owner's opens run SQLite's quick_check of every page. Shown with a
+/// damaged page of a large kept result: the analyst's open succeeds (it did not read that page)
+/// and the data owner's is refused; undamaged, both open. (Damage in a policy table is refused by
+/// both: `foreign_corrupt_and_other_version_files_are_refused`.)
+#[test]
+fn only_the_data_owners_open_reads_the_logs_pages() {
+    let path = temp("damaged-log-page");
+    {
+        let c = Catalog::create_or_open(&path).unwrap();
+        c.register_table("p", "/data/p.parquet").unwrap();
+        c.make_private("p", b(10.0, 0.0)).unwrap();
+        c.add_analyst("alice").unwrap();
+        c.grant("alice", "p", b(5.0, 0.0)).unwrap();
+        let kde = Charge { table: "p".into(), function: "private_kde".into(), cost: b(0.5, 0.0) };
+        let ticket = [7u8; 16];
+        let record = QueryRecord::of("SELECT private_kde(x) FROM p").for_ticket(&ticket);
+        c.charge_reserving(std::slice::from_ref(&kde), &record, Some("alice"), 1).unwrap();
+        c.store_result("alice", &ticket, &vec![0x5a; 1 << 20]).unwrap().unwrap();
+    }
+    Connection::open(&path).unwrap().execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    let page: i64 = Connection::open(&path).unwrap().query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    let page = page as usize;
+    let intact = std::fs::read(&path).unwrap();
+    let pages = intact.len() / page;
+    assert!(pages > 200, "{pages} pages");
+    // An overflow page of the kept result in the middle of the file: its next-page pointer out of range.
+    let mut damaged = intact.clone();
+    let at = (pages / 2) * page;
+    damaged[at..at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+    std::fs::write(&path, &damaged).unwrap();
+    let analyst = Catalog::open(&path);
+    assert!(analyst.is_ok(), "{:?}", analyst.err());
+    drop(analyst);
+    let owner = Catalog::create_or_open(&path).unwrap_err().to_string();
+    assert!(owner.contains("integrity check failed"), "{owner}");
+    // Control: the same file undamaged passes the data owner's check.
+    std::fs::write(&path, &intact).unwrap();
+    assert!(Catalog::create_or_open(&path).is_ok());
+}
+
 #[test]
 fn foreign_corrupt_and_other_version_files_are_refused() {
     let missing = temp("missing");
