@@ -24,7 +24,8 @@
 //! * `process`: one `dpcurve sql --catalog … -c` process per query (the binary this bench was built
 //!   with) vs the same query in one analyst session: `private_kde` (pure ε) over 10⁵ rows and
 //!   `private_mean_curve` over 10⁴ curves at m = 100 and 1000, each with the store beside the
-//!   catalog warm and emptied before the process (cold), and `SELECT 1` (the process floor);
+//!   catalog warm and emptied before the process (cold), and `SELECT 1` (the process floor), also
+//!   on a catalog grown by 400 kept results of 1 MiB;
 //! * `groups`: `SELECT g, private_kde(x, …) … GROUP BY g` over 100 declared keys, the same with a
 //!   privacy unit (≈ 100 rows per unit; K = 10, L = 3) and over private keys (partition
 //!   selection), vs `SELECT g, sum(x) … GROUP BY g` on the same file (10^7 rows by default: the
@@ -49,9 +50,10 @@ use datafusion::parquet::arrow::ArrowWriter;
 use dpcurve::mechanism::curves::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec};
 use dpcurve::mechanism::density::kde::{Grid, KdeLayout};
 use dpcurve::mechanism::density::release::{KdeMechanism, KdeSpec};
+use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::mechanism::noise::calibration::Calibration;
 use dpcurve::mechanism::noise::lattice::LatticeMechanism;
-use dpcurve::policy::Catalog;
+use dpcurve::policy::{Catalog, Charge, QueryRecord};
 use dpcurve::{Admin, AnalystSession, SessionOptions};
 use rand::SeedableRng;
 
@@ -508,6 +510,51 @@ async fn process(o: &Options, report: &mut Report) {
         drop(s);
         remove_catalog(&o.data, "process");
     }
+    grown_catalog(o, report).await;
+}
+
+/// `SELECT 1` in one process on a new catalog and on the same catalog once it holds 400 kept
+/// results of 1 MiB (what a busy server's catalog grows to): opening must not grow with the logs.
+async fn grown_catalog(o: &Options, report: &mut Report) {
+    println!("\n# one process per query: SELECT 1 on a catalog that grew (400 kept results of 1 MiB)");
+    let (_admin, s) = catalog_with_admin(&o.data, "process", &mixture_file(&o.data, 100_000)).await;
+    drop(s);
+    let catalog = o.data.join(format!("catalog-process-{}.db", std::process::id()));
+    let select = || {
+        let t = Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+            .args(["sql", "--catalog", &catalog.to_string_lossy(), "--format", "csv", "-c", "SELECT 1"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    select();
+    let new: Vec<f64> = (0..o.reps).map(|_| select()).collect();
+    {
+        let c = Catalog::open(&catalog).unwrap();
+        c.add_analyst("bench").unwrap();
+        c.grant("bench", "priv_t", Budget::total(10.0, 0.1).unwrap()).unwrap();
+        let result = vec![0x5a; 1 << 20];
+        for i in 0..400u32 {
+            let ticket = [i.to_le_bytes(), [0; 4], [0; 4], [0; 4]].concat();
+            let record = QueryRecord::of(&format!("SELECT private_kde(x, {i}) FROM priv_t")).for_ticket(&ticket);
+            let charge = Charge {
+                table: "priv_t".into(),
+                function: "private_kde".into(),
+                cost: Budget::total(0.001, 0.0).unwrap(),
+            };
+            c.charge_reserving(&[charge], &record, Some("bench"), 1).unwrap();
+            c.store_result("bench", &ticket, &result).unwrap().expect("kept");
+        }
+    }
+    let size = std::fs::metadata(&catalog).map_or(0, |m| m.len()) as f64 / 1e6;
+    select();
+    let grown: Vec<f64> = (0..o.reps).map(|_| select()).collect();
+    let grown_name = format!("SELECT 1, catalog grown to {size:.0} MB");
+    let names = ["SELECT 1, new catalog", grown_name.as_str()];
+    report_against(report, "process", "a grown catalog", &names, &[new, grown], 0);
+    remove_catalog(&o.data, "process");
 }
 
 fn time_ms<T>(reps: usize, mut f: impl FnMut() -> T) -> Vec<f64> {
