@@ -349,7 +349,10 @@ impl Catalog {
 
     fn init_or_check(&self, create: bool) -> Result<(), PolicyError> {
         let mut conn = self.conn.lock().expect("catalog lock");
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(storage)?;
+        // The data owner's open may create or upgrade the schema: it holds the write lock from the
+        // start. An analyst's only reads, and does not wait for other processes' debits.
+        let behavior = if create { TransactionBehavior::Immediate } else { TransactionBehavior::Deferred };
+        let tx = conn.transaction_with_behavior(behavior).map_err(storage)?;
         let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0)).map_err(storage)?;
         if objects == 0 {
             // A file this process just created (existing files were validated read-only).

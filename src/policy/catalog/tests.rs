@@ -148,6 +148,19 @@ fn only_the_data_owners_open_reads_the_logs_pages() {
     assert!(Catalog::create_or_open(&path).is_ok());
 }
 
+/// An analyst's open only reads: it succeeds while another process holds the write lock (a debit
+/// being committed), instead of waiting for it; the data owner's open needs the lock.
+#[test]
+fn an_analysts_open_does_not_wait_for_the_write_lock() {
+    let path = temp("locked");
+    drop(Catalog::create_or_open(&path).unwrap());
+    let writer = Connection::open(&path).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let opened = Catalog::open(&path);
+    assert!(opened.is_ok(), "{:?}", opened.err());
+    writer.execute_batch("COMMIT").unwrap();
+}
+
 #[test]
 fn foreign_corrupt_and_other_version_files_are_refused() {
     let missing = temp("missing");
