@@ -518,6 +518,20 @@ fn distribution_functions_and_quantiles_are_plotted_with_their_bands() {
 /// Simulated band quantiles persist beside the catalog (`catalog.db.cache/`): a second process
 /// reads them instead of simulating again, and a damaged cache is ignored and rewritten — with
 /// the same band every time.
+/// The one row of `sql` (a band list, then a number) run in its own `dpcurve sql` process.
+fn band_and_scale(cat: &str, sql: &str) -> (Vec<f64>, f64) {
+    let (code, out, err) = dpcurve(&["sql", "--catalog", cat, "-c", sql, "--format", "csv"], None);
+    assert_eq!(code, 0, "{err}");
+    let row = out.lines().nth(1).unwrap_or_else(|| panic!("{out}"));
+    let (band, scale) = row.trim_start_matches("\"[").split_once("]\",").unwrap();
+    (band.split(", ").map(|v| v.parse::<f64>().unwrap()).collect(), scale.parse().unwrap())
+}
+
+/// Equal up to rounding (relative 1e-9).
+fn same(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs())
+}
+
 #[test]
 fn band_simulations_are_cached_beside_the_catalog() {
     let dir = TempDir::new("cli-band-cache");
@@ -527,15 +541,9 @@ fn band_simulations_are_cached_beside_the_catalog() {
     // The band of the kernel sum (the density's band times the released mass): a function of
     // public parameters only, so equal across releases up to rounding.
     let run = || -> Vec<f64> {
-        let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "-c", sql, "--format", "csv"], None);
-        assert_eq!(code, 0, "{err}");
-        let row = out.lines().nth(1).unwrap_or_else(|| panic!("{out}"));
-        let (band, mass) = row.trim_start_matches("\"[").split_once("]\",").unwrap();
-        let mass: f64 = mass.parse().unwrap();
-        band.split(", ").map(|v| v.parse::<f64>().unwrap() * mass).collect()
+        let (band, mass) = band_and_scale(&cat, sql);
+        band.iter().map(|b| b * mass).collect()
     };
-    let same =
-        |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs());
     let cache = dir.path("catalog.db.cache");
     assert!(!cache.exists());
     let cold = run();
@@ -585,15 +593,9 @@ fn eigenbases_are_stored_beside_the_catalog_and_trusted_only_from_its_owner() {
                clip => 4, range => 0.3) AS m FROM c)";
     // The band times the released count: a function of public parameters and the basis only.
     let run = || -> Vec<f64> {
-        let (code, out, err) = dpcurve(&["sql", "--catalog", &cat, "-c", sql, "--format", "csv"], None);
-        assert_eq!(code, 0, "{err}");
-        let row = out.lines().nth(1).unwrap_or_else(|| panic!("{out}"));
-        let (band, n) = row.trim_start_matches("\"[").split_once("]\",").unwrap();
-        let n: f64 = n.parse().unwrap();
-        band.split(", ").map(|v| v.parse::<f64>().unwrap() * n.max(1.0)).collect()
+        let (band, n) = band_and_scale(&cat, sql);
+        band.iter().map(|b| b * n.max(1.0)).collect()
     };
-    let same =
-        |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs());
     let cold = run();
     assert_eq!(cold.len(), 60);
     let cache = dir.path("catalog.db.cache");

@@ -175,6 +175,8 @@ enum Check {
     /// logs. SQLite still detects damage in every page a statement reads (that statement fails);
     /// the data owner's commands check them all.
     Format,
+    /// The header, the schema and the format: a second connection to a file just checked.
+    Schema,
 }
 
 /// The catalog/ledger file.
@@ -388,11 +390,11 @@ impl Catalog {
             }
             tx.execute_batch(UPGRADE_5_TO_6).map_err(storage)?;
             tx.commit().map_err(storage)?;
-            return Self::validate(&conn, false, Check::Format);
+            return Self::validate(&conn, false, Check::Schema);
         }
         drop(tx);
-        // Its pages were checked through the read-only connection a moment ago (data owner).
-        Self::validate(&conn, false, Check::Format)
+        // Its pages were checked through the read-only connection a moment ago.
+        Self::validate(&conn, false, Check::Schema)
     }
 
     /// Benchmarks only: commit without fsync (`synchronous = OFF`) to measure what
