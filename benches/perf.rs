@@ -35,7 +35,8 @@
 //! (default 7), `--data DIR` (default `target/bench-data`;
 //! generated files are reused), `--python PATH` (default `python3`), `--groups LIST` (the
 //! `groups` variants to run besides the baseline: `plain,units,selection`, the default; `floor`
-//! adds `min(x) … GROUP BY u`, the unit grouping alone).
+//! adds `min(x) … GROUP BY u`, the unit grouping alone; `filter` adds `sum(x) … WHERE g BETWEEN
+//! 0 AND 99`, the declared keys' filter alone).
 //! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
 //! of them alike; a ratio's spread is the range of the per-round ratios.
 
@@ -718,6 +719,7 @@ async fn groups(o: &Options, report: &mut Report) {
         "the same, unit u: K = 10, L = 3",
         "the same, private keys: selection",
         "floor of any per-unit bound: min(x) GROUP BY u",
+        "the declared keys' filter: sum(x) WHERE g BETWEEN 0 AND 99 GROUP BY g",
     ];
     let kde = format!("private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}");
     let sqls = [
@@ -730,9 +732,12 @@ async fn groups(o: &Options, report: &mut Report) {
         // Every row to its unit's state (10⁵ units), nothing else: what grouping by the unit
         // costs any operator that bounds each unit, before any hashing or sampling.
         "SELECT count(*) FROM (SELECT u, min(x) FROM pub_t GROUP BY u)".to_string(),
+        // What the plain call pays before any binning: the guard keeps only the declared keys
+        // (here 0…99, which it tests as a range).
+        "SELECT g, sum(x) FROM pub_t WHERE g BETWEEN 0 AND 99 GROUP BY g".to_string(),
     ];
-    let on = [0, 0, 1, 2, 0];
-    let wanted = ["baseline", "plain", "units", "selection", "floor"];
+    let on = [0, 0, 1, 2, 0, 0];
+    let wanted = ["baseline", "plain", "units", "selection", "floor", "filter"];
     let variants: Vec<_> = names
         .iter()
         .zip(sqls)

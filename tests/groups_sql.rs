@@ -138,6 +138,39 @@ async fn each_group_is_exactly_the_filtered_query_and_empty_groups_are_noise_onl
 }
 
 #[tokio::test]
+async fn integer_keys_keep_exactly_their_rows_as_a_range_or_with_gaps() {
+    // The guard tests a run of integer keys as a range (BETWEEN) and other keys as a list (IN):
+    // either way each group is exactly its filtered query and the undeclared weekdays (outside
+    // the run, or in its gap) add nothing, with 1 and 3 partitions. (The final phase releases
+    // the declared groups only, so a filter that kept too much would not show here: the
+    // filter's own unit test, `the_declared_keys_filter_keeps_exactly_the_declared_keys`, does.)
+    let f = fixture("groups-int-keys").await;
+    for keys in [vec![1, 2, 3, 4, 5], vec![0, 2, 3, 6], vec![3, 4, 5, 1, 2]] {
+        f.admin.set_keys("p", "weekday", &keys.iter().map(|d| d.to_string()).collect::<Vec<_>>()).await.unwrap();
+        for partitions in [1, 3] {
+            let s = f.session(NoiseSource::Off, partitions).await;
+            let grouped = masses(&s, &format!("SELECT weekday, {KDE}['mass'] FROM p GROUP BY weekday")).await;
+            let mut declared: Vec<String> = keys.iter().map(|d| d.to_string()).collect();
+            let mut seen: Vec<String> = grouped.iter().map(|(g, _)| g.clone()).collect();
+            declared.sort();
+            seen.sort();
+            assert_eq!(seen, declared, "one row per declared key, {keys:?}");
+            let mut total = 0.0;
+            for (g, m) in &grouped {
+                let one = s.query(&format!("SELECT {KDE}['mass'] FROM p WHERE weekday = {g}")).await.unwrap();
+                let alone = one[0].column(0).as_primitive::<Float64Type>().value(0);
+                assert_eq!(m.to_bits(), alone.to_bits(), "weekday {g}, keys {keys:?}, {partitions} partitions");
+                assert!(*m > 300.0, "weekday {g} has rows: {m}");
+                total += m;
+            }
+            // Every weekday has 3000/7 rows; the undeclared ones add nothing.
+            let expected = keys.len() as f64 * 3000.0 / 7.0;
+            assert!((total - expected).abs() < 10.0, "{keys:?}: {total} vs {expected}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn grouping_by_anything_else_is_refused_before_any_charge() {
     let f = fixture("groups-refused").await;
     let s = f.session(NoiseSource::Os, 2).await;

@@ -3,10 +3,10 @@
 //! [`super::aggregate::PrivateAccumulator`] per group (which copies every batch into per-group
 //! arrays with `take` and calls each accumulator through a trait object).
 //!
-//! A batch's rows are first ordered by group ([`GroupRows`], a counting sort in O(rows)); each
-//! group's rows then go to [`Release::update_groups`], which a function may implement on the raw
-//! column (the KDE bins straight from the batch's f64 slice) or leave to the default, which takes
-//! the rows into arrays and calls [`Release::update`]. Statistics are exact fixed-point sums, so
+//! A batch's rows are counted by group ([`GroupedBatch`]) and go to [`Release::update_groups`],
+//! which a function may implement on the raw column (the binned KDE scatters each row straight
+//! from the batch's f64 slice into its group) or leave to the default, which orders the rows by
+//! group (a counting sort in O(rows)), takes them into arrays and calls [`Release::update`]. Statistics are exact fixed-point sums, so
 //! the result is bit-identical to the per-group accumulators whatever order rows arrive in. Each
 //! group releases exactly as a [`super::aggregate::PrivateAccumulator`] does: permit first, noise
 //! once, stored release kept.
@@ -19,8 +19,8 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 
 use super::call::CallContext;
-use super::group_rows::GroupRows;
-use super::release::{Release, Statistic, release_statistic};
+use super::group_rows::{GroupRows, GroupedBatch};
+use super::release::{Release, Statistic, release_statistics};
 
 /// Every group's statistic of one validated call (module docs).
 pub struct PrivateGroups<C: Release> {
@@ -79,11 +79,6 @@ impl<C: Release> PrivateGroups<C> {
         self.bytes = self.bytes.saturating_sub(emitted.iter().map(Statistic::heap_size).sum());
         emitted
     }
-
-    /// Heap bytes of the touched groups' statistics (sizes may change when rows are added).
-    fn touched_bytes(&self) -> usize {
-        self.rows.iter().map(|(g, _)| self.statistics[g].heap_size()).sum()
-    }
 }
 
 impl<C: Release> std::fmt::Debug for PrivateGroups<C> {
@@ -93,6 +88,12 @@ impl<C: Release> std::fmt::Debug for PrivateGroups<C> {
             .field("groups", &self.statistics.len())
             .finish()
     }
+}
+
+/// Heap bytes of the statistics of the groups with rows in `batch` (sizes may change when rows
+/// are added).
+fn touched_bytes<S: Statistic>(statistics: &[S], batch: &GroupedBatch) -> usize {
+    batch.touched().map(|(g, _)| statistics[g].heap_size()).sum()
 }
 
 /// Columns of per-group state rows (`states[g][column]`), or empty arrays of `types`.
@@ -118,10 +119,10 @@ impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
         total_num_groups: usize,
     ) -> Result<()> {
         self.grow(total_num_groups);
-        self.rows.order(group_indices, opt_filter, total_num_groups);
-        let before = self.touched_bytes();
-        self.call.update_groups(&mut self.statistics, values, &self.rows)?;
-        self.bytes = (self.bytes + self.touched_bytes()).saturating_sub(before);
+        let mut batch = GroupedBatch::new(group_indices, opt_filter, total_num_groups, &mut self.rows);
+        let before = touched_bytes(&self.statistics, &batch);
+        self.call.update_groups(&mut self.statistics, values, &mut batch)?;
+        self.bytes = (self.bytes + touched_bytes(&self.statistics, &batch)).saturating_sub(before);
         Ok(())
     }
 
@@ -138,15 +139,11 @@ impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        let emitted = self.take(emit_to);
+        let mut emitted = self.take(emit_to);
         if emitted.is_empty() {
             return Ok(new_empty_array(&self.result_type));
         }
-        let results = emitted
-            .into_iter()
-            .map(|mut s| release_statistic(self.function, &self.call, &mut s, &self.cx))
-            .collect::<Result<Vec<_>>>()?;
-        ScalarValue::iter_to_array(results)
+        ScalarValue::iter_to_array(release_statistics(self.function, &self.call, &mut emitted, &self.cx)?)
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {

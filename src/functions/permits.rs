@@ -19,9 +19,15 @@ use crate::mechanism::stored::Recipe;
 
 /// Where paid releases are kept (the catalog, in catalog sessions).
 pub trait ReleaseStore: Send + Sync + std::fmt::Debug {
-    /// Keeps `recipe` under the ledger entry `charge` of `table`, at the reserved id `id`;
-    /// returns the release's id.
-    fn store(&self, id: i64, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String>;
+    /// Keeps `recipes` under the ledger entry `charge` of `table`, at the reserved ids
+    /// `first_id`, `first_id + 1`, …, all or none; returns the releases' ids in order.
+    fn store(
+        &self,
+        first_id: i64,
+        charge: i64,
+        table: &str,
+        recipes: &[&Recipe],
+    ) -> std::result::Result<Vec<String>, String>;
 }
 
 /// What one private call is charged: the gate matches it with the ledger entry it debits.
@@ -199,9 +205,19 @@ impl Permits {
     /// Keeps a release made under a permit (catalog sessions) and returns its id; None for
     /// releases that are not kept (sessions without a catalog, calls over public tables).
     pub fn keep(&self, function: &str, recipe: &Recipe) -> Result<Option<String>> {
-        let Permits::Slot(slot) = self else { return Ok(None) };
+        Ok(self.keep_all(function, &[recipe])?.pop().flatten())
+    }
+
+    /// Keeps releases made under permits, in order (one transaction), and returns their ids
+    /// (all None when releases are not kept), as [`Permits::keep`] does for one.
+    pub fn keep_all(&self, function: &str, recipes: &[&Recipe]) -> Result<Vec<Option<String>>> {
+        let unkept = || Ok(vec![None; recipes.len()]);
+        let Permits::Slot(slot) = self else { return unkept() };
+        if recipes.is_empty() {
+            return Ok(Vec::new());
+        }
         let ticket = slot.ticket.lock().expect("ticket lock").clone();
-        let Some(charge) = slot.charge() else { return Ok(None) };
+        let Some(charge) = slot.charge() else { return unkept() };
         let Some((store, charge_id, first)) = ticket else {
             return datafusion::common::internal_err!(
                 "{function}: a priced release has no ledger entry to be kept under"
@@ -209,14 +225,15 @@ impl Permits {
         };
         // Releases are numbered in the order the call evaluates them, which the plan fixes
         // (groups in their canonical order), from the ids reserved for this call.
-        let index = slot.kept.fetch_add(1, Ordering::SeqCst);
-        if index >= slot.per_execution {
+        let n = recipes.len() as u64;
+        let index = slot.kept.fetch_add(n, Ordering::SeqCst);
+        if index + n > slot.per_execution {
             return exec_err!("{function}: more releases than this execution paid for");
         }
-        store
-            .store(first + index as i64, charge_id, &charge.table, recipe)
-            .map(Some)
-            .map_err(|e| exec_datafusion_err!("{function}: the release was drawn but could not be stored: {e}"))
+        let ids = store
+            .store(first + index as i64, charge_id, &charge.table, recipes)
+            .map_err(|e| exec_datafusion_err!("{function}: the release was drawn but could not be stored: {e}"))?;
+        Ok(ids.into_iter().map(Some).collect())
     }
 
     /// The slot, if the call has one.

@@ -22,7 +22,7 @@ use rand::rngs::ChaCha20Rng;
 use super::aggregate::{PrivateSpec, PrivateUdaf};
 use super::arrays::float_list;
 use super::call::{CallContext, PolicyArgs};
-use super::group_rows::GroupRows;
+use super::group_rows::GroupedBatch;
 use super::params::{FunctionParams, ParamDef, ParamKind};
 use super::release::Release;
 use crate::mechanism::density::auto_bandwidth::AutoKde;
@@ -367,14 +367,28 @@ impl Release for KdeRun {
         Ok(())
     }
 
-    fn update_groups(&self, statistics: &mut [BufferedSums], values: &[ArrayRef], rows: &GroupRows) -> Result<()> {
+    fn update_groups(
+        &self,
+        statistics: &mut [BufferedSums],
+        values: &[ArrayRef],
+        batch: &mut GroupedBatch,
+    ) -> Result<()> {
         let column = values[0].as_primitive::<Float64Type>();
         let layout = self.mechanism.layout();
-        for (g, indices) in rows.iter() {
-            match column.nulls().filter(|n| n.null_count() > 0) {
-                None => layout.accumulate_rows(&mut statistics[g], column.values(), indices, |_| true),
-                Some(nulls) => {
-                    layout.accumulate_rows(&mut statistics[g], column.values(), indices, |i| nulls.is_valid(i))
+        let nulls = column.nulls().filter(|n| n.null_count() > 0);
+        let (xs, groups) = (column.values(), batch.indices());
+        // Binned: each row straight into its group, in row order.
+        let scattered = match (nulls, batch.filter()) {
+            (None, None) => layout.scatter_rows(statistics, batch.touched(), xs, groups, |_| true),
+            (nulls, filter) => layout.scatter_rows(statistics, batch.touched(), xs, groups, |i| {
+                nulls.is_none_or(|n| n.is_valid(i)) && filter.is_none_or(|f| f.is_valid(i) && f.value(i))
+            }),
+        };
+        if !scattered {
+            for (g, indices) in batch.ordered().iter() {
+                match nulls {
+                    None => layout.accumulate_rows(&mut statistics[g], xs, indices, |_| true),
+                    Some(nulls) => layout.accumulate_rows(&mut statistics[g], xs, indices, |i| nulls.is_valid(i)),
                 }
             }
         }
@@ -426,6 +440,7 @@ impl Release for KdeRun {
 mod tests {
     use super::*;
     use crate::functions::aggregate::PrivateAccumulator;
+    use crate::functions::group_rows::GroupRows;
     use crate::functions::groups::PrivateGroups;
     use crate::mechanism::{Calibration, NoiseSource};
     use datafusion::arrow::array::{BooleanArray, UInt32Array};
@@ -535,8 +550,9 @@ mod tests {
     #[test]
     fn the_grouped_form_equals_one_accumulator_per_group() {
         use datafusion::logical_expr::GroupsAccumulator;
-        // Binned (h = 0.1) and exact (h = 10⁻⁵: more than 2²⁰ bins) layouts; the function's own
-        // update_groups and the default (take, then update).
+        // Binned (h = 0.1: rows scattered into their groups) and exact (h = 10⁻⁵: more than 2²⁰
+        // bins; rows ordered by group) layouts; the function's own update_groups and the default
+        // (take, then update).
         for (h, by_take) in [(0.1, false), (0.1, true), (1e-5, false)] {
             assert_eq!(run(h).mechanism.layout().is_binned(), h > 0.01);
             let mut grouped = groups(run(h));
@@ -550,13 +566,13 @@ mod tests {
                 if by_take {
                     grouped.grow(total);
                     let mut rows = GroupRows::default();
-                    rows.order(&g, filter.as_ref(), total);
+                    let mut batch = GroupedBatch::new(&g, filter.as_ref(), total, &mut rows);
                     let call = run(h);
                     crate::functions::release::update_groups_by_take(
                         &call,
                         grouped.statistics_mut(),
                         &[xs.clone()],
-                        &rows,
+                        batch.ordered(),
                     )
                     .unwrap();
                 } else {

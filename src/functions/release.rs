@@ -3,6 +3,7 @@
 //! permit first, noise once, stored release kept.
 
 use std::fmt;
+use std::sync::Mutex;
 
 use datafusion::arrow::array::{ArrayRef, UInt32Array};
 use datafusion::arrow::compute::take_arrays;
@@ -11,7 +12,7 @@ use rand::rngs::ChaCha20Rng;
 
 use super::arrays::{fixed_point_state, for_each_fixed_point_row};
 use super::call::CallContext;
-use super::group_rows::GroupRows;
+use super::group_rows::{GroupRows, GroupedBatch};
 use crate::mechanism::stored::Recipe;
 use crate::mechanism::sums::BufferedSums;
 
@@ -20,7 +21,7 @@ pub trait Release: fmt::Debug + Send + Sync + 'static {
     /// The exact sufficient statistic.
     type Statistic: Statistic;
     /// What the release computes before its stored id is known.
-    type Output;
+    type Output: Send;
 
     /// An empty statistic.
     fn statistic(&self) -> Self::Statistic;
@@ -28,12 +29,17 @@ pub trait Release: fmt::Debug + Send + Sync + 'static {
     /// Adds the rows of one batch (the coerced data arguments).
     fn update(&self, statistic: &mut Self::Statistic, values: &[ArrayRef]) -> Result<()>;
 
-    /// Adds the rows of one batch to their groups' statistics: `rows` lists each group's rows
-    /// (GROUP BY's vectorised form). The default takes each group's rows into arrays and calls
-    /// [`Release::update`]; a function may read the batch's columns in place instead, with the
-    /// same (exact) result.
-    fn update_groups(&self, statistics: &mut [Self::Statistic], values: &[ArrayRef], rows: &GroupRows) -> Result<()> {
-        update_groups_by_take(self, statistics, values, rows)
+    /// Adds the rows of one batch to their groups' statistics (GROUP BY's vectorised form). The
+    /// default takes each group's rows into arrays and calls [`Release::update`]; a function may
+    /// read the batch's columns in place instead (by group, or scattering rows in row order),
+    /// with the same (exact) result.
+    fn update_groups(
+        &self,
+        statistics: &mut [Self::Statistic],
+        values: &[ArrayRef],
+        batch: &mut GroupedBatch,
+    ) -> Result<()> {
+        update_groups_by_take(self, statistics, values, batch.ordered())
     }
 
     /// Memory one call needs: (one accumulator's state, the release's work), in bytes.
@@ -103,9 +109,66 @@ pub(crate) fn release_statistic<C: Release>(
     statistic: &mut C::Statistic,
     cx: &CallContext,
 ) -> Result<ScalarValue> {
-    cx.permits.take(name)?;
-    let mut rng = cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
-    let (output, recipe) = call.release(statistic, rng.as_mut(), cx)?;
-    let id = cx.permits.keep(name, &recipe)?;
-    call.result(output, id)
+    Ok(release_statistics(name, call, std::slice::from_mut(statistic), cx)?.pop().expect("one release"))
+}
+
+/// Releases the statistics of a grouped call, in their order: each drawn as
+/// [`release_statistic`] draws one (permit first, fresh noise), on up to the machine's cores at
+/// once when there are many groups (a release's work depends on public parameters only, and
+/// how many releases there are is public: the declared or selected groups); then all kept in
+/// one transaction, numbered in this order, before any result is returned.
+pub(crate) fn release_statistics<C: Release>(
+    name: &'static str,
+    call: &C,
+    statistics: &mut [C::Statistic],
+    cx: &CallContext,
+) -> Result<Vec<ScalarValue>> {
+    let draw = |s: &mut C::Statistic| -> Result<(C::Output, Recipe)> {
+        cx.permits.take(name)?;
+        let mut rng = cx.noise.release_rng().map_err(|e| exec_datafusion_err!("{name}: {e}"))?;
+        call.release(s, rng.as_mut(), cx)
+    };
+    let drawn = in_parallel(statistics, RELEASES_PER_THREAD, |part| part.iter_mut().map(draw).collect())?;
+    let ids = cx.permits.keep_all(name, &drawn.iter().map(|(_, recipe)| recipe).collect::<Vec<_>>())?;
+    drawn.into_iter().zip(ids).map(|((output, _), id)| call.result(output, id)).collect()
+}
+
+/// Releases a thread of [`release_statistics`] takes at least (fewer run on the caller's).
+const RELEASES_PER_THREAD: usize = 8;
+
+/// `work` over consecutive parts of `items` (at least `per_thread` each) on up to
+/// `available_parallelism` threads, results concatenated in order. The calling thread works
+/// too, taking parts from the same queue, so a thread that cannot be started makes the work
+/// slower, never fail. A panic in a part panics the caller.
+fn in_parallel<T: Send, R: Send>(
+    items: &mut [T],
+    per_thread: usize,
+    work: impl Fn(&mut [T]) -> Result<Vec<R>> + Sync,
+) -> Result<Vec<R>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.min(items.len() / per_thread.max(1)).max(1);
+    if threads == 1 {
+        return work(items);
+    }
+    let parts: Vec<_> = items.chunks_mut(items.len().div_ceil(threads)).enumerate().collect();
+    let done: Mutex<Vec<Option<Result<Vec<R>>>>> = Mutex::new(parts.iter().map(|_| None).collect());
+    let queue = Mutex::new(parts);
+    let run = || {
+        while let Some((i, part)) = queue.lock().expect("release queue").pop() {
+            let results = work(part);
+            done.lock().expect("release results")[i] = Some(results);
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            // Not started (a thread limit): the others take its parts.
+            let _ = std::thread::Builder::new().name("dpcurve-release".into()).spawn_scoped(scope, run);
+        }
+        run();
+    });
+    let mut out = Vec::new();
+    for results in done.into_inner().expect("release results") {
+        out.extend(results.expect("every part ran")?);
+    }
+    Ok(out)
 }

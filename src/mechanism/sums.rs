@@ -80,6 +80,14 @@ impl BufferedSums {
         &mut self.split
     }
 
+    /// The split buffer, for rows already announced with [`BufferedSums::buffer_split`] (a
+    /// caller that announces a batch's rows per group, then adds them in row order). Empty
+    /// before the first announcement.
+    #[inline(always)]
+    pub fn announced_split(&mut self) -> &mut [[i64; 2]] {
+        &mut self.split
+    }
+
     /// Adds exact sums of the same length (e.g. a partial state from another partition).
     pub fn merge(&mut self, other: &[i128]) {
         add_saturating(&mut self.totals, other);

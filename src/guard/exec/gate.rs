@@ -50,9 +50,18 @@ impl crate::functions::releases::ReleaseReader for ScopedReleases {
 }
 
 impl ReleaseStore for Catalog {
-    fn store(&self, id: i64, charge: i64, table: &str, recipe: &Recipe) -> std::result::Result<String, String> {
-        self.store_release(Some(id), charge, table, recipe.function(), &recipe.parameters(), &recipe.data())
-            .map_err(|e| e.to_string())
+    fn store(
+        &self,
+        first_id: i64,
+        charge: i64,
+        table: &str,
+        recipes: &[&Recipe],
+    ) -> std::result::Result<Vec<String>, String> {
+        let encoded: Vec<(&str, String, Vec<u8>)> =
+            recipes.iter().map(|r| (r.function(), r.parameters(), r.data())).collect();
+        let rows =
+            encoded.iter().enumerate().map(|(i, (f, p, d))| (Some(first_id + i as i64), *f, p.as_str(), d.as_slice()));
+        self.store_releases(charge, table, rows).map_err(|e| e.to_string())
     }
 }
 

@@ -13,9 +13,9 @@
 
 use std::sync::Arc;
 
-use datafusion::common::Result;
 use datafusion::common::tree_node::Transformed;
-use datafusion::logical_expr::{Expr, Filter, LogicalPlan, in_list};
+use datafusion::common::{Result, ScalarValue};
+use datafusion::logical_expr::{Between, Expr, Filter, LogicalPlan, in_list};
 
 use crate::guard::checking::Checking;
 use crate::guard::view::{GroupMode, KeysMap, group_mode};
@@ -27,6 +27,43 @@ pub fn run(cx: &mut Checking<'_>) -> Result<()> {
     cx.rewrite(|plan| filter_to_declared_keys(plan, &view.keys))
 }
 
+/// `g` is one of `keys`: `g BETWEEN lo AND hi` when the keys are every integer from lo to hi (two
+/// vectorised comparisons per row), else `g IN (keys)` (a hash lookup per row). A NULL `g` is in
+/// neither.
+fn declared(g: &Expr, keys: Vec<ScalarValue>) -> Expr {
+    let integers: Option<Vec<i128>> = keys.iter().map(integer).collect();
+    if let Some(mut ints) = integers.filter(|v| !v.is_empty()) {
+        ints.sort_unstable();
+        ints.dedup();
+        let (lo, hi) = (ints[0], ints[ints.len() - 1]);
+        if hi - lo + 1 == ints.len() as i128 {
+            let at = |v: i128| keys.iter().find(|k| integer(k) == Some(v)).cloned().expect("a declared key");
+            return Expr::Between(Between::new(
+                Box::new(g.clone()),
+                false,
+                Box::new(Expr::Literal(at(lo), None)),
+                Box::new(Expr::Literal(at(hi), None)),
+            ));
+        }
+    }
+    in_list(g.clone(), keys.into_iter().map(|k| Expr::Literal(k, None)).collect(), false)
+}
+
+/// The value of a non-null integer key.
+fn integer(k: &ScalarValue) -> Option<i128> {
+    match k {
+        ScalarValue::Int8(Some(v)) => Some(*v as i128),
+        ScalarValue::Int16(Some(v)) => Some(*v as i128),
+        ScalarValue::Int32(Some(v)) => Some(*v as i128),
+        ScalarValue::Int64(Some(v)) => Some(*v as i128),
+        ScalarValue::UInt8(Some(v)) => Some(*v as i128),
+        ScalarValue::UInt16(Some(v)) => Some(*v as i128),
+        ScalarValue::UInt32(Some(v)) => Some(*v as i128),
+        ScalarValue::UInt64(Some(v)) => Some(*v as i128),
+        _ => None,
+    }
+}
+
 /// Adds `g IN (declared keys)` below every grouped private aggregate over a private table, so
 /// rows with undeclared keys are dropped (they would otherwise make groups appear).
 pub fn filter_to_declared_keys(plan: LogicalPlan, keys: &KeysMap) -> Result<LogicalPlan> {
@@ -36,12 +73,7 @@ pub fn filter_to_declared_keys(plan: LogicalPlan, keys: &KeysMap) -> Result<Logi
             return Ok(Transformed::no(node));
         }
         let GroupMode::Declared(columns) = group_mode(agg, keys, &table)? else { return Ok(Transformed::no(node)) };
-        let Some(predicate) = agg
-            .group_expr
-            .iter()
-            .zip(columns)
-            .map(|(g, ks)| in_list(g.clone(), ks.into_iter().map(|k| Expr::Literal(k, None)).collect(), false))
-            .reduce(Expr::and)
+        let Some(predicate) = agg.group_expr.iter().zip(columns).map(|(g, ks)| declared(g, ks)).reduce(Expr::and)
         else {
             return Ok(Transformed::no(node));
         };
@@ -49,4 +81,36 @@ pub fn filter_to_declared_keys(plan: LogicalPlan, keys: &KeysMap) -> Result<Logi
         with_input(agg, input)
     })
     .map(|t| t.data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{AsArray, Int32Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
+    use datafusion::logical_expr::col;
+    use datafusion::prelude::SessionContext;
+
+    /// The values of `k ∈ {−3, …, 12, NULL}` the filter for `keys` keeps, and whether it is a range.
+    async fn kept(keys: &[i32]) -> (Vec<i32>, bool) {
+        let filter = declared(&col("k"), keys.iter().map(|&k| ScalarValue::Int32(Some(k))).collect());
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, true)]));
+        let values: Int32Array = (-3..=12).map(Some).chain([None]).collect();
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(values)]).unwrap();
+        let ctx = SessionContext::new();
+        let rows = ctx.read_batch(batch).unwrap().filter(filter.clone()).unwrap().collect().await.unwrap();
+        let kept = rows.iter().flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec()).collect();
+        (kept, matches!(filter, Expr::Between(_)))
+    }
+
+    #[tokio::test]
+    async fn the_declared_keys_filter_keeps_exactly_the_declared_keys() {
+        assert_eq!(kept(&[3, 1, 2, 2, 4]).await, (vec![1, 2, 3, 4], true), "a run of integers (unordered, repeated)");
+        assert_eq!(kept(&[7]).await, (vec![7], true));
+        assert_eq!(kept(&[0, 2, 3, 6]).await, (vec![0, 2, 3, 6], false), "a gap: a list");
+        assert_eq!(kept(&[-3, 12]).await, (vec![-3, 12], false));
+        // Strings are a list.
+        let filter = declared(&col("r"), vec![ScalarValue::from("a"), ScalarValue::from("b")]);
+        assert!(matches!(filter, Expr::InList(_)), "{filter}");
+    }
 }

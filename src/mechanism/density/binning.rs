@@ -11,6 +11,11 @@
 //! is bit-identical to adding every value with `linear_bin`. A dropped value (NaN, ±∞,
 //! outside the bins) goes to a spare entry past the last bin, which the flush ignores:
 //! every value costs the same work, whatever it is.
+//!
+//! Under GROUP BY, [`LinearBins::scatter`] adds a whole batch in row order, each row to its
+//! group's split buffer: no ordering of the rows by group, no gather.
+
+use crate::mechanism::sums::BufferedSums;
 
 /// `x + ROUND_MAGIC` (1.5·2^52) rounds x to the nearest integer, which is then the low
 /// [`LOW_BITS`] of the sum's representation (valid for |x| < 2^51). Converting this way
@@ -129,20 +134,70 @@ impl LinearBins {
         let mut right = [0i64; BLOCK];
         for block in values.chunks(BLOCK) {
             let (left, right) = (&mut left[..block.len()], &mut right[..block.len()]);
-            match kernel {
-                Kernel::Portable => locate(self, block, left, right),
-                // SAFETY: these kernels are only chosen when the CPU has the features they
-                // are compiled for (`Kernel::detect`, `Kernel::available`).
-                #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2 => unsafe { locate_avx2(self, block, left, right) },
-                #[cfg(target_arch = "x86_64")]
-                Kernel::Avx512 => unsafe { locate_avx512(self, block, left, right) },
-            }
+            self.locate_with(kernel, block, left, right);
             for (&l, &r) in left.iter().zip(right.iter()) {
                 let entry = &mut split[l as usize];
                 entry[0] += 1;
                 entry[1] += r;
             }
+        }
+    }
+}
+
+impl LinearBins {
+    /// Adds row i of `values` to the split buffer of `accs[groups[i]]` (GROUP BY: a batch's rows
+    /// scattered into their groups in row order), a row where `keep(i)` is false to that
+    /// buffer's spare entry (the same work as any row). Every group's rows must have been
+    /// announced ([`BufferedSums::buffer_split`], this layout's unit) — a group without an
+    /// announced buffer panics on its first row. Each group's statistic is bit-identical to
+    /// [`LinearBins::add`] of its kept values.
+    pub(crate) fn scatter(
+        &self,
+        accs: &mut [BufferedSums],
+        values: &[f64],
+        groups: &[usize],
+        keep: impl Fn(usize) -> bool,
+    ) {
+        self.scatter_with(Kernel::detect(), accs, values, groups, keep)
+    }
+
+    /// [`LinearBins::scatter`] with a chosen kernel (one [`Kernel::detect`] allows).
+    pub(crate) fn scatter_with(
+        &self,
+        kernel: Kernel,
+        accs: &mut [BufferedSums],
+        values: &[f64],
+        groups: &[usize],
+        keep: impl Fn(usize) -> bool,
+    ) {
+        assert_eq!(values.len(), groups.len(), "one group per value");
+        assert!((2..=1 << 31).contains(&self.nbins));
+        let spare = self.nbins as u32;
+        let mut left = [0u32; BLOCK];
+        let mut right = [0i64; BLOCK];
+        for (b, (block, block_groups)) in values.chunks(BLOCK).zip(groups.chunks(BLOCK)).enumerate() {
+            let (left, right) = (&mut left[..block.len()], &mut right[..block.len()]);
+            self.locate_with(kernel, block, left, right);
+            for (j, ((&l, &r), &g)) in left.iter().zip(right.iter()).zip(block_groups).enumerate() {
+                let kept = keep(b * BLOCK + j);
+                let entry = &mut accs[g].announced_split()[if kept { l } else { spare } as usize];
+                entry[0] += 1;
+                entry[1] += if kept { r } else { 0 };
+            }
+        }
+    }
+
+    /// Each value's left bin and right weight ([`locate`]) with a chosen kernel.
+    #[inline(always)]
+    fn locate_with(&self, kernel: Kernel, block: &[f64], left: &mut [u32], right: &mut [i64]) {
+        match kernel {
+            Kernel::Portable => locate(self, block, left, right),
+            // SAFETY: these kernels are only chosen when the CPU has the features they are
+            // compiled for (`Kernel::detect`, `Kernel::available`).
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { locate_avx2(self, block, left, right) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { locate_avx512(self, block, left, right) },
         }
     }
 }
@@ -237,6 +292,35 @@ mod tests {
                 let mut acc = BufferedSums::new(bins.nbins, 1 << 22);
                 bins.add_iter(acc.buffer_split(xs.len(), UNIT), xs.iter().copied());
                 assert_eq!(acc.totals(), &reference[..], "gathered, on {bins:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn scattering_into_groups_gives_each_group_its_own_statistic() {
+        // Rows of 5 groups in row order (one group never has a row), a third of them dropped:
+        // each group's statistic is the definition's on its kept values, with every kernel.
+        let bins = LinearBins { origin: -0.2, inv_spacing: 1.0 / 0.0007, nbins: 2515 };
+        let xs = awkward_values(&bins, 20_000);
+        let groups: Vec<usize> = (0..xs.len()).map(|i| [0, 1, 1, 3, 4, 4, 4][(i * 7 + i / 3) % 7]).collect();
+        let keep = |i: usize| i % 3 != 1;
+        for kernel in Kernel::available() {
+            let mut accs: Vec<BufferedSums> = (0..5).map(|_| BufferedSums::new(bins.nbins, 1 << 22)).collect();
+            for (piece, piece_groups) in xs.chunks(1000 + 3).zip(groups.chunks(1000 + 3)) {
+                for (g, acc) in accs.iter_mut().enumerate() {
+                    let rows = piece_groups.iter().filter(|&&h| h == g).count();
+                    if rows > 0 {
+                        acc.buffer_split(rows, UNIT);
+                    }
+                }
+                let start = piece.as_ptr() as usize - xs.as_ptr() as usize;
+                let offset = start / size_of::<f64>();
+                bins.scatter_with(kernel, &mut accs, piece, piece_groups, |i| keep(offset + i));
+            }
+            for (g, acc) in accs.iter_mut().enumerate() {
+                let mine: Vec<f64> = (0..xs.len()).filter(|&i| groups[i] == g && keep(i)).map(|i| xs[i]).collect();
+                assert_eq!(acc.totals(), &by_definition(&bins, &mine)[..], "{kernel:?}, group {g}");
+                assert_eq!(mine.is_empty(), g == 2);
             }
         }
     }

@@ -445,6 +445,29 @@ impl KdeLayout {
         }
     }
 
+    /// Adds row i of `values` to `accs[groups[i]]`, rows where `keep(i)` is false dropped
+    /// (GROUP BY: a whole batch, each row scattered into its group's statistic; every row costs
+    /// the same work, dropped or not). `touched` lists each group that has rows here and how
+    /// many (dropped ones included). Each group's statistic is bit-identical to
+    /// [`KdeLayout::accumulate_rows`] of its rows. False, with nothing added, when the layout
+    /// cannot scatter (exact mode, or more rows than one buffer holds): add each group's rows
+    /// with [`KdeLayout::accumulate_rows`] instead.
+    pub fn scatter_rows(
+        &self,
+        accs: &mut [BufferedSums],
+        touched: impl Iterator<Item = (usize, usize)>,
+        values: &[f64],
+        groups: &[usize],
+        keep: impl Fn(usize) -> bool,
+    ) -> bool {
+        let Some(bins) = self.linear_bins().filter(|_| values.len() <= FLUSH_ROWS) else { return false };
+        for (g, rows) in touched {
+            accs[g].buffer_split(rows, UNIT);
+        }
+        bins.scatter(accs, values, groups, keep);
+        true
+    }
+
     /// The bins of binned mode, for the block binning loop.
     fn linear_bins(&self) -> Option<LinearBins> {
         match &self.mode {

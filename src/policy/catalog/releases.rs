@@ -58,16 +58,36 @@ impl Catalog {
         parameters: &str,
         data: &[u8],
     ) -> Result<String, PolicyError> {
+        let mut ids = self.store_releases(charge_id, table, [(id, function, parameters, data)])?;
+        Ok(ids.pop().expect("one release stored"))
+    }
+
+    /// Keeps several releases of one charge in one transaction (one commit for all the groups of
+    /// a grouped call), each as [`Catalog::store_release`] keeps one: `(reserved id, function,
+    /// parameters, data)`. Returns their ids in order; none is kept if one cannot be.
+    pub fn store_releases<'a>(
+        &self,
+        charge_id: i64,
+        table: &str,
+        releases: impl IntoIterator<Item = (Option<i64>, &'a str, &'a str, &'a [u8])>,
+    ) -> Result<Vec<String>, PolicyError> {
         self.with_store(|conn| {
-            conn.execute(
-                &format!(
-                    "INSERT INTO stored_releases (id, charge_id, at, table_name, function, parameters, data)
-                     VALUES (?6, ?1, {NOW}, ?2, ?3, ?4, ?5)"
-                ),
-                params![charge_id, table, function, parameters, data, id],
-            )
-            .map_err(storage)?;
-            Ok(format!("{RELEASE_ID_PREFIX}{}", conn.last_insert_rowid()))
+            let tx = conn.unchecked_transaction().map_err(storage)?;
+            let mut ids = Vec::new();
+            {
+                let mut insert = tx
+                    .prepare_cached(&format!(
+                        "INSERT INTO stored_releases (id, charge_id, at, table_name, function, parameters, data)
+                         VALUES (?6, ?1, {NOW}, ?2, ?3, ?4, ?5)"
+                    ))
+                    .map_err(storage)?;
+                for (id, function, parameters, data) in releases {
+                    insert.execute(params![charge_id, table, function, parameters, data, id]).map_err(storage)?;
+                    ids.push(format!("{RELEASE_ID_PREFIX}{}", tx.last_insert_rowid()));
+                }
+            }
+            tx.commit().map_err(storage)?;
+            Ok(ids)
         })
     }
 
