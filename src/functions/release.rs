@@ -154,7 +154,10 @@ fn in_parallel<T: Send, R: Send>(
     let done: Mutex<Vec<Option<Result<Vec<R>>>>> = Mutex::new(parts.iter().map(|_| None).collect());
     let queue = Mutex::new(parts);
     let run = || {
-        while let Some((i, part)) = queue.lock().expect("release queue").pop() {
+        loop {
+            // (A statement of its own: the queue is unlocked while the part is worked on.)
+            let next = queue.lock().expect("release queue").pop();
+            let Some((i, part)) = next else { break };
             let results = work(part);
             done.lock().expect("release results")[i] = Some(results);
         }
@@ -171,4 +174,35 @@ fn in_parallel<T: Send, R: Send>(
         out.extend(results.expect("every part ran")?);
     }
     Ok(out)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_parts_run_on_several_threads_and_come_back_in_order() {
+        // Each part sleeps a while, so a second thread has time to take the other part; the
+        // results keep the items' order, whichever thread computed them.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut items: Vec<u32> = (0..100).collect();
+        let out = in_parallel(&mut items, 8, |part| {
+            std::thread::sleep(std::time::Duration::from_millis(part.len() as u64));
+            let me = std::thread::current().id();
+            Ok(part.iter().map(|&i| (i * 2, me)).collect())
+        })
+        .unwrap();
+        assert_eq!(out.iter().map(|o| o.0).collect::<Vec<_>>(), (0..100).map(|i| i * 2).collect::<Vec<_>>());
+        let threads: std::collections::HashSet<_> = out.iter().map(|o| o.1).collect();
+        assert_eq!(threads.len(), cores.min(100 / 8), "the parts ran on {} threads", threads.len());
+        // Too few items for a second thread: all on the caller's.
+        let mut few = [1u32; 9];
+        let out =
+            in_parallel(&mut few, 8, |part| Ok(part.iter().map(|_| std::thread::current().id()).collect())).unwrap();
+        assert!(out.iter().all(|&t| t == std::thread::current().id()));
+        // An error in a part is the result.
+        let e = in_parallel(&mut items, 8, |part| {
+            if part.contains(&99) { Err(datafusion::common::DataFusionError::Plan("no".into())) } else { Ok(vec![()]) }
+        });
+        assert!(e.is_err());
+    }
 }
