@@ -207,40 +207,44 @@ async fn private_keys_without_a_selection_and_misplaced_arguments_are_refused() 
 
 #[tokio::test]
 async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() {
-    // The same groups under an integer key (counted by value, then hashed) and under a string
+    // The same groups under an integer key (counted by value, then hashed; the membership filter
+    // tests the selected values themselves unless the NULL key is among them) and under a string
     // key (hashed on every row): code 1 has exactly τ = 15 rows, code 2 one fewer, code 3 many,
-    // and a NULL key (one group under both: its own value, its own hash) 20.
-    let dir = TempDir::new("sel-int-keys");
-    let (mut code, mut name, mut x) = (Vec::new(), Vec::new(), Vec::new());
-    for (c, rows) in [(Some(1i64), 15), (Some(2), 14), (Some(3), 200), (None, 20)] {
-        for i in 0..rows {
-            code.push(c);
-            name.push(c.map(|c| format!("c{c}")));
-            x.push((i % 31) as f64 / 31.0);
+    // and a NULL key (one group under both: its own value, its own hash) 20 rows (selected) or 5.
+    for (null_rows, want) in [(20, &["", "1", "3"][..]), (5, &["1", "3"][..])] {
+        let dir = TempDir::new(&format!("sel-int-keys-{null_rows}"));
+        let (mut code, mut name, mut x) = (Vec::new(), Vec::new(), Vec::new());
+        for (c, rows) in [(Some(1i64), 15), (Some(2), 14), (Some(3), 200), (None, null_rows)] {
+            for i in 0..rows {
+                code.push(c);
+                name.push(c.map(|c| format!("c{c}")));
+                x.push((i % 31) as f64 / 31.0);
+            }
         }
-    }
-    common::write_columns(
-        &dir.path("t.parquet"),
-        vec![
-            ("code", Arc::new(datafusion::arrow::array::Int64Array::from(code)) as ArrayRef),
-            ("name", Arc::new(StringArray::from(name))),
-            ("x", Arc::new(Float64Array::from(x))),
-        ],
-    );
-    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-    admin.register("t", &dir.str("t.parquet")).await.unwrap();
-    admin.make_private("t", 1000.0, 1e-2).unwrap();
-    admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
-    let opts = SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
-    let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
-    let by = |k: &str| format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k}", kde(SELECT));
-    let codes = cities(&s, &by("code")).await;
-    let names = cities(&s, &by("name")).await;
-    // (A NULL key reads as "" here.)
-    assert_eq!(codes.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["", "1", "3"], "count ≥ τ = 15 exactly");
-    assert_eq!(names.len(), codes.len());
-    for ((c, a), (n, b)) in codes.iter().zip(&names) {
-        assert_eq!(if c.is_empty() { String::new() } else { format!("c{c}") }, *n);
-        assert_eq!(a.to_bits(), b.to_bits(), "group {c}: the same rows");
+        common::write_columns(
+            &dir.path("t.parquet"),
+            vec![
+                ("code", Arc::new(datafusion::arrow::array::Int64Array::from(code)) as ArrayRef),
+                ("name", Arc::new(StringArray::from(name))),
+                ("x", Arc::new(Float64Array::from(x))),
+            ],
+        );
+        let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+        admin.register("t", &dir.str("t.parquet")).await.unwrap();
+        admin.make_private("t", 1000.0, 1e-2).unwrap();
+        admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+        let opts = SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
+        let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+        let by = |k: &str| format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k}", kde(SELECT));
+        let codes = cities(&s, &by("code")).await;
+        let names = cities(&s, &by("name")).await;
+        // (A NULL key reads as "" here.)
+        assert_eq!(codes.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), want, "count ≥ τ = 15 exactly");
+        assert_eq!(names.len(), codes.len());
+        for ((c, a), (n, b)) in codes.iter().zip(&names) {
+            assert_eq!(if c.is_empty() { String::new() } else { format!("c{c}") }, *n);
+            assert_eq!(a.to_bits(), b.to_bits(), "group {c}: the same rows");
+            assert!(*a > 14.0, "group {c} has its rows: {a}");
+        }
     }
 }

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::Int64Type;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::LogicalPlan;
@@ -13,7 +13,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::functions::PermitSlot;
 use crate::guard::ops::sample_order::canonical_rows;
-use crate::guard::ops::selected::SelectedKeys;
+use crate::guard::ops::selected::{SelectedKeys, integer_keys};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::selection::PartitionSelection;
 
@@ -57,11 +57,12 @@ impl SelectionStage {
     pub fn select(&self, batches: &[RecordBatch]) -> Result<usize> {
         let mut rng = self.noise.release_rng().map_err(|e| DataFusionError::Execution(e.to_string()))?;
         // (noisy count, key hash, the key's canonical encoding when the first pass counted by value)
-        let mut kept: Vec<(i128, Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut kept: Vec<(i128, Vec<u8>, Option<Vec<u8>>, Option<i64>)> = Vec::new();
         for b in batches {
             let keys = b.column(0).as_fixed_size_binary();
             let counts = b.column(1).as_primitive::<Int64Type>();
             let values = if b.num_columns() > 2 { Some(canonical_rows(&b.columns()[2..])?) } else { None };
+            let integers = if b.num_columns() == 3 { integer_keys(b.column(2)) } else { None };
             for row in 0..b.num_rows() {
                 let key = keys.value(row).to_vec();
                 let c = counts.value(row).max(0) as u64;
@@ -70,20 +71,22 @@ impl SelectionStage {
                     None => c as i128, // test hook: noise off
                 };
                 if noisy >= self.selection.threshold() as i128 {
-                    kept.push((noisy, key, values.as_ref().map(|v| v.row(row).as_ref().to_vec())));
+                    let integer = integers.as_ref().and_then(|v| v.is_valid(row).then(|| v.value(row)));
+                    kept.push((noisy, key, values.as_ref().map(|v| v.row(row).as_ref().to_vec()), integer));
                 }
             }
         }
         kept.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         kept.truncate(self.max_groups);
         let n = kept.len();
-        let chosen: Vec<Vec<u8>> = kept.iter().map(|(_, k, _)| k.clone()).collect();
+        let chosen: Vec<Vec<u8>> = kept.iter().map(|(_, k, _, _)| k.clone()).collect();
         self.slots.iter().for_each(|s| {
             s.set_available(n as u64);
             s.set_selected(chosen.clone());
         });
-        match kept.iter().map(|(_, _, v)| v.clone()).collect::<Option<Vec<_>>>() {
-            Some(values) if n > 0 => self.keys.set_with_values(chosen, values)?,
+        let integers = kept.iter().map(|(_, _, _, i)| *i).collect::<Option<Vec<_>>>();
+        match kept.iter().map(|(_, _, v, _)| v.clone()).collect::<Option<Vec<_>>>() {
+            Some(values) if n > 0 => self.keys.set_with_values(chosen, values, integers)?,
             _ => self.keys.set(chosen)?,
         }
         Ok(n)

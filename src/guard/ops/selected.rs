@@ -7,8 +7,9 @@ use std::fmt;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use datafusion::arrow::array::BooleanArray;
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, Int64Array};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility};
 
@@ -23,11 +24,22 @@ pub struct SelectedKeys {
 }
 
 /// What the gate selected: the key hashes, and — when the first pass counted keys by value —
-/// the keys' canonical row encodings, so the filter tests a row's key without hashing it.
+/// the keys' canonical row encodings, so the filter tests a row's key without hashing it; and
+/// for one integer key column without a NULL key, the keys themselves, so it tests the column's
+/// values without encoding them.
 #[derive(Debug)]
 struct Selected {
     hashes: KeySet,
     values: Option<HashSet<Box<[u8]>, foldhash::fast::RandomState>>,
+    integers: Option<HashSet<i64, foldhash::fast::RandomState>>,
+}
+
+/// An integer key column as i64 values (exact for every type here), or None for other types.
+pub(crate) fn integer_keys(column: &ArrayRef) -> Option<Int64Array> {
+    use DataType::*;
+    matches!(column.data_type(), Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32)
+        .then(|| cast(column, &Int64).ok().map(|a| a.as_primitive::<Int64Type>().clone()))
+        .flatten()
 }
 
 /// Selected key hashes. They are keyed 128-bit hashes under a secret per-query key, so their
@@ -69,15 +81,17 @@ impl SelectedKeys {
     /// Hands the selected key hashes (16 bytes each) to the filter.
     pub fn set(&self, keys: impl IntoIterator<Item = Vec<u8>>) -> Result<()> {
         let hashes = keys.into_iter().map(|k| key_number(&k)).collect::<Result<KeySet>>()?;
-        *self.lock()? = Some(Selected { hashes, values: None });
+        *self.lock()? = Some(Selected { hashes, values: None, integers: None });
         Ok(())
     }
 
-    /// Hands the selected key hashes and the same keys' canonical row encodings to the filter.
-    pub fn set_with_values(&self, keys: Vec<Vec<u8>>, values: Vec<Vec<u8>>) -> Result<()> {
+    /// Hands the selected key hashes and the same keys' canonical row encodings to the filter,
+    /// and their values when they are one integer column without NULL ([`integer_keys`]).
+    pub fn set_with_values(&self, keys: Vec<Vec<u8>>, values: Vec<Vec<u8>>, integers: Option<Vec<i64>>) -> Result<()> {
         let hashes = keys.iter().map(|k| key_number(k)).collect::<Result<KeySet>>()?;
         let values = Some(values.into_iter().map(Vec::into_boxed_slice).collect());
-        *self.lock()? = Some(Selected { hashes, values });
+        let integers = integers.map(|v| v.into_iter().collect());
+        *self.lock()? = Some(Selected { hashes, values, integers });
         Ok(())
     }
 }
@@ -163,11 +177,18 @@ impl ScalarUDFImpl for SelectedFilter {
         let guard = self.keys.lock()?;
         let out: BooleanArray = match guard.as_ref() {
             None => BooleanArray::from(vec![false; n]),
+            Some(Selected { integers: Some(integers), .. })
+                if let [column] = &columns[..]
+                    && let Some(keys) = integer_keys(column) =>
+            {
+                // A NULL key was not selected (`integers` holds no NULL): its rows are dropped.
+                keys.iter().map(|k| Some(k.is_some_and(|k| integers.contains(&k)))).collect()
+            }
             Some(Selected { values: Some(values), .. }) => {
                 let rows = canonical_rows(&columns)?;
                 rows.iter().map(|r| Some(values.contains(r.as_ref()))).collect()
             }
-            Some(Selected { hashes, values: None }) => {
+            Some(Selected { hashes, values: None, .. }) => {
                 let rows = SampleOrder::with_key(self.hash_key).hashes(&columns)?;
                 rows.iter().map(|h| Some(hashes.contains(h))).collect()
             }
