@@ -136,6 +136,18 @@ pub(crate) fn release_statistics<C: Release>(
 /// Releases a thread of [`release_statistics`] takes at least (fewer run on the caller's).
 const RELEASES_PER_THREAD: usize = 8;
 
+/// How many releases of a call with `groups` groups are drawn at once, at most: what the
+/// planner multiplies a release's work memory by.
+pub(crate) fn releases_at_once(groups: usize) -> usize {
+    threads_for(groups, RELEASES_PER_THREAD)
+}
+
+/// Threads [`in_parallel`] uses for `items` items, at least `per_thread` each.
+fn threads_for(items: usize, per_thread: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(items / per_thread.max(1)).max(1)
+}
+
 /// `work` over consecutive parts of `items` (at least `per_thread` each) on up to
 /// `available_parallelism` threads, results concatenated in order. The calling thread works
 /// too, taking parts from the same queue, so a thread that cannot be started makes the work
@@ -145,8 +157,7 @@ fn in_parallel<T: Send, R: Send>(
     per_thread: usize,
     work: impl Fn(&mut [T]) -> Result<Vec<R>> + Sync,
 ) -> Result<Vec<R>> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(items.len() / per_thread.max(1)).max(1);
+    let threads = threads_for(items.len(), per_thread);
     if threads == 1 {
         return work(items);
     }

@@ -7,6 +7,7 @@ use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::LogicalPlan;
 
 use crate::functions::PrivateCall;
+use crate::functions::release::releases_at_once;
 use crate::guard::checking::Checking;
 use crate::guard::view::{GroupMode, KeysMap, group_mode};
 use crate::guard::walk::find_private_scan;
@@ -51,9 +52,11 @@ fn group_counts(plan: &LogicalPlan, keys: &KeysMap) -> Result<Vec<u64>> {
 fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit: u64) -> Result<()> {
     // States are per group: a grouped aggregate holds one per declared group (SPEC §7).
     let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
+    // A grouped call draws several groups' releases at once, each with its own work.
+    let at_once = releases_at_once(usize::try_from(most_groups).unwrap_or(usize::MAX)) as u64;
     let need = calls.iter().fold(0u64, |a, c| {
         let states = c.state_bytes.saturating_mul(most_groups).saturating_mul(partitions as u64 + 1);
-        a.saturating_add(states.saturating_add(c.work_bytes))
+        a.saturating_add(states.saturating_add(c.work_bytes.saturating_mul(at_once)))
     });
     if need > limit {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -61,7 +64,7 @@ fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit:
             calls.iter().map(|c| format!("{} {:.1} MiB", c.function, mib(c.memory_bytes(partitions)))).collect();
         return plan_err!(
             "[rule memory-limit] the private calls of this query need {:.1} MiB (per group: {}; state × {} \
-             accumulators × up to {most_groups} groups + release), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
+             accumulators × up to {most_groups} groups + release × {at_once} at once), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
              (points, bandwidth relative to hi − lo); the data owner sets the limit with \
              `dpcurve admin set-memory-limit`",
             mib(need),
@@ -71,4 +74,33 @@ fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit:
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mechanism::noise::budget::Budget;
+
+    #[test]
+    fn a_grouped_calls_releases_at_once_each_count_their_work() {
+        let call = PrivateCall {
+            function: "private_kde",
+            cost: Budget::charge(1.0, 0.0).unwrap(),
+            state_bytes: 1 << 10,
+            work_bytes: 8 << 20,
+        };
+        let states = (1u64 << 10) * 100 * 3;
+        let at_once = releases_at_once(100) as u64;
+        // Exactly what 100 groups over 2 partitions need passes; a byte less is refused.
+        let need = states + (8 << 20) * at_once;
+        assert!(check_memory(std::slice::from_ref(&call), &[100], 2, need).is_ok());
+        let e = check_memory(std::slice::from_ref(&call), &[100], 2, need - 1).unwrap_err().to_string();
+        assert!(e.contains(&format!("release × {at_once} at once")), "{e}");
+        // One release's work alone is too little wherever two releases run at once.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        assert_eq!(at_once, cores.min(100 / 8));
+        assert_eq!(check_memory(std::slice::from_ref(&call), &[100], 2, states + (8 << 20)).is_ok(), at_once == 1);
+        // Ungrouped: one release.
+        assert!(check_memory(std::slice::from_ref(&call), &[], 2, (1 << 10) * 3 + (8 << 20)).is_ok());
+    }
 }
