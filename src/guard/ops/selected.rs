@@ -7,7 +7,8 @@ use std::fmt;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, Int64Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array};
+use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::{DataFusionError, Result};
@@ -175,24 +176,27 @@ impl ScalarUDFImpl for SelectedFilter {
         let n = args.number_rows;
         let columns = args.args.iter().map(|a| a.to_array(n)).collect::<Result<Vec<_>>>()?;
         let guard = self.keys.lock()?;
-        let out: BooleanArray = match guard.as_ref() {
-            None => BooleanArray::from(vec![false; n]),
+        // Each row's membership, packed straight into bits (no array of options in between).
+        let bits = match guard.as_ref() {
+            None => BooleanBuffer::new_unset(n),
             Some(Selected { integers: Some(integers), .. })
                 if let [column] = &columns[..]
                     && let Some(keys) = integer_keys(column) =>
             {
                 // A NULL key was not selected (`integers` holds no NULL): its rows are dropped.
-                keys.iter().map(|k| Some(k.is_some_and(|k| integers.contains(&k)))).collect()
+                let values = keys.values();
+                BooleanBuffer::collect_bool(n, |i| keys.is_valid(i) && integers.contains(&values[i]))
             }
             Some(Selected { values: Some(values), .. }) => {
                 let rows = canonical_rows(&columns)?;
-                rows.iter().map(|r| Some(values.contains(r.as_ref()))).collect()
+                BooleanBuffer::collect_bool(n, |i| values.contains(rows.row(i).as_ref()))
             }
             Some(Selected { hashes, values: None, .. }) => {
                 let rows = SampleOrder::with_key(self.hash_key).hashes(&columns)?;
-                rows.iter().map(|h| Some(hashes.contains(h))).collect()
+                BooleanBuffer::collect_bool(n, |i| hashes.contains(&rows[i]))
             }
         };
+        let out = BooleanArray::new(bits, None);
         debug_assert_eq!(out.len(), n);
         Ok(ColumnarValue::Array(Arc::new(out)))
     }
