@@ -138,6 +138,47 @@ async fn each_group_is_exactly_the_filtered_query_and_empty_groups_are_noise_onl
 }
 
 #[tokio::test]
+async fn many_groups_released_at_once_each_get_their_own_statistic_and_id_in_order() {
+    // 4 regions × 7 weekdays = 28 groups: enough for the releases to be drawn on several threads
+    // (at least 8 per thread). Each group's (noiseless) mass is its own filtered query's, and the
+    // stored ids run in the output's (declared) order.
+    let f = fixture("groups-many").await;
+    for partitions in [1, 3] {
+        let s = f.session(NoiseSource::Off, partitions).await;
+        let b = s
+            .query(&format!(
+                "SELECT CAST(region AS VARCHAR) || '/' || CAST(weekday AS VARCHAR) AS g, k['mass'] AS m,                  k['release'] AS r FROM (SELECT region, weekday, {KDE} AS k FROM p GROUP BY region, weekday)"
+            ))
+            .await
+            .unwrap();
+        let mut rows = Vec::new();
+        for b in &b {
+            let g = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+            let r = datafusion::arrow::compute::cast(b.column(2), &DataType::Utf8).unwrap();
+            for i in 0..b.num_rows() {
+                rows.push((
+                    g.as_string::<i32>().value(i).to_string(),
+                    b.column(1).as_primitive::<Float64Type>().value(i),
+                    r.as_string::<i32>().value(i)[1..].parse::<i64>().unwrap(),
+                ));
+            }
+        }
+        assert_eq!(rows.len(), 28);
+        assert!(rows.windows(2).all(|w| w[1].2 == w[0].2 + 1), "ids in output order: {rows:?}");
+        for (g, m, _) in &rows {
+            let (region, weekday) = g.split_once('/').unwrap();
+            let one = s
+                .query(&format!("SELECT {KDE}['mass'] FROM p WHERE region = '{region}' AND weekday = {weekday}"))
+                .await
+                .unwrap();
+            let alone = one[0].column(0).as_primitive::<Float64Type>().value(0);
+            assert_eq!(m.to_bits(), alone.to_bits(), "group {g}, {partitions} partitions");
+            assert_eq!(*m == 0.0, region == "d", "group {g}: {m}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn integer_keys_keep_exactly_their_rows_as_a_range_or_with_gaps() {
     // The guard tests a run of integer keys as a range (BETWEEN) and other keys as a list (IN):
     // either way each group is exactly its filtered query and the undeclared weekdays (outside

@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::DataType;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 use super::TempDir;
 
-/// 240 ordinary rows (g in g0..g2, code '1'/'2', flag 'true'/'false', unit u0..u59) and, when
-/// `alice`, her row: the only one with g3, code '01' and flag 't'.
+/// 240 ordinary rows (g in g0..g2, code '1'/'2', flag 'true'/'false', unit u0..u59, integer day
+/// 0..19 and num 0..59) and, when `alice`, her row: the only one with g3, code '01', flag 't',
+/// day 99 (undeclared) and num 1000.
 pub fn write(path: &std::path::Path, alice: bool) {
     let n = 240;
     let mut name: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
@@ -20,6 +21,8 @@ pub fn write(path: &std::path::Path, alice: bool) {
     let mut flag: Vec<String> = (0..n).map(|i| (i % 2 == 0).to_string()).collect();
     let mut unit: Vec<String> = (0..n).map(|i| format!("u{}", i % 60)).collect();
     let mut x: Vec<f64> = (0..n).map(|i| (i as f64 * 0.618).fract()).collect();
+    let mut day: Vec<i64> = (0..n).map(|i| (i % 20) as i64).collect();
+    let mut num: Vec<i64> = (0..n).map(|i| (i % 60) as i64).collect();
     if alice {
         // In the middle of the file: DataFusion's hash table would meet her group second.
         let at = 1;
@@ -29,6 +32,8 @@ pub fn write(path: &std::path::Path, alice: bool) {
         flag.insert(at, "t".into());
         unit.insert(at, "alice".into());
         x.insert(at, 0.5);
+        day.insert(at, 99);
+        num.insert(at, 1000);
     }
     let text = |v: Vec<String>| Arc::new(StringArray::from(v)) as ArrayRef;
     super::write_columns(
@@ -40,6 +45,8 @@ pub fn write(path: &std::path::Path, alice: bool) {
             ("flag", text(flag)),
             ("unit", text(unit)),
             ("x", Arc::new(Float64Array::from(x))),
+            ("day", Arc::new(Int64Array::from(day))),
+            ("num", Arc::new(Int64Array::from(num))),
         ],
     );
 }
@@ -66,6 +73,8 @@ impl Neighbours {
                 admin.set_keys(t, "g", &keys(&["g0", "g1", "g2", "g3"])).await.unwrap();
                 admin.set_keys(t, "code", &keys(&["01", "1", "2"])).await.unwrap();
                 admin.set_keys(t, "flag", &keys(&["t", "true", "false"])).await.unwrap();
+                // A run of integers (filtered as a range), enough groups to release on several threads.
+                admin.set_keys(t, "day", &(0..20).map(|d| d.to_string()).collect::<Vec<_>>()).await.unwrap();
             }
             // q: a person is the unit (K = 2 rows, L = 2 groups).
             admin.set_privacy_unit("q", "unit", 2, 2).await.unwrap();
