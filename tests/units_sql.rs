@@ -345,3 +345,26 @@ async fn a_2d_release_is_bounded_per_unit_too() {
     // Negative control: without the unit every row counts.
     assert!((rowwise - 2000.0).abs() < 1e-2, "{rowwise}");
 }
+
+/// On more than one partition the bound runs in one phase: the rows are repartitioned by the unit
+/// and each unit is bounded once (no partial samples built per file partition and merged). The
+/// statistic itself is the same under every partitioning (the test above).
+#[tokio::test]
+async fn the_bound_runs_in_one_phase_over_rows_repartitioned_by_unit() {
+    let f = fixture("units-one-phase").await;
+    for table in ["with", "with_id"] {
+        let s = f.session(NoiseSource::Off, 3).await;
+        let sql = format!("SELECT region, {KDE}['mass'] FROM {table} GROUP BY region");
+        let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+        let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        let bounds: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("dpcurve_unit_bound")).collect();
+        assert_eq!(bounds.len(), 1, "{table}: one bound in\n{text}");
+        let at = bounds[0];
+        assert!(lines[at].contains("mode=SinglePartitioned"), "{table}: {}\n{text}", lines[at]);
+        assert!(
+            lines[at + 1].contains("UnitExchangeExec: partitioning=Hash([__dpcurve_unit_id"),
+            "{table}: rows repartitioned by the unit below the bound\n{text}"
+        );
+    }
+}

@@ -33,6 +33,7 @@ use exec::canonical_groups::canonical_final_phases;
 pub use exec::gate::{BudgetGateExec, ScopedReleases};
 use exec::prefetch::prefetch_releases;
 use exec::selection_stage::SelectionStage;
+use exec::unit_phase::single_phase_unit_bounds;
 pub use passes::limits::MAX_PRIVATE_CALLS;
 use view::{PolicyView, SELECTION_CHARGE};
 
@@ -168,7 +169,8 @@ impl QueryPlanner for PrivacyPlanner {
                 }
                 physical
             }
-            None => physical,
+            // In this process: each privacy unit bounded once, over rows repartitioned by unit.
+            None => single_phase_unit_bounds(physical)?,
         };
         // Grouped private aggregates release every public group once, reached by rows or not,
         // in one canonical order (declared, or the selected keys sorted).

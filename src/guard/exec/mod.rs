@@ -7,3 +7,4 @@ pub mod gate;
 pub(crate) mod node;
 pub mod prefetch;
 pub mod selection_stage;
+pub mod unit_phase;
