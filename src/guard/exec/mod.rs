@@ -1,6 +1,6 @@
 //! The gate and its execution stages: the budget gate at the root of every plan that reads a
 //! private table, the release prefetch, the canonical final phase of grouped aggregates, and the
-//! partition selections the gate runs first.
+//! partition selections the gate runs first; and the privacy-unit bound planned in one phase.
 
 pub mod canonical_groups;
 pub mod gate;
