@@ -281,16 +281,18 @@ impl Sample {
             Ok(at) => at,
             Err(at) if at >= groups => return 0,
             Err(at) => {
+                // The largest kept group leaves first (at < groups), so the vector never grows
+                // past the bound and a full sample never reallocates.
+                if self.kept.len() == groups {
+                    if let Some(dropped) = self.kept.pop() {
+                        self.heap -= dropped.heap();
+                    }
+                }
                 let capacity = self.kept.capacity();
                 if capacity == 0 {
                     self.kept.reserve_exact(groups.min(4));
                 }
                 self.kept.insert(at, Kept { group, rows: SmallVec::new() });
-                if self.kept.len() > groups {
-                    if let Some(dropped) = self.kept.pop() {
-                        self.heap -= dropped.heap();
-                    }
-                }
                 if self.kept.len() == groups {
                     self.threshold = self.kept.last().map_or(Order::MAX, |k| k.group);
                 }
