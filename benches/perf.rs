@@ -36,7 +36,8 @@
 //! generated files are reused), `--python PATH` (default `python3`), `--groups LIST` (the
 //! `groups` variants to run besides the baseline: `plain,units,selection`, the default; `floor`
 //! adds `min(x) … GROUP BY u`, the unit grouping alone; `filter` adds `sum(x) … WHERE g BETWEEN
-//! 0 AND 99`, the declared keys' filter alone).
+//! 0 AND 99`, the declared keys' filter alone; `units-selection` the grouped call over private keys
+//! with a privacy unit).
 //! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
 //! of them alike; a ratio's spread is the range of the per-round ratios.
 
@@ -702,12 +703,12 @@ async fn groups(o: &Options, report: &mut Report) {
     // Three catalogs over the same file: declared keys; declared keys and a unit (≈ 100 rows per
     // unit, K = 10 rows per group, L = 3 groups); no keys (partition selection).
     let mut sessions = Vec::new();
-    for name in ["groups", "groups-units", "groups-select"] {
+    for name in ["groups", "groups-units", "groups-select", "groups-units-select"] {
         let (admin, _) = catalog_with_admin(&o.data, name, &file).await;
-        if name != "groups-select" {
+        if !name.ends_with("-select") {
             admin.set_keys("priv_t", "g", &keys).await.unwrap();
         }
-        if name == "groups-units" {
+        if name.starts_with("groups-units") {
             admin.set_privacy_unit("priv_t", "u", 10, 3).await.unwrap();
         }
         let path = o.data.join(format!("catalog-{name}-{}.db", std::process::id()));
@@ -720,6 +721,7 @@ async fn groups(o: &Options, report: &mut Report) {
         "the same, private keys: selection",
         "floor of any per-unit bound: min(x) GROUP BY u",
         "the declared keys' filter: sum(x) WHERE g BETWEEN 0 AND 99 GROUP BY g",
+        "the same, unit u and private keys: selection",
     ];
     let kde = format!("private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}");
     let sqls = [
@@ -735,9 +737,12 @@ async fn groups(o: &Options, report: &mut Report) {
         // What the plain call pays before any binning: the guard keeps only the declared keys
         // (here 0…99, which it tests as a range).
         "SELECT g, sum(x) FROM pub_t WHERE g BETWEEN 0 AND 99 GROUP BY g".to_string(),
+        format!(
+            "SELECT g, {kde}, select_epsilon => 0.001, select_delta => 1e-9, select_max_groups => 100) FROM priv_t GROUP BY g"
+        ),
     ];
-    let on = [0, 0, 1, 2, 0, 0];
-    let wanted = ["baseline", "plain", "units", "selection", "floor", "filter"];
+    let on = [0, 0, 1, 2, 0, 0, 3];
+    let wanted = ["baseline", "plain", "units", "selection", "floor", "filter", "units-selection"];
     let variants: Vec<_> = names
         .iter()
         .zip(sqls)
@@ -751,7 +756,7 @@ async fn groups(o: &Options, report: &mut Report) {
     report_against(report, "groups", &format!("{} rows, 100 keys", human(rows)), &names, &times, 0);
     drop(variants);
     drop(sessions);
-    for name in ["groups", "groups-units", "groups-select"] {
+    for name in ["groups", "groups-units", "groups-select", "groups-units-select"] {
         remove_catalog(&o.data, name);
     }
 }

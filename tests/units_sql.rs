@@ -368,3 +368,53 @@ async fn the_bound_runs_in_one_phase_over_rows_repartitioned_by_unit() {
         );
     }
 }
+
+/// Partition selection over a table with privacy units: its counting pass bounds each unit too
+/// (in one phase, over rows exchanged by unit, like the release's pass). The selected groups and
+/// their statistics are the same under every partitioning.
+#[tokio::test]
+async fn a_selection_over_units_does_not_depend_on_partitions() {
+    let dir = TempDir::new("units-selection");
+    let n = 6000;
+    // 600 units of 10 rows over keys k0…k3 (k3 rare: 40 units), each unit's rows in two keys.
+    let unit: Vec<i64> = (0..n).map(|i| (i % 600) as i64).collect();
+    let key: Vec<String> = (0..n)
+        .map(|i| if i % 600 < 40 && i % 2 == 0 { "k3".to_string() } else { format!("k{}", (i / 600) % 3) })
+        .collect();
+    let x: Vec<f64> = (0..n).map(|i| (i as f64 * 0.618).fract()).collect();
+    common::write_columns(
+        &dir.path("t.parquet"),
+        vec![
+            ("u", Arc::new(Int64Array::from(unit)) as ArrayRef),
+            ("k", Arc::new(StringArray::from(key))),
+            ("x", Arc::new(Float64Array::from(x))),
+        ],
+    );
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("t", &dir.str("t.parquet")).await.unwrap();
+    admin.make_private("t", 1000.0, 1e-2).unwrap();
+    admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+    admin.set_privacy_unit("t", "u", MAX_ROWS, MAX_GROUPS).await.unwrap();
+    let sql = "SELECT k, private_kde(x, 0.02, 1.0, 1e-6, points => 101, mechanism => 'gaussian', \
+               select_epsilon => 1.0, select_delta => 1e-6)['mass'] AS m FROM t GROUP BY k ORDER BY k";
+    let mut seen: Option<Vec<(String, u64)>> = None;
+    for partitions in [1, 2, 4] {
+        let opts =
+            SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
+        let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+        let b = s.query(sql).await.unwrap();
+        let now: Vec<(String, u64)> = b
+            .iter()
+            .flat_map(|b| {
+                let k = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+                let (k, m) = (k.as_string::<i32>(), b.column(1).as_primitive::<Float64Type>());
+                (0..b.num_rows()).map(|i| (k.value(i).to_string(), m.value(i).to_bits())).collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(now.len() >= 3, "{partitions} partitions: the common keys are selected: {now:?}");
+        match &seen {
+            None => seen = Some(now),
+            Some(first) => assert_eq!(first, &now, "{partitions} partitions"),
+        }
+    }
+}

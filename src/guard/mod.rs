@@ -169,8 +169,16 @@ impl QueryPlanner for PrivacyPlanner {
                 }
                 physical
             }
-            // In this process: each privacy unit bounded once, over rows repartitioned by unit.
-            None => single_phase_unit_bounds(physical)?,
+            // In this process: each privacy unit bounded once, over rows repartitioned by unit (in
+            // the partition selections' counting passes too).
+            None => {
+                for stage in &mut stages {
+                    if let Some(p) = stage.physical.take() {
+                        stage.physical = Some(single_phase_unit_bounds(p)?);
+                    }
+                }
+                single_phase_unit_bounds(physical)?
+            }
         };
         // Grouped private aggregates release every public group once, reached by rows or not,
         // in one canonical order (declared, or the selected keys sorted).
