@@ -418,3 +418,41 @@ async fn a_selection_over_units_does_not_depend_on_partitions() {
         }
     }
 }
+
+/// The analyst composes whatever they like above unit-bounded calls: unions, self-joins, sorts and
+/// limits over several partitions. Each exchange below a bound has bounded queues, which would hang
+/// a consumer that read its partitions one after another; none of these shapes may hang, and with
+/// or without the heavy meter they give the same keys, row counts and outcomes.
+#[tokio::test]
+async fn composed_queries_over_bounded_units_end_alike_on_neighbours() {
+    let f = fixture("units-composed").await;
+    let grouped = |t: &str| format!("SELECT region, {KDE}['mass'] AS m FROM {t} GROUP BY region");
+    let shapes = |t: &str| {
+        vec![
+            format!("SELECT {KDE}['mass'] AS m FROM {t} UNION ALL SELECT {KDE}['mass'] FROM {t}"),
+            format!(
+                "SELECT a.region, a.m, v.r FROM ({}) a CROSS JOIN (VALUES (1), (2)) v(r) ORDER BY 1, 2",
+                grouped(t)
+            ),
+            format!("SELECT region FROM ({}) ORDER BY m DESC LIMIT 1", grouped(t)),
+            format!("WITH g AS ({}) SELECT region, m FROM g WHERE m > -1e300 ORDER BY region", grouped(t)),
+        ]
+    };
+    for partitions in [3, 4] {
+        let s = f.session(NoiseSource::Off, partitions).await;
+        for (with, without) in shapes("with").into_iter().zip(shapes("without")) {
+            let mut seen = Vec::new();
+            for sql in [&with, &without] {
+                let out = tokio::time::timeout(std::time::Duration::from_secs(120), s.query(sql))
+                    .await
+                    .unwrap_or_else(|_| panic!("{sql}: hung with {partitions} partitions"));
+                seen.push(
+                    out.map(|b| b.iter().map(|b| b.num_rows()).sum::<usize>())
+                        .map_err(|e| e.to_string().replace("'without'", "'with'")),
+                );
+            }
+            assert_eq!(seen[0], seen[1], "{with} with {partitions} partitions: the neighbours differ");
+            assert!(seen[0].is_ok(), "{with}: {:?}", seen[0]);
+        }
+    }
+}
