@@ -289,3 +289,34 @@ async fn a_grouped_subtree_below_the_gate_cannot_release() {
     assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 4, "four declared groups, four releases, one charge");
     assert_eq!(f.spent(), Budget::charge(0.5, 1e-6).unwrap());
 }
+
+/// Grouped calls composed by UNION ALL, with one or several partitions: DataFusion may interleave
+/// the union's hash-partitioned children, which the canonical final phases (one partition each)
+/// no longer are; the query must still run, with each call's groups once and its own charge.
+#[tokio::test]
+async fn unions_of_grouped_calls_run_under_any_partitioning() {
+    let f = fixture("groups-union").await;
+    let grouped = format!("SELECT region, {KDE}['mass'] AS m FROM p GROUP BY region");
+    let shapes = [
+        format!("SELECT * FROM ({grouped}) UNION ALL SELECT * FROM ({grouped}) ORDER BY 1"),
+        format!("{grouped} UNION ALL {grouped}"),
+        format!("SELECT a.region, a.m - b.m FROM ({grouped}) a JOIN ({grouped}) b ON a.region = b.region"),
+    ];
+    let mut seen = Vec::new();
+    for partitions in [1, 2, 4] {
+        let s = f.session(NoiseSource::Off, partitions).await;
+        let mut now = Vec::new();
+        for sql in &shapes {
+            let b = s.query(sql).await.unwrap_or_else(|e| panic!("{sql} with {partitions} partitions: {e}"));
+            now.push(common::keyed_values(&b).into_iter().map(|(k, v)| (k, v.to_bits())).collect::<Vec<_>>());
+        }
+        match seen.is_empty() {
+            true => seen = now,
+            false => assert_eq!(seen, now, "{partitions} partitions"),
+        }
+    }
+    let keys: Vec<&str> = seen[0].iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["a", "a", "b", "b", "c", "c", "d", "d"]);
+    assert_eq!(seen[1], seen[0], "the same rows without ORDER BY");
+    assert!(seen[2].iter().map(|(k, d)| (k.as_str(), f64::from_bits(*d))).eq(["a", "b", "c", "d"].map(|k| (k, 0.0))));
+}

@@ -111,6 +111,12 @@ async fn only_groups_above_the_threshold_appear_and_the_selection_is_charged() {
     )
     .await;
     assert_eq!(top.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), ["spam"]);
+    // Two selections under one UNION ALL (two partitions: DataFusion interleaves the grouped
+    // inputs), each choosing its own groups.
+    let one = format!("SELECT * FROM (SELECT city, {}['mass'] AS m FROM rows GROUP BY city)", kde(SELECT));
+    let both = cities(&s, &format!("{one} UNION ALL {one} ORDER BY 1")).await;
+    let names: Vec<&str> = both.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(names, ["big1", "big1", "big2", "big2", "spam", "spam"]);
 }
 
 #[tokio::test]

@@ -430,6 +430,7 @@ async fn composed_queries_over_bounded_units_end_alike_on_neighbours() {
     let shapes = |t: &str| {
         vec![
             format!("SELECT {KDE}['mass'] AS m FROM {t} UNION ALL SELECT {KDE}['mass'] FROM {t}"),
+            format!("SELECT * FROM ({}) UNION ALL SELECT * FROM ({}) ORDER BY 1", grouped(t), grouped(t)),
             format!(
                 "SELECT a.region, a.m, v.r FROM ({}) a CROSS JOIN (VALUES (1), (2)) v(r) ORDER BY 1, 2",
                 grouped(t)

@@ -31,7 +31,9 @@ use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::StreamExt;
 
@@ -52,41 +54,68 @@ enum PublicGroups {
 /// [`CanonicalGroupsExec`] (a single-phase aggregate is split into DataFusion's partial phase
 /// and this final phase).
 pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    unions_over_grouped_releases(plan)?
+        .transform_up(|node| {
+            let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
+            let Some(groups) = public_groups(agg) else { return Ok(Transformed::no(node)) };
+            let states: Arc<dyn ExecutionPlan> = match agg.mode() {
+                AggregateMode::Final | AggregateMode::FinalPartitioned => Arc::clone(agg.input()),
+                AggregateMode::Single | AggregateMode::SinglePartitioned => Arc::new(AggregateExec::try_new(
+                    AggregateMode::Partial,
+                    agg.group_expr().clone(),
+                    agg.aggr_expr().to_vec(),
+                    agg.filter_expr().to_vec(),
+                    Arc::clone(agg.input()),
+                    agg.input_schema(),
+                )?),
+                _ => return Ok(Transformed::no(node)),
+            };
+            let exec = CanonicalGroupsExec {
+                width: agg.group_expr().expr().len(),
+                aggr: agg.aggr_expr().to_vec(),
+                schema: agg.schema(),
+                properties: single_final_partition(agg.schema()),
+                input: states,
+                groups,
+            };
+            Ok(Transformed::new(Arc::new(exec), true, TreeNodeRecursion::Continue))
+        })
+        .map(|t| t.data)
+}
+
+/// The public groups of `agg` when it is a grouped private aggregate.
+fn public_groups(agg: &AggregateExec) -> Option<PublicGroups> {
+    if agg.group_expr().is_empty() {
+        return None;
+    }
+    agg.aggr_expr().iter().find_map(|e| {
+        let permits = permits_of(e.fun())?;
+        match (permits.groups(), permits.slot()) {
+            (Some(g), _) => Some(PublicGroups::Declared(g)),
+            (None, Some(slot)) if slot.is_selection() => Some(PublicGroups::Selected(Arc::clone(slot))),
+            _ => None,
+        }
+    })
+}
+
+/// DataFusion interleaves a union whose inputs share one hash partitioning (an `InterleaveExec`
+/// keeps it without a shuffle). A grouped private aggregate's final phase becomes one partition
+/// here, so a union above one can no longer be interleaved: it becomes a plain union
+/// repartitioned to the same partitioning, the property its parent was planned against (its rows
+/// are one per public group: small).
+fn unions_over_grouped_releases(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    fn releases_groups(node: &Arc<dyn ExecutionPlan>) -> bool {
+        node.downcast_ref::<AggregateExec>().is_some_and(|a| public_groups(a).is_some())
+            || node.children().into_iter().any(releases_groups)
+    }
     plan.transform_up(|node| {
-        let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
-        if agg.group_expr().is_empty() {
+        let Some(interleave) = node.downcast_ref::<InterleaveExec>() else { return Ok(Transformed::no(node)) };
+        if !interleave.inputs().iter().any(releases_groups) {
             return Ok(Transformed::no(node));
         }
-        let groups = agg.aggr_expr().iter().find_map(|e| {
-            let permits = permits_of(e.fun())?;
-            match (permits.groups(), permits.slot()) {
-                (Some(g), _) => Some(PublicGroups::Declared(g)),
-                (None, Some(slot)) if slot.is_selection() => Some(PublicGroups::Selected(Arc::clone(slot))),
-                _ => None,
-            }
-        });
-        let Some(groups) = groups else { return Ok(Transformed::no(node)) };
-        let states: Arc<dyn ExecutionPlan> = match agg.mode() {
-            AggregateMode::Final | AggregateMode::FinalPartitioned => Arc::clone(agg.input()),
-            AggregateMode::Single | AggregateMode::SinglePartitioned => Arc::new(AggregateExec::try_new(
-                AggregateMode::Partial,
-                agg.group_expr().clone(),
-                agg.aggr_expr().to_vec(),
-                agg.filter_expr().to_vec(),
-                Arc::clone(agg.input()),
-                agg.input_schema(),
-            )?),
-            _ => return Ok(Transformed::no(node)),
-        };
-        let exec = CanonicalGroupsExec {
-            width: agg.group_expr().expr().len(),
-            aggr: agg.aggr_expr().to_vec(),
-            schema: agg.schema(),
-            properties: single_final_partition(agg.schema()),
-            input: states,
-            groups,
-        };
-        Ok(Transformed::new(Arc::new(exec), true, TreeNodeRecursion::Continue))
+        let partitioning = interleave.properties().output_partitioning().clone();
+        let union = UnionExec::try_new(interleave.inputs().clone())?;
+        Ok(Transformed::yes(Arc::new(RepartitionExec::try_new(union, partitioning)?) as Arc<dyn ExecutionPlan>))
     })
     .map(|t| t.data)
 }
