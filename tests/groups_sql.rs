@@ -320,3 +320,39 @@ async fn unions_of_grouped_calls_run_under_any_partitioning() {
     assert_eq!(seen[1], seen[0], "the same rows without ORDER BY");
     assert!(seen[2].iter().map(|(k, d)| (k.as_str(), f64::from_bits(*d))).eq(["a", "b", "c", "d"].map(|k| (k, 0.0))));
 }
+
+/// A private call's literal parameters are bound into its function once: the aggregates that
+/// read rows evaluate its data column only (DataFusion would otherwise build a column of copies
+/// of every literal for every batch). Grouped and ungrouped, the same release either way.
+#[tokio::test]
+async fn private_calls_read_only_their_data_columns() {
+    use datafusion::physical_plan::ExecutionPlan;
+    use datafusion::physical_plan::aggregates::AggregateExec;
+    fn row_readers(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<(String, usize)>) {
+        if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
+            if agg.mode().input_mode() == datafusion::physical_plan::aggregates::AggregateInputMode::Raw {
+                out.extend(agg.aggr_expr().iter().map(|e| (e.fun().name().to_string(), e.expressions().len())));
+            }
+        }
+        for c in plan.children() {
+            row_readers(c, out);
+        }
+    }
+    let f = fixture("groups-params").await;
+    let s = f.session(NoiseSource::Off, 2).await;
+    for sql in [
+        format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region"),
+        format!("SELECT {KDE}['mass'] FROM p"),
+        "SELECT private_mean_curve(load, 0.5, 1e-6, clip => 1.0, points => 8)['n'] FROM p".to_string(),
+    ] {
+        let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+        let mut readers = Vec::new();
+        row_readers(&plan, &mut readers);
+        assert!(!readers.is_empty(), "{sql}: {readers:?}");
+        assert!(readers.iter().all(|(_, args)| *args == 1), "{sql}: one data column each: {readers:?}");
+    }
+    // The statistic is the same as the filtered query's (the test above, here ungrouped vs grouped).
+    let grouped = masses(&s, &format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await;
+    let one = s.query(&format!("SELECT {KDE}['mass'] FROM p WHERE region = 'a'")).await.unwrap();
+    assert_eq!(grouped[0].1.to_bits(), one[0].column(0).as_primitive::<Float64Type>().value(0).to_bits());
+}

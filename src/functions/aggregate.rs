@@ -19,12 +19,14 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
-use datafusion::common::{DFSchema, Result, ScalarValue};
+use datafusion::common::{DFSchema, Result, ScalarValue, internal_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, ExprSchemable, GroupsAccumulator, Signature,
 };
+
+use datafusion::physical_expr::PhysicalExpr;
 
 use super::arrays::fixed_point_type;
 use super::call::{CallContext, PolicyArgs, PrivateCall, PrivateFunction};
@@ -97,6 +99,9 @@ pub struct PrivateUdaf<S: PrivateSpec> {
     spec: S,
     signature: Signature,
     cx: CallContext,
+    /// The call's literal parameters, when its physical arguments are its data columns only
+    /// ([`PrivateFunction::with_parameters`]); None when they are in its arguments.
+    parameters: Option<Vec<Option<ScalarValue>>>,
 }
 
 impl<S: PrivateSpec> Default for PrivateUdaf<S> {
@@ -110,7 +115,7 @@ impl<S: PrivateSpec> PrivateUdaf<S> {
     pub fn new(noise: NoiseSource) -> Self {
         let spec = S::default();
         let signature = spec.params().signature();
-        Self { spec, signature, cx: CallContext { noise, ..Default::default() } }
+        Self { spec, signature, cx: CallContext { noise, ..Default::default() }, parameters: None }
     }
 
     /// The same function whose releases need `permits`.
@@ -132,7 +137,11 @@ impl<S: PrivateSpec> PrivateUdaf<S> {
     fn physical_call(&self, args: &AccumulatorArgs) -> Result<S::Call> {
         let p = self.spec.params();
         p.check_accumulator_args(args)?;
-        let values = p.literals_from_physical(args.exprs)?;
+        let values = match &self.parameters {
+            Some(values) if args.exprs.len() == p.data_len() => values.clone(),
+            Some(_) => return internal_err!("{}: parameters given twice", p.function),
+            None => p.literals_from_physical(args.exprs)?,
+        };
         let data_types: Vec<DataType> =
             args.expr_fields.iter().take(p.data.len()).map(|f| f.data_type().clone()).collect();
         Ok(self.call(&values, &data_types)?.0)
@@ -158,7 +167,17 @@ impl<S: PrivateSpec> PrivateFunction for PrivateUdaf<S> {
     }
 
     fn with_context(&self, cx: CallContext) -> AggregateUDF {
-        AggregateUDF::from(Self { spec: S::default(), signature: self.signature.clone(), cx })
+        let parameters = self.parameters.clone();
+        AggregateUDF::from(Self { spec: S::default(), signature: self.signature.clone(), cx, parameters })
+    }
+
+    fn with_parameters(&self, args: &[Arc<dyn PhysicalExpr>]) -> Result<Option<AggregateUDF>> {
+        if self.parameters.is_some() {
+            return Ok(None);
+        }
+        let parameters = Some(self.spec.params().literals_from_physical(args)?);
+        let (signature, cx) = (self.signature.clone(), self.cx.clone());
+        Ok(Some(AggregateUDF::from(Self { spec: S::default(), signature, cx, parameters })))
     }
 
     fn plan(&self, args: &[Expr], schema: &DFSchema) -> Result<PrivateCall> {

@@ -2,8 +2,11 @@
 //! noise source, release permits and contribution bound), what it costs, and the interface through
 //! which the guard validates and prices it whichever function it is.
 
+use std::sync::Arc;
+
 use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::{AggregateUDF, Expr};
+use datafusion::physical_expr::PhysicalExpr;
 
 use super::params::FunctionParams;
 use super::permits::Permits;
@@ -64,6 +67,11 @@ pub(crate) trait PrivateFunction: Send + Sync {
     fn context(&self) -> &CallContext;
     /// The same function with another call context.
     fn with_context(&self, cx: CallContext) -> AggregateUDF;
+    /// The same call taking its literal parameters from `args` (its physical arguments, data
+    /// columns first) once, so its physical arguments can be its data columns only: DataFusion
+    /// evaluates every argument for every batch, a literal as a column of copies. None when
+    /// this instance already holds its parameters.
+    fn with_parameters(&self, args: &[Arc<dyn PhysicalExpr>]) -> Result<Option<AggregateUDF>>;
     /// Validates a logical call's literal arguments (planning time) and prices it; `schema` is
     /// the input schema of the node holding the call.
     fn plan(&self, args: &[Expr], schema: &DFSchema) -> Result<PrivateCall>;

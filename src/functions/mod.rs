@@ -30,5 +30,5 @@ pub use private_kernel_regression::PrivateKernelRegression;
 pub use private_mean_curve::PrivateMeanCurve;
 pub use registry::{
     all_params, context_of, is_private, params_of, permits_of, plan_private_call, policy_args_of, private_udafs,
-    with_context, with_permits,
+    with_context, with_parameters, with_permits,
 };

@@ -2,8 +2,11 @@
 //! codec find a private call's parameters, context and price from an `AggregateUDF`. A new private
 //! function is one line in each list here.
 
+use std::sync::Arc;
+
 use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::{AggregateUDF, Expr};
+use datafusion::physical_expr::PhysicalExpr;
 
 use super::call::{CallContext, PolicyArgs, PrivateCall, PrivateFunction};
 use super::params::FunctionParams;
@@ -80,6 +83,16 @@ pub fn permits_of(func: &AggregateUDF) -> Option<&Permits> {
 /// The same private aggregate with another call context, or None if `func` is not private.
 pub fn with_context(func: &AggregateUDF, cx: CallContext) -> Option<AggregateUDF> {
     as_private(func).map(|f| f.with_context(cx))
+}
+
+/// The same private call holding the literal parameters of its physical arguments `args` (so its
+/// arguments can be its data columns only), or None if `func` is not private or already holds
+/// them; an error if a parameter is not a literal.
+pub fn with_parameters(func: &AggregateUDF, args: &[Arc<dyn PhysicalExpr>]) -> Result<Option<AggregateUDF>> {
+    match as_private(func) {
+        Some(f) => f.with_parameters(args),
+        None => Ok(None),
+    }
 }
 
 /// The same private aggregate with other permits, or None if `func` is not private.

@@ -31,6 +31,7 @@ pub mod walk;
 use checking::{Checking, Limits, Pass};
 use exec::canonical_groups::canonical_final_phases;
 pub use exec::gate::{BudgetGateExec, ScopedReleases};
+use exec::parameters::bind_parameters;
 use exec::prefetch::prefetch_releases;
 use exec::selection_stage::SelectionStage;
 use exec::unit_phase::single_phase_unit_bounds;
@@ -170,14 +171,14 @@ impl QueryPlanner for PrivacyPlanner {
                 physical
             }
             // In this process: each privacy unit bounded once, over rows repartitioned by unit (in
-            // the partition selections' counting passes too).
+            // the partition selections' counting passes too); private calls read only their data.
             None => {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
-                        stage.physical = Some(single_phase_unit_bounds(p)?);
+                        stage.physical = Some(bind_parameters(single_phase_unit_bounds(p)?)?);
                     }
                 }
-                single_phase_unit_bounds(physical)?
+                bind_parameters(single_phase_unit_bounds(physical)?)?
             }
         };
         // Grouped private aggregates release every public group once, reached by rows or not,

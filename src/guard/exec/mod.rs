@@ -1,10 +1,12 @@
 //! The gate and its execution stages: the budget gate at the root of every plan that reads a
 //! private table, the release prefetch, the canonical final phase of grouped aggregates, and the
-//! partition selections the gate runs first; and the privacy-unit bound planned in one phase.
+//! partition selections the gate runs first; the privacy-unit bound planned in one phase, and
+//! private calls' parameters bound once.
 
 pub mod canonical_groups;
 pub mod gate;
 pub(crate) mod node;
+pub mod parameters;
 pub mod prefetch;
 pub mod selection_stage;
 pub mod unit_phase;
