@@ -211,6 +211,47 @@ async fn integer_keys_keep_exactly_their_rows_as_a_range_or_with_gaps() {
     }
 }
 
+/// Over declared integer keys the partial phase finds each row's group in a table of the keys
+/// (dense for a run, a map for spread keys): each group is still exactly its filtered query,
+/// with an aggregate FILTER clause too, and a declared key without rows is released from an
+/// empty state.
+#[tokio::test]
+async fn declared_integer_keys_are_looked_up_not_hashed() {
+    let f = fixture("groups-int-table").await;
+    let plain = "private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian')";
+    let filtered = format!("{plain} FILTER (WHERE x > 0.3)");
+    for (keys, kind) in [(vec![6i64, 1, 2, 3], "dense"), (vec![5, 1_000_000_000_000, 0, -7], "sparse")] {
+        f.admin.set_keys("p", "weekday", &keys.iter().map(|d| d.to_string()).collect::<Vec<_>>()).await.unwrap();
+        for partitions in [1, 3] {
+            let s = f.session(NoiseSource::Off, partitions).await;
+            for call in [plain.to_string(), filtered.clone()] {
+                let sql = format!("SELECT weekday, {call}['mass'] FROM p GROUP BY weekday");
+                let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+                let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+                assert!(shown.contains(&format!("DeclaredPartialExec: declared groups=4 ({kind})")), "{shown}");
+                assert!(!shown.contains("mode=Partial"), "{shown}");
+                let grouped = masses(&s, &sql).await;
+                assert_eq!(grouped.len(), 4);
+                for (g, m) in &grouped {
+                    let where_ = if call.contains("FILTER") { " AND x > 0.3" } else { "" };
+                    let one =
+                        s.query(&format!("SELECT {plain}['mass'] FROM p WHERE weekday = {g}{where_}")).await.unwrap();
+                    let alone = one[0].column(0).as_primitive::<Float64Type>().value(0);
+                    assert_eq!(m.to_bits(), alone.to_bits(), "weekday {g}, {keys:?}, {partitions} partitions, {call}");
+                    let has_rows = (0..7).contains(&g.parse::<i64>().unwrap());
+                    assert_eq!(*m > 100.0, has_rows, "weekday {g}: {m}");
+                }
+            }
+        }
+    }
+    // String keys keep DataFusion's hash table.
+    let s = f.session(NoiseSource::Off, 2).await;
+    let plan =
+        s.physical_plan_for_tests(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await.unwrap();
+    let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+    assert!(!shown.contains("DeclaredPartialExec") && shown.contains("mode=Partial"), "{shown}");
+}
+
 #[tokio::test]
 async fn grouping_by_anything_else_is_refused_before_any_charge() {
     let f = fixture("groups-refused").await;

@@ -98,6 +98,14 @@ fn public_groups(agg: &AggregateExec) -> Option<PublicGroups> {
     })
 }
 
+/// The declared keys of `agg` when it is a private aggregate grouped by declared keys.
+pub fn declared_keys_of(agg: &AggregateExec) -> Option<Arc<Vec<Vec<ScalarValue>>>> {
+    match public_groups(agg)? {
+        PublicGroups::Declared(keys) => Some(keys),
+        PublicGroups::Selected(_) => None,
+    }
+}
+
 /// DataFusion interleaves a union whose inputs share one hash partitioning (an `InterleaveExec`
 /// keeps it without a shuffle). A grouped private aggregate's final phase becomes one partition
 /// here, so a union above one can no longer be interleaved: it becomes a plain union

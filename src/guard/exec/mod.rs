@@ -4,6 +4,7 @@
 //! private calls' parameters bound once.
 
 pub mod canonical_groups;
+pub mod declared_partial;
 pub mod gate;
 pub(crate) mod node;
 pub mod parameters;

@@ -1,0 +1,301 @@
+//! The partial phase of a private aggregate grouped by one integer column with declared keys:
+//! each row's group found by its key's offset in a table built at planning, not by hashing.
+//!
+//! DataFusion's partial hash aggregate interns every row's key in a hash table (hash, probe,
+//! compare) — for `SELECT g, private_kde(x, …) … GROUP BY g` the largest single cost after the
+//! binning, and the same as the whole of `SELECT g, sum(x) … GROUP BY g`. Here the public groups
+//! are known before any row is read (the declared keys, SPEC §7), so [`DeclaredPartialExec`] maps
+//! a key to its group with one subtraction and one lookup in a dense table (or a small hash map
+//! when the keys are spread out), and feeds the same vectorised accumulators
+//! (`GroupsAccumulator`) with the same group indices DataFusion would. A row whose key is not
+//! declared (or is null) goes to one spare group whose state is never emitted — the same work
+//! as any row, and memory fixed by the declared keys whatever the data. Each partition emits one
+//! batch: every declared group's key and partial state, in declared order, as the replaced
+//! partial aggregate would (groups without rows carry an empty state, which merges as nothing).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::{CastOptions, cast, cast_with_options};
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Result, ScalarValue};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::StreamExt;
+
+use super::node::only_child;
+
+/// Keys spanning at most this many values get a dense table (4 bytes per value in the span).
+const DENSE_SPAN: i64 = 1 << 16;
+
+/// Replaces every partial phase of a private aggregate grouped by one integer column whose keys
+/// are `declared` (found by `declared_of`) with a [`DeclaredPartialExec`]; other nodes are
+/// returned unchanged.
+pub fn declared_partials(
+    plan: Arc<dyn ExecutionPlan>,
+    declared_of: impl Fn(&AggregateExec) -> Option<Arc<Vec<Vec<ScalarValue>>>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
+        if *agg.mode() != AggregateMode::Partial || !agg.group_expr().is_single() || agg.group_expr().expr().len() != 1
+        {
+            return Ok(Transformed::no(node));
+        }
+        let Some(tuples) = declared_of(agg) else { return Ok(Transformed::no(node)) };
+        let Some(exec) = DeclaredPartialExec::try_new(agg, &tuples)? else { return Ok(Transformed::no(node)) };
+        Ok(Transformed::new(Arc::new(exec) as Arc<dyn ExecutionPlan>, true, TreeNodeRecursion::Continue))
+    })
+    .map(|t| t.data)
+}
+
+/// Each declared key's group (module docs).
+#[derive(Debug, Clone)]
+enum KeyTable {
+    /// Group of key `min + i` at `i`; `spare` where no key is declared.
+    Dense {
+        min: i64,
+        groups: Vec<u32>,
+    },
+    Sparse(HashMap<i64, u32>),
+}
+
+impl KeyTable {
+    fn new(keys: &[i64], spare: u32) -> Self {
+        let (min, max) = (keys.iter().min().copied().unwrap_or(0), keys.iter().max().copied().unwrap_or(0));
+        match max.checked_sub(min) {
+            Some(span) if span < DENSE_SPAN => {
+                let mut groups = vec![spare; span as usize + 1];
+                for (g, &k) in keys.iter().enumerate() {
+                    groups[(k - min) as usize] = g as u32;
+                }
+                KeyTable::Dense { min, groups }
+            }
+            _ => KeyTable::Sparse(keys.iter().enumerate().map(|(g, &k)| (k, g as u32)).collect()),
+        }
+    }
+
+    /// Each row's group (`spare` for an undeclared or null key) into `out`.
+    fn groups_of(&self, keys: &dyn Array, spare: u32, out: &mut Vec<usize>) -> Result<()> {
+        let options = CastOptions { safe: true, ..Default::default() };
+        // A key outside Int64 is no declared key: null, so spare.
+        let keys = cast_with_options(keys, &DataType::Int64, &options)?;
+        let keys = keys.as_primitive::<Int64Type>();
+        out.clear();
+        match self {
+            KeyTable::Dense { min, groups } => out.extend(keys.values().iter().map(|&k| {
+                let offset = k.wrapping_sub(*min) as u64;
+                (if offset < groups.len() as u64 { groups[offset as usize] } else { spare }) as usize
+            })),
+            KeyTable::Sparse(map) => {
+                out.extend(keys.values().iter().map(|k| map.get(k).copied().unwrap_or(spare) as usize))
+            }
+        }
+        if let Some(nulls) = keys.nulls() {
+            for i in nulls.iter().enumerate().filter(|(_, valid)| !valid).map(|(i, _)| i) {
+                out[i] = spare as usize;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The partial phase of a private aggregate over declared integer keys (module docs).
+#[derive(Debug)]
+pub struct DeclaredPartialExec {
+    input: Arc<dyn ExecutionPlan>,
+    key: Arc<dyn PhysicalExpr>,
+    aggr: Vec<Arc<AggregateFunctionExpr>>,
+    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    /// The declared keys in declared order, as the key column of the output.
+    keys: ArrayRef,
+    table: KeyTable,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl DeclaredPartialExec {
+    /// The replacement of `agg` (a partial phase grouped by one column), or None when its key
+    /// is not an integer column or a declared key is not one of its values.
+    fn try_new(agg: &AggregateExec, tuples: &[Vec<ScalarValue>]) -> Result<Option<Self>> {
+        let (key, _) = &agg.group_expr().expr()[0];
+        let key_type = key.data_type(&agg.input_schema())?;
+        if !key_type.is_integer() || tuples.iter().any(|t| t.len() != 1) {
+            return Ok(None);
+        }
+        let declared = ScalarValue::iter_to_array(tuples.iter().map(|t| t[0].clone()))?;
+        let options = CastOptions { safe: true, ..Default::default() };
+        let keys = cast_with_options(&declared, &key_type, &options)?;
+        let as_i64 = cast_with_options(&keys, &DataType::Int64, &options)?;
+        if keys.null_count() > 0 || as_i64.null_count() > 0 {
+            return Ok(None);
+        }
+        let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
+        let schema = agg.schema();
+        let keys = cast(&keys, schema.field(0).data_type())?;
+        Ok(Some(Self {
+            input: Arc::clone(agg.input()),
+            key: Arc::clone(key),
+            aggr: agg.aggr_expr().to_vec(),
+            filters: agg.filter_expr().to_vec(),
+            table: KeyTable::new(&values, values.len() as u32),
+            keys,
+            schema,
+            properties: Arc::clone(agg.properties()),
+        }))
+    }
+}
+
+impl DisplayAs for DeclaredPartialExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.table {
+            KeyTable::Dense { .. } => "dense",
+            KeyTable::Sparse(_) => "sparse",
+        };
+        let names: Vec<&str> = self.aggr.iter().map(|a| a.name()).collect();
+        write!(f, "DeclaredPartialExec: declared groups={} ({kind}), aggr=[{}]", self.keys.len(), names.join(", "))
+    }
+}
+
+impl ExecutionPlan for DeclaredPartialExec {
+    fn name(&self) -> &str {
+        "DeclaredPartialExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = only_child(children, "DeclaredPartialExec")?;
+        Ok(Arc::new(Self {
+            input,
+            key: Arc::clone(&self.key),
+            aggr: self.aggr.clone(),
+            filters: self.filters.clone(),
+            keys: Arc::clone(&self.keys),
+            table: self.table.clone(),
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+        }))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let mut input = self.input.execute(partition, context)?;
+        let (key, aggr, filters) = (Arc::clone(&self.key), self.aggr.clone(), self.filters.clone());
+        let (keys, table, schema) = (Arc::clone(&self.keys), self.table.clone(), Arc::clone(&self.schema));
+        let out_schema = Arc::clone(&schema);
+        let all = async move {
+            let declared = keys.len();
+            let (spare, total) = (declared as u32, declared + 1);
+            let mut accs = aggr
+                .iter()
+                .map(|a| match a.groups_accumulator_supported() {
+                    true => a.create_groups_accumulator(),
+                    false => {
+                        let a = Arc::clone(a);
+                        Ok(Box::new(GroupsAccumulatorAdapter::new(move || a.create_accumulator()))
+                            as Box<dyn GroupsAccumulator>)
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let arguments: Vec<Vec<Arc<dyn PhysicalExpr>>> = aggr.iter().map(|a| a.expressions()).collect();
+            let mut groups = Vec::new();
+            let mut update = |batch: &RecordBatch| -> Result<()> {
+                let rows = batch.num_rows();
+                let column = key.evaluate(batch)?.into_array(rows)?;
+                table.groups_of(&column, spare, &mut groups)?;
+                for ((acc, args), filter) in accs.iter_mut().zip(&arguments).zip(&filters) {
+                    let values = args
+                        .iter()
+                        .map(|e| e.evaluate(batch).and_then(|v| v.into_array(rows)))
+                        .collect::<Result<Vec<ArrayRef>>>()?;
+                    let filter = match filter {
+                        Some(f) => Some(f.evaluate(batch)?.into_array(rows)?.as_boolean().clone()),
+                        None => None,
+                    };
+                    acc.update_batch(&values, &groups, filter.as_ref(), total)?;
+                }
+                Ok(())
+            };
+            // Every group exists from the start, rows or not (its state is emitted below).
+            update(&RecordBatch::new_empty(input.schema()))?;
+            while let Some(batch) = input.next().await {
+                update(&batch?)?;
+            }
+            let mut columns = vec![keys];
+            for acc in accs.iter_mut() {
+                for state in acc.state(EmitTo::First(declared))? {
+                    columns.push(state);
+                }
+            }
+            let columns = columns
+                .into_iter()
+                .zip(schema.fields())
+                .map(|(c, f)| cast(&c, f.data_type()))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Ok::<_, datafusion::common::DataFusionError>(RecordBatch::try_new(schema, columns)?)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, futures::stream::once(all))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Int32Array, UInt64Array};
+
+    use super::*;
+
+    fn groups(table: &KeyTable, keys: &dyn Array, spare: u32) -> Vec<usize> {
+        let mut out = vec![99; 3];
+        table.groups_of(keys, spare, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn each_declared_key_finds_its_group_and_every_other_value_the_spare() {
+        // Declared order is group order; a run of keys is dense, spread keys are sparse.
+        let dense = KeyTable::new(&[5, 3, 4, -2], 4);
+        assert!(matches!(dense, KeyTable::Dense { .. }));
+        let sparse = KeyTable::new(&[5, 3, 1 << 40, i64::MIN], 4);
+        assert!(matches!(sparse, KeyTable::Sparse(_)));
+        let keys = Int32Array::from(vec![
+            Some(3),
+            Some(5),
+            None,
+            Some(-2),
+            Some(0),
+            Some(6),
+            Some(i32::MIN),
+            Some(i32::MAX),
+            Some(4),
+        ]);
+        assert_eq!(groups(&dense, &keys, 4), [1, 0, 4, 3, 4, 4, 4, 4, 2]);
+        assert_eq!(groups(&sparse, &keys, 4), [1, 0, 4, 4, 4, 4, 4, 4, 4]);
+        // Unsigned values beyond i64 are no declared key (never an error).
+        let big = UInt64Array::from(vec![u64::MAX, 5, (1 << 63) + 3]);
+        assert_eq!(groups(&dense, &big, 4), [4, 0, 4]);
+        assert_eq!(groups(&sparse, &big, 4), [4, 0, 4]);
+        let far = datafusion::arrow::array::Int64Array::from(vec![1 << 40, i64::MIN, i64::MAX]);
+        assert_eq!(groups(&sparse, &far, 4), [2, 3, 4]);
+        assert_eq!(groups(&dense, &far, 4), [4, 4, 4], "wrapping offsets stay outside the table");
+    }
+}
