@@ -12,21 +12,32 @@
 //! as any row, and memory fixed by the declared keys whatever the data. Each partition emits one
 //! batch: every declared group's key and partial state, in declared order, as the replaced
 //! partial aggregate would (groups without rows carry an empty state, which merges as nothing).
+//!
+//! The guard filters a grouped call's rows to the declared keys (so that no undeclared key makes
+//! a group). Below this operator that filter has nothing left to do: every conjunct of the
+//! filter right below that reads the key column only, and holds for every declared key, is
+//! dropped (rows it would have dropped have undeclared keys, which the spare group takes), and
+//! with it the filter when nothing else is left.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_null_array};
 use datafusion::arrow::compute::{CastOptions, cast, cast_with_options};
-use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
-use datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+};
+use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr, conjunction, split_conjunction};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
@@ -138,10 +149,11 @@ impl DeclaredPartialExec {
             return Ok(None);
         }
         let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
+        let input = without_key_filters(agg.input(), key, &keys)?;
         let schema = agg.schema();
         let keys = cast(&keys, schema.field(0).data_type())?;
         Ok(Some(Self {
-            input: Arc::clone(agg.input()),
+            input,
             key: Arc::clone(key),
             aggr: agg.aggr_expr().to_vec(),
             filters: agg.filter_expr().to_vec(),
@@ -151,6 +163,69 @@ impl DeclaredPartialExec {
             properties: Arc::clone(agg.properties()),
         }))
     }
+}
+
+/// `input` without the conjuncts of its filter (if it is one, without projection) that read only
+/// the `key` column and hold for each of the declared `keys` (module docs).
+fn without_key_filters(
+    input: &Arc<dyn ExecutionPlan>,
+    key: &Arc<dyn PhysicalExpr>,
+    keys: &ArrayRef,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some(filter) = input.downcast_ref::<FilterExec>() else { return Ok(Arc::clone(input)) };
+    let Some(key) = key.downcast_ref::<Column>() else { return Ok(Arc::clone(input)) };
+    if filter.projection().is_some() {
+        return Ok(Arc::clone(input));
+    }
+    // The declared keys in the key column, every other column null.
+    let schema = filter.input().schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match i == key.index() {
+            true => cast(keys, f.data_type()),
+            false => Ok(new_null_array(f.data_type(), keys.len())),
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let nullable: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect();
+    let probe = RecordBatch::try_new(Arc::new(Schema::new(nullable)), columns)?;
+    let holds = |c: &Arc<dyn PhysicalExpr>| {
+        collect_columns(c).iter().all(|col| col.index() == key.index())
+            && deterministic(c)
+            && c.evaluate(&probe)
+                .and_then(|v| v.into_array(probe.num_rows()))
+                .is_ok_and(|v| v.as_boolean_opt().is_some_and(|b| b.null_count() == 0 && b.true_count() == b.len()))
+    };
+    let conjuncts = split_conjunction(filter.predicate());
+    let kept: Vec<Arc<dyn PhysicalExpr>> = conjuncts.iter().filter(|c| !holds(c)).map(|c| Arc::clone(*c)).collect();
+    if kept.len() == conjuncts.len() {
+        return Ok(Arc::clone(input));
+    }
+    if kept.is_empty() {
+        return Ok(Arc::clone(filter.input()));
+    }
+    let rest = FilterExec::try_new(conjunction(kept), Arc::clone(filter.input()))?
+        .with_default_selectivity(filter.default_selectivity())?;
+    Ok(Arc::new(rest))
+}
+
+/// Whether `e` is built only of columns, literals, comparisons, logic, casts and lists (no
+/// function: nothing that could answer differently on the same key).
+fn deterministic(e: &Arc<dyn PhysicalExpr>) -> bool {
+    let mut only = true;
+    let _ = e.apply(|n| {
+        only &= n.downcast_ref::<Column>().is_some()
+            || n.downcast_ref::<Literal>().is_some()
+            || n.downcast_ref::<BinaryExpr>().is_some()
+            || n.downcast_ref::<InListExpr>().is_some()
+            || n.downcast_ref::<NotExpr>().is_some()
+            || n.downcast_ref::<IsNullExpr>().is_some()
+            || n.downcast_ref::<IsNotNullExpr>().is_some()
+            || n.downcast_ref::<CastExpr>().is_some();
+        Ok(if only { TreeNodeRecursion::Continue } else { TreeNodeRecursion::Stop })
+    });
+    only
 }
 
 impl DisplayAs for DeclaredPartialExec {
