@@ -54,8 +54,12 @@ fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit:
     let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
     // A grouped call draws several groups' releases at once, each with its own work.
     let at_once = releases_at_once(usize::try_from(most_groups).unwrap_or(usize::MAX)) as u64;
+    // A partial accumulator over declared keys also holds one spare group for the rows of no
+    // declared key (exec::declared_partial).
+    let spare = if groups.is_empty() { 0 } else { partitions as u64 };
+    let accumulated = most_groups.saturating_mul(partitions as u64 + 1).saturating_add(spare);
     let need = calls.iter().fold(0u64, |a, c| {
-        let states = c.state_bytes.saturating_mul(most_groups).saturating_mul(partitions as u64 + 1);
+        let states = c.state_bytes.saturating_mul(accumulated);
         a.saturating_add(states.saturating_add(c.work_bytes.saturating_mul(at_once)))
     });
     if need > limit {
@@ -64,7 +68,7 @@ fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit:
             calls.iter().map(|c| format!("{} {:.1} MiB", c.function, mib(c.memory_bytes(partitions)))).collect();
         return plan_err!(
             "[rule memory-limit] the private calls of this query need {:.1} MiB (per group: {}; state × {} \
-             accumulators × up to {most_groups} groups + release × {at_once} at once), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
+             accumulators × up to {most_groups} groups, a spare group per partial accumulator + release × {at_once} at once), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
              (points, bandwidth relative to hi − lo); the data owner sets the limit with \
              `dpcurve admin set-memory-limit`",
             mib(need),
@@ -89,7 +93,7 @@ mod tests {
             state_bytes: 1 << 10,
             work_bytes: 8 << 20,
         };
-        let states = (1u64 << 10) * 100 * 3;
+        let states = (1u64 << 10) * (100 * 3 + 2);
         let at_once = releases_at_once(100) as u64;
         // Exactly what 100 groups over 2 partitions need passes; a byte less is refused.
         let need = states + (8 << 20) * at_once;
