@@ -228,7 +228,7 @@ async fn declared_integer_keys_are_looked_up_not_hashed() {
                 let sql = format!("SELECT weekday, {call}['mass'] FROM p GROUP BY weekday");
                 let plan = s.physical_plan_for_tests(&sql).await.unwrap();
                 let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-                assert!(shown.contains(&format!("DeclaredPartialExec: declared groups=4 ({kind})")), "{shown}");
+                assert!(shown.contains(&format!("KnownKeysPartialExec: declared groups=4 ({kind})")), "{shown}");
                 assert!(!shown.contains("mode=Partial"), "{shown}");
                 let grouped = masses(&s, &sql).await;
                 assert_eq!(grouped.len(), 4);
@@ -276,7 +276,7 @@ async fn declared_integer_keys_are_looked_up_not_hashed() {
     let plan =
         s.physical_plan_for_tests(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await.unwrap();
     let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-    assert!(!shown.contains("DeclaredPartialExec") && shown.contains("mode=Partial"), "{shown}");
+    assert!(!shown.contains("KnownKeysPartialExec") && shown.contains("mode=Partial"), "{shown}");
 }
 
 #[tokio::test]

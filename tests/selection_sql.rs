@@ -244,6 +244,22 @@ async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() 
         let by = |k: &str| format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k}", kde(SELECT));
         let codes = cities(&s, &by("code")).await;
         let names = cities(&s, &by("name")).await;
+        // The integer key's selected groups are found in a table of the selected values (the
+        // membership filter is dropped: unselected rows go to a spare group never released).
+        let shown = |sql: String| {
+            let s = &s;
+            async move {
+                let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+                datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string()
+            }
+        };
+        let plan = shown(by("code")).await;
+        assert!(
+            plan.contains("KnownKeysPartialExec: selected keys") && !plan.contains("dpcurve_selected(code"),
+            "{plan}"
+        );
+        let plan = shown(by("name")).await;
+        assert!(!plan.contains("KnownKeysPartialExec") && plan.contains("dpcurve_selected(name"), "{plan}");
         // (A NULL key reads as "" here.)
         assert_eq!(codes.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), want, "count ≥ τ = 15 exactly");
         assert_eq!(names.len(), codes.len());

@@ -29,9 +29,9 @@ pub mod view;
 pub mod walk;
 
 use checking::{Checking, Limits, Pass};
-use exec::canonical_groups::{canonical_final_phases, declared_keys_of};
-use exec::declared_partial::declared_partials;
+use exec::canonical_groups::{canonical_final_phases, known_groups_of};
 pub use exec::gate::{BudgetGateExec, ScopedReleases};
+use exec::known_keys_partial::known_keys_partials;
 use exec::parameters::bind_parameters;
 use exec::prefetch::prefetch_releases;
 use exec::selection_stage::SelectionStage;
@@ -185,11 +185,11 @@ impl QueryPlanner for PrivacyPlanner {
         // Grouped private aggregates release every public group once, reached by rows or not,
         // in one canonical order (declared, or the selected keys sorted).
         let physical = canonical_final_phases(physical)?;
-        // In this process, their partial phases over declared integer keys find each row's group
-        // in a table of the keys instead of a hash table.
+        // In this process, their partial phases over known integer keys (declared or selected)
+        // find each row's group in a table of the keys instead of a hash table.
         let physical = match &self.distributor {
             Some(_) => physical,
-            None => declared_partials(physical, declared_keys_of)?,
+            None => known_keys_partials(physical, known_groups_of)?,
         };
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);

@@ -37,6 +37,7 @@ use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::StreamExt;
 
+use super::known_keys_partial::KnownGroups;
 use super::node::{only_child, single_final_partition};
 use crate::functions::{PermitSlot, permits_of};
 
@@ -98,12 +99,13 @@ fn public_groups(agg: &AggregateExec) -> Option<PublicGroups> {
     })
 }
 
-/// The declared keys of `agg` when it is a private aggregate grouped by declared keys.
-pub fn declared_keys_of(agg: &AggregateExec) -> Option<Arc<Vec<Vec<ScalarValue>>>> {
-    match public_groups(agg)? {
-        PublicGroups::Declared(keys) => Some(keys),
-        PublicGroups::Selected(_) => None,
-    }
+/// The public groups of `agg` when it is a grouped private aggregate, as the partial phase over
+/// known keys takes them.
+pub fn known_groups_of(agg: &AggregateExec) -> Option<KnownGroups> {
+    Some(match public_groups(agg)? {
+        PublicGroups::Declared(keys) => KnownGroups::Declared(keys),
+        PublicGroups::Selected(_) => KnownGroups::Selected,
+    })
 }
 
 /// DataFusion interleaves a union whose inputs share one hash partitioning (an `InterleaveExec`

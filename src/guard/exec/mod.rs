@@ -4,8 +4,8 @@
 //! private calls' parameters bound once.
 
 pub mod canonical_groups;
-pub mod declared_partial;
 pub mod gate;
+pub mod known_keys_partial;
 pub(crate) mod node;
 pub mod parameters;
 pub mod prefetch;

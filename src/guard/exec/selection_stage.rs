@@ -13,7 +13,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::functions::PermitSlot;
 use crate::guard::ops::sample_order::canonical_rows;
-use crate::guard::ops::selected::{SelectedKeys, integer_keys};
+use crate::guard::ops::selected::{IntegerSelection, SelectedKeys, integer_keys};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::selection::PartitionSelection;
 
@@ -56,8 +56,9 @@ impl SelectionStage {
     /// `max_groups` highest, and hands the keys to the membership filter. Returns how many.
     pub fn select(&self, batches: &[RecordBatch]) -> Result<usize> {
         let mut rng = self.noise.release_rng().map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        // (noisy count, key hash, the key's canonical encoding when the first pass counted by value)
-        let mut kept: Vec<(i128, Vec<u8>, Option<Vec<u8>>, Option<i64>)> = Vec::new();
+        // (noisy count, key hash, the key's canonical encoding when the first pass counted by value,
+        // and its value (None: NULL) when that key is one integer column)
+        let mut kept: Vec<(i128, Vec<u8>, Option<Vec<u8>>, Option<Option<i64>>)> = Vec::new();
         for b in batches {
             let keys = b.column(0).as_fixed_size_binary();
             let counts = b.column(1).as_primitive::<Int64Type>();
@@ -71,7 +72,7 @@ impl SelectionStage {
                     None => c as i128, // test hook: noise off
                 };
                 if noisy >= self.selection.threshold() as i128 {
-                    let integer = integers.as_ref().and_then(|v| v.is_valid(row).then(|| v.value(row)));
+                    let integer = integers.as_ref().map(|v| v.is_valid(row).then(|| v.value(row)));
                     kept.push((noisy, key, values.as_ref().map(|v| v.row(row).as_ref().to_vec()), integer));
                 }
             }
@@ -84,7 +85,9 @@ impl SelectionStage {
             s.set_available(n as u64);
             s.set_selected(chosen.clone());
         });
-        let integers = kept.iter().map(|(_, _, _, i)| *i).collect::<Option<Vec<_>>>();
+        let integers = kept.iter().map(|(_, _, _, i)| *i).collect::<Option<Vec<Option<i64>>>>().map(|keys| {
+            IntegerSelection { keys: keys.iter().flatten().copied().collect(), null: keys.iter().any(Option::is_none) }
+        });
         match kept.iter().map(|(_, _, v, _)| v.clone()).collect::<Option<Vec<_>>>() {
             Some(values) if n > 0 => self.keys.set_with_values(chosen, values, integers)?,
             _ => self.keys.set(chosen)?,

@@ -26,13 +26,21 @@ pub struct SelectedKeys {
 
 /// What the gate selected: the key hashes, and — when the first pass counted keys by value —
 /// the keys' canonical row encodings, so the filter tests a row's key without hashing it; and
-/// for one integer key column without a NULL key, the keys themselves, so it tests the column's
-/// values without encoding them.
+/// for one integer key column, the keys themselves and whether the NULL key is among them, so
+/// it tests the column's values without encoding them.
 #[derive(Debug)]
 struct Selected {
     hashes: KeySet,
     values: Option<HashSet<Box<[u8]>, foldhash::fast::RandomState>>,
-    integers: Option<HashSet<i64, foldhash::fast::RandomState>>,
+    integers: Option<(HashSet<i64, foldhash::fast::RandomState>, bool)>,
+}
+
+/// The selected keys of one integer key column: the values, sorted, and whether the NULL key
+/// was selected.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IntegerSelection {
+    pub keys: Vec<i64>,
+    pub null: bool,
 }
 
 /// An integer key column as i64 values (exact for every type here), or None for other types.
@@ -87,13 +95,34 @@ impl SelectedKeys {
     }
 
     /// Hands the selected key hashes and the same keys' canonical row encodings to the filter,
-    /// and their values when they are one integer column without NULL ([`integer_keys`]).
-    pub fn set_with_values(&self, keys: Vec<Vec<u8>>, values: Vec<Vec<u8>>, integers: Option<Vec<i64>>) -> Result<()> {
+    /// and their values when they are one integer column ([`integer_keys`]).
+    pub fn set_with_values(
+        &self,
+        keys: Vec<Vec<u8>>,
+        values: Vec<Vec<u8>>,
+        integers: Option<IntegerSelection>,
+    ) -> Result<()> {
         let hashes = keys.iter().map(|k| key_number(k)).collect::<Result<KeySet>>()?;
         let values = Some(values.into_iter().map(Vec::into_boxed_slice).collect());
-        let integers = integers.map(|v| v.into_iter().collect());
+        let integers = integers.map(|s| (s.keys.into_iter().collect(), s.null));
         *self.lock()? = Some(Selected { hashes, values, integers });
         Ok(())
+    }
+
+    /// The selection of one integer key column counted by value: nothing before the gate ran
+    /// the selection (a plan run below the gate selects nothing) or when nothing was selected;
+    /// None when the keys were counted by hash.
+    pub fn integer_selection(&self) -> Result<Option<IntegerSelection>> {
+        Ok(match self.lock()?.as_ref() {
+            None => Some(IntegerSelection::default()),
+            Some(Selected { integers: Some((keys, null)), .. }) => {
+                let mut keys: Vec<i64> = keys.iter().copied().collect();
+                keys.sort_unstable();
+                Some(IntegerSelection { keys, null: *null })
+            }
+            Some(Selected { hashes, .. }) if hashes.is_empty() => Some(IntegerSelection::default()),
+            Some(_) => None,
+        })
     }
 }
 
@@ -108,6 +137,11 @@ pub struct SelectedFilter {
 impl SelectedFilter {
     pub fn new(keys: Arc<SelectedKeys>, hash_key: (u64, u64)) -> Self {
         Self { signature: Signature::variadic_any(Volatility::Volatile), keys, hash_key }
+    }
+
+    /// The keys this filter tests against.
+    pub(crate) fn keys(&self) -> &Arc<SelectedKeys> {
+        &self.keys
     }
 
     #[cfg(feature = "cluster")]
@@ -179,13 +213,18 @@ impl ScalarUDFImpl for SelectedFilter {
         // Each row's membership, packed straight into bits (no array of options in between).
         let bits = match guard.as_ref() {
             None => BooleanBuffer::new_unset(n),
-            Some(Selected { integers: Some(integers), .. })
+            Some(Selected { integers: Some((integers, null)), .. })
                 if let [column] = &columns[..]
                     && let Some(keys) = integer_keys(column) =>
             {
-                // A NULL key was not selected (`integers` holds no NULL): its rows are dropped.
                 let values = keys.values();
-                BooleanBuffer::collect_bool(n, |i| keys.is_valid(i) && integers.contains(&values[i]))
+                match keys.null_count() {
+                    0 => BooleanBuffer::collect_bool(n, |i| integers.contains(&values[i])),
+                    _ => BooleanBuffer::collect_bool(n, |i| match keys.is_valid(i) {
+                        true => integers.contains(&values[i]),
+                        false => *null,
+                    }),
+                }
             }
             Some(Selected { values: Some(values), .. }) => {
                 let rows = canonical_rows(&columns)?;

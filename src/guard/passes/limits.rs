@@ -55,7 +55,7 @@ fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit:
     // A grouped call draws several groups' releases at once, each with its own work.
     let at_once = releases_at_once(usize::try_from(most_groups).unwrap_or(usize::MAX)) as u64;
     // A partial accumulator over declared keys also holds one spare group for the rows of no
-    // declared key (exec::declared_partial).
+    // declared key (exec::known_keys_partial).
     let spare = if groups.is_empty() { 0 } else { partitions as u64 };
     let accumulated = most_groups.saturating_mul(partitions as u64 + 1).saturating_add(spare);
     let need = calls.iter().fold(0u64, |a, c| {

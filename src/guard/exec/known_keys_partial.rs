@@ -1,10 +1,11 @@
-//! The partial phase of a private aggregate grouped by one integer column with declared keys:
-//! each row's group found by its key's offset in a table built at planning, not by hashing.
+//! The partial phase of a private aggregate grouped by one integer column whose keys are known
+//! before its rows are read — declared, or chosen by the partition selection the gate ran first:
+//! each row's group found in a table of the keys, not by hashing.
 //!
 //! DataFusion's partial hash aggregate interns every row's key in a hash table (hash, probe,
 //! compare) — for `SELECT g, private_kde(x, …) … GROUP BY g` the largest single cost after the
 //! binning, and the same as the whole of `SELECT g, sum(x) … GROUP BY g`. Here the public groups
-//! are known before any row is read (the declared keys, SPEC §7), so [`DeclaredPartialExec`] maps
+//! are known before any row is read (the declared keys, SPEC §7), so [`KnownKeysPartialExec`] maps
 //! a key to its group with one subtraction and one lookup in a dense table (or a small hash map
 //! when the keys are spread out), and feeds the same vectorised accumulators
 //! (`GroupsAccumulator`) with the same group indices DataFusion would. A row whose key is not
@@ -18,16 +19,21 @@
 //! filter right below that reads the key column only, and holds for every declared key, is
 //! dropped (rows it would have dropped have undeclared keys, which the spare group takes), and
 //! with it the filter when nothing else is left.
+//!
+//! Over private keys the keys are those the gate's partition selection chose, counted by value
+//! (one integer column, rows are units: `passes::selection`); the table is built from them when
+//! the partition starts, and the selection's membership filter below is dropped the same way (a
+//! row of an unselected key goes to the spare group). A selected NULL key is a group of its own.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_null_array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, new_null_array};
 use datafusion::arrow::compute::{CastOptions, cast, cast_with_options};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Result, ScalarValue};
+use datafusion::common::{Result, ScalarValue, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
@@ -35,7 +41,9 @@ use datafusion::physical_expr::expressions::{
     BinaryExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
 };
 use datafusion::physical_expr::utils::collect_columns;
-use datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr, conjunction, split_conjunction};
+use datafusion::physical_expr::{
+    GroupsAccumulatorAdapter, PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction,
+};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -43,16 +51,25 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use futures::StreamExt;
 
 use super::node::only_child;
+use crate::guard::ops::selected::{IntegerSelection, SelectedFilter, SelectedKeys};
 
 /// Keys spanning at most this many values get a dense table (4 bytes per value in the span).
 const DENSE_SPAN: i64 = 1 << 16;
 
+/// The public groups of a grouped private aggregate, as this operator needs them.
+#[derive(Debug, Clone)]
+pub enum KnownGroups {
+    /// Declared keys, one tuple per group, in declared order.
+    Declared(Arc<Vec<Vec<ScalarValue>>>),
+    /// Keys a partition selection chooses (found in the membership filter below).
+    Selected,
+}
+
 /// Replaces every partial phase of a private aggregate grouped by one integer column whose keys
-/// are `declared` (found by `declared_of`) with a [`DeclaredPartialExec`]; other nodes are
-/// returned unchanged.
-pub fn declared_partials(
+/// are known (`known_of`) with a [`KnownKeysPartialExec`]; other nodes are returned unchanged.
+pub fn known_keys_partials(
     plan: Arc<dyn ExecutionPlan>,
-    declared_of: impl Fn(&AggregateExec) -> Option<Arc<Vec<Vec<ScalarValue>>>>,
+    known_of: impl Fn(&AggregateExec) -> Option<KnownGroups>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
@@ -60,8 +77,8 @@ pub fn declared_partials(
         {
             return Ok(Transformed::no(node));
         }
-        let Some(tuples) = declared_of(agg) else { return Ok(Transformed::no(node)) };
-        let Some(exec) = DeclaredPartialExec::try_new(agg, &tuples)? else { return Ok(Transformed::no(node)) };
+        let Some(groups) = known_of(agg) else { return Ok(Transformed::no(node)) };
+        let Some(exec) = KnownKeysPartialExec::try_new(agg, groups)? else { return Ok(Transformed::no(node)) };
         Ok(Transformed::new(Arc::new(exec) as Arc<dyn ExecutionPlan>, true, TreeNodeRecursion::Continue))
     })
     .map(|t| t.data)
@@ -93,8 +110,8 @@ impl KeyTable {
         }
     }
 
-    /// Each row's group (`spare` for an undeclared or null key) into `out`.
-    fn groups_of(&self, keys: &dyn Array, spare: u32, out: &mut Vec<usize>) -> Result<()> {
+    /// Each row's group (`spare` for an unknown key, `null` for a null one) into `out`.
+    fn groups_of(&self, keys: &dyn Array, spare: u32, null: u32, out: &mut Vec<usize>) -> Result<()> {
         let options = CastOptions { safe: true, ..Default::default() };
         // A key outside Int64 is no declared key: null, so spare.
         let keys = cast_with_options(keys, &DataType::Int64, &options)?;
@@ -111,58 +128,110 @@ impl KeyTable {
         }
         if let Some(nulls) = keys.nulls() {
             for i in nulls.iter().enumerate().filter(|(_, valid)| !valid).map(|(i, _)| i) {
-                out[i] = spare as usize;
+                out[i] = null as usize;
             }
         }
         Ok(())
     }
 }
 
-/// The partial phase of a private aggregate over declared integer keys (module docs).
+/// Where the keys come from.
+#[derive(Debug, Clone)]
+enum Keys {
+    /// The declared keys in declared order (the key column of the output) and their table.
+    Declared { keys: ArrayRef, table: KeyTable },
+    /// The keys the gate's selection chooses, read when a partition starts.
+    Selected(Arc<SelectedKeys>),
+}
+
+/// The partial phase of a private aggregate over known integer keys (module docs).
 #[derive(Debug)]
-pub struct DeclaredPartialExec {
+pub struct KnownKeysPartialExec {
     input: Arc<dyn ExecutionPlan>,
     key: Arc<dyn PhysicalExpr>,
     aggr: Vec<Arc<AggregateFunctionExpr>>,
     filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
-    /// The declared keys in declared order, as the key column of the output.
-    keys: ArrayRef,
-    table: KeyTable,
+    keys: Keys,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
 }
 
-impl DeclaredPartialExec {
+impl KnownKeysPartialExec {
     /// The replacement of `agg` (a partial phase grouped by one column), or None when its key
-    /// is not an integer column or a declared key is not one of its values.
-    fn try_new(agg: &AggregateExec, tuples: &[Vec<ScalarValue>]) -> Result<Option<Self>> {
+    /// is not an integer column, a declared key is not one of its values, or selected keys are
+    /// not found in a membership filter right below.
+    fn try_new(agg: &AggregateExec, groups: KnownGroups) -> Result<Option<Self>> {
         let (key, _) = &agg.group_expr().expr()[0];
         let key_type = key.data_type(&agg.input_schema())?;
-        if !key_type.is_integer() || tuples.iter().any(|t| t.len() != 1) {
+        if !key_type.is_integer() {
             return Ok(None);
         }
-        let declared = ScalarValue::iter_to_array(tuples.iter().map(|t| t[0].clone()))?;
-        let options = CastOptions { safe: true, ..Default::default() };
-        let keys = cast_with_options(&declared, &key_type, &options)?;
-        let as_i64 = cast_with_options(&keys, &DataType::Int64, &options)?;
-        if keys.null_count() > 0 || as_i64.null_count() > 0 {
-            return Ok(None);
-        }
-        let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
-        let input = without_key_filters(agg.input(), key, &keys)?;
-        let schema = agg.schema();
-        let keys = cast(&keys, schema.field(0).data_type())?;
+        let (input, keys) = match groups {
+            KnownGroups::Declared(tuples) => {
+                if tuples.iter().any(|t| t.len() != 1) {
+                    return Ok(None);
+                }
+                let declared = ScalarValue::iter_to_array(tuples.iter().map(|t| t[0].clone()))?;
+                let options = CastOptions { safe: true, ..Default::default() };
+                let keys = cast_with_options(&declared, &key_type, &options)?;
+                let as_i64 = cast_with_options(&keys, &DataType::Int64, &options)?;
+                if keys.null_count() > 0 || as_i64.null_count() > 0 {
+                    return Ok(None);
+                }
+                let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
+                let input = without_key_filters(agg.input(), key, &keys)?;
+                let keys = cast(&keys, agg.schema().field(0).data_type())?;
+                (input, Keys::Declared { table: KeyTable::new(&values, values.len() as u32), keys })
+            }
+            KnownGroups::Selected => {
+                // The types the selection's filter compares by value (`integer_keys`).
+                if matches!(key_type, DataType::UInt64) {
+                    return Ok(None);
+                }
+                let Some((input, selected)) = without_membership(agg.input(), key)? else { return Ok(None) };
+                (input, Keys::Selected(selected))
+            }
+        };
         Ok(Some(Self {
             input,
             key: Arc::clone(key),
             aggr: agg.aggr_expr().to_vec(),
             filters: agg.filter_expr().to_vec(),
-            table: KeyTable::new(&values, values.len() as u32),
             keys,
-            schema,
+            schema: agg.schema(),
             properties: Arc::clone(agg.properties()),
         }))
     }
+}
+
+/// `input`, a filter holding the membership test of a partition selection on the `key` column,
+/// without that test, and the keys it tests against; None for any other input.
+fn without_membership(
+    input: &Arc<dyn ExecutionPlan>,
+    key: &Arc<dyn PhysicalExpr>,
+) -> Result<Option<(Arc<dyn ExecutionPlan>, Arc<SelectedKeys>)>> {
+    let (Some(filter), Some(key)) = (input.downcast_ref::<FilterExec>(), key.downcast_ref::<Column>()) else {
+        return Ok(None);
+    };
+    if filter.projection().is_some() {
+        return Ok(None);
+    }
+    let membership = |c: &Arc<dyn PhysicalExpr>| {
+        let f = c.downcast_ref::<ScalarFunctionExpr>()?;
+        let selected = f.fun().inner().downcast_ref::<SelectedFilter>()?;
+        let [arg] = f.args() else { return None };
+        (arg.downcast_ref::<Column>()?.index() == key.index()).then(|| Arc::clone(selected.keys()))
+    };
+    let conjuncts = split_conjunction(filter.predicate());
+    let Some(selected) = conjuncts.iter().find_map(|c| membership(c)) else { return Ok(None) };
+    let rest: Vec<Arc<dyn PhysicalExpr>> =
+        conjuncts.iter().filter(|c| membership(c).is_none()).map(|c| Arc::clone(*c)).collect();
+    if rest.is_empty() {
+        return Ok(Some((Arc::clone(filter.input()), selected)));
+    }
+    let rest = FilterExec::try_new(conjunction(rest), Arc::clone(filter.input()))?
+        .with_default_selectivity(filter.default_selectivity())?;
+    Ok(Some((Arc::new(rest), selected)))
 }
 
 /// `input` without the conjuncts of its filter (if it is one, without projection) that read only
@@ -228,20 +297,43 @@ fn deterministic(e: &Arc<dyn PhysicalExpr>) -> bool {
     only
 }
 
-impl DisplayAs for DeclaredPartialExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.table {
-            KeyTable::Dense { .. } => "dense",
-            KeyTable::Sparse(_) => "sparse",
-        };
-        let names: Vec<&str> = self.aggr.iter().map(|a| a.name()).collect();
-        write!(f, "DeclaredPartialExec: declared groups={} ({kind}), aggr=[{}]", self.keys.len(), names.join(", "))
+/// The keys of a partition (the output's key column), their table, and the group of the NULL
+/// key when it is one.
+fn resolve(known: Keys, key_type: &DataType) -> Result<(ArrayRef, KeyTable, Option<u32>)> {
+    match known {
+        Keys::Declared { keys, table } => Ok((keys, table, None)),
+        Keys::Selected(selected) => {
+            let Some(IntegerSelection { keys, null }) = selected.integer_selection()? else {
+                return internal_err!("a partition selection over one integer key was not counted by value");
+            };
+            let table = KeyTable::new(&keys, (keys.len() + usize::from(null)) as u32);
+            let null_group = null.then_some(keys.len() as u32);
+            let column = Int64Array::from_iter(keys.iter().copied().map(Some).chain(null.then_some(None)));
+            Ok((cast(&column, key_type)?, table, null_group))
+        }
     }
 }
 
-impl ExecutionPlan for DeclaredPartialExec {
+impl DisplayAs for KnownKeysPartialExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.aggr.iter().map(|a| a.name()).collect();
+        match &self.keys {
+            Keys::Declared { keys, table } => {
+                let kind = match table {
+                    KeyTable::Dense { .. } => "dense",
+                    KeyTable::Sparse(_) => "sparse",
+                };
+                write!(f, "KnownKeysPartialExec: declared groups={} ({kind}), ", keys.len())?
+            }
+            Keys::Selected(_) => write!(f, "KnownKeysPartialExec: selected keys, ")?,
+        }
+        write!(f, "aggr=[{}]", names.join(", "))
+    }
+}
+
+impl ExecutionPlan for KnownKeysPartialExec {
     fn name(&self) -> &str {
-        "DeclaredPartialExec"
+        "KnownKeysPartialExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -260,14 +352,13 @@ impl ExecutionPlan for DeclaredPartialExec {
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "DeclaredPartialExec")?;
+        let input = only_child(children, "KnownKeysPartialExec")?;
         Ok(Arc::new(Self {
             input,
             key: Arc::clone(&self.key),
             aggr: self.aggr.clone(),
             filters: self.filters.clone(),
-            keys: Arc::clone(&self.keys),
-            table: self.table.clone(),
+            keys: self.keys.clone(),
             schema: Arc::clone(&self.schema),
             properties: Arc::clone(&self.properties),
         }))
@@ -276,11 +367,13 @@ impl ExecutionPlan for DeclaredPartialExec {
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let mut input = self.input.execute(partition, context)?;
         let (key, aggr, filters) = (Arc::clone(&self.key), self.aggr.clone(), self.filters.clone());
-        let (keys, table, schema) = (Arc::clone(&self.keys), self.table.clone(), Arc::clone(&self.schema));
+        let (known, schema) = (self.keys.clone(), Arc::clone(&self.schema));
         let out_schema = Arc::clone(&schema);
         let all = async move {
+            let (keys, table, null) = resolve(known, schema.field(0).data_type())?;
             let declared = keys.len();
             let (spare, total) = (declared as u32, declared + 1);
+            let null = null.unwrap_or(spare);
             let mut accs = aggr
                 .iter()
                 .map(|a| match a.groups_accumulator_supported() {
@@ -297,7 +390,7 @@ impl ExecutionPlan for DeclaredPartialExec {
             let mut update = |batch: &RecordBatch| -> Result<()> {
                 let rows = batch.num_rows();
                 let column = key.evaluate(batch)?.into_array(rows)?;
-                table.groups_of(&column, spare, &mut groups)?;
+                table.groups_of(&column, spare, null, &mut groups)?;
                 for ((acc, args), filter) in accs.iter_mut().zip(&arguments).zip(&filters) {
                     let values = args
                         .iter()
@@ -341,7 +434,7 @@ mod tests {
 
     fn groups(table: &KeyTable, keys: &dyn Array, spare: u32) -> Vec<usize> {
         let mut out = vec![99; 3];
-        table.groups_of(keys, spare, &mut out).unwrap();
+        table.groups_of(keys, spare, spare, &mut out).unwrap();
         out
     }
 
