@@ -92,7 +92,7 @@ enum KeyTable {
         min: i64,
         groups: Vec<u32>,
     },
-    Sparse(HashMap<i64, u32>),
+    Sparse(HashMap<i64, u32, foldhash::fast::RandomState>),
 }
 
 impl KeyTable {
@@ -113,7 +113,8 @@ impl KeyTable {
     /// Each row's group (`spare` for an unknown key, `null` for a null one) into `out`.
     fn groups_of(&self, keys: &dyn Array, spare: u32, null: u32, out: &mut Vec<usize>) -> Result<()> {
         let options = CastOptions { safe: true, ..Default::default() };
-        // A key outside Int64 is no declared key: null, so spare.
+        // A key outside Int64 becomes null (only declared keys are looked up in UInt64 columns, and
+        // they have no NULL key: so it goes to the spare group).
         let keys = cast_with_options(keys, &DataType::Int64, &options)?;
         let keys = keys.as_primitive::<Int64Type>();
         out.clear();
@@ -126,7 +127,7 @@ impl KeyTable {
                 out.extend(keys.values().iter().map(|k| map.get(k).copied().unwrap_or(spare) as usize))
             }
         }
-        if let Some(nulls) = keys.nulls() {
+        if let Some(nulls) = keys.nulls().filter(|n| n.null_count() > 0) {
             for i in nulls.iter().enumerate().filter(|(_, valid)| !valid).map(|(i, _)| i) {
                 out[i] = null as usize;
             }
