@@ -240,3 +240,48 @@ impl ScalarUDFImpl for SelectedFilter {
         Ok(ColumnarValue::Array(Arc::new(out)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::Field;
+    use datafusion::config::ConfigOptions;
+
+    use super::*;
+
+    fn members(filter: &SelectedFilter, column: ArrayRef) -> Vec<bool> {
+        let n = column.len();
+        let args = ScalarFunctionArgs {
+            arg_fields: vec![Arc::new(Field::new("k", column.data_type().clone(), true))],
+            args: vec![ColumnarValue::Array(column)],
+            number_rows: n,
+            return_field: Arc::new(Field::new("m", DataType::Boolean, false)),
+            config_options: Arc::new(ConfigOptions::default()),
+        };
+        let out = filter.invoke_with_args(args).unwrap().to_array(n).unwrap();
+        out.as_boolean().iter().map(|b| b.unwrap()).collect()
+    }
+
+    #[test]
+    fn integer_keys_are_tested_by_value_and_a_selected_null_key_keeps_its_rows() {
+        let hash = |i: u8| vec![i; 16];
+        let column: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), Some(2), None, Some(3)]));
+        for null in [false, true] {
+            let keys = Arc::new(SelectedKeys::default());
+            assert_eq!(keys.integer_selection().unwrap(), Some(IntegerSelection::default()), "nothing before the gate");
+            let filter = SelectedFilter::new(Arc::clone(&keys), (1, 2));
+            assert_eq!(members(&filter, Arc::clone(&column)), [false; 4], "a plan below the gate selects nothing");
+            let selection = IntegerSelection { keys: vec![3, 1], null };
+            let values = vec![vec![0u8; 9]; 2 + usize::from(null)];
+            let hashes = (0..values.len() as u8).map(hash).collect();
+            keys.set_with_values(hashes, values, Some(selection)).unwrap();
+            assert_eq!(members(&filter, Arc::clone(&column)), [true, false, null, true]);
+            assert_eq!(keys.integer_selection().unwrap(), Some(IntegerSelection { keys: vec![1, 3], null }));
+        }
+        // Counted by hash: no integer selection, unless nothing was selected.
+        let keys = SelectedKeys::default();
+        keys.set(vec![hash(7)]).unwrap();
+        assert_eq!(keys.integer_selection().unwrap(), None);
+        keys.set(Vec::new()).unwrap();
+        assert_eq!(keys.integer_selection().unwrap(), Some(IntegerSelection::default()));
+    }
+}
