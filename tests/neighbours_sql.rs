@@ -106,10 +106,12 @@ async fn selected_groups_come_sorted_with_ids_in_that_order() {
 
 #[tokio::test]
 async fn integer_groups_released_at_once_show_nothing_of_one_row() {
-    // Declared integer keys 0..19 (a range filter; alice's day 99 is outside it) and an undeclared
-    // integer column grouped through a selection (tested by value; alice's num of one row is never
-    // selected at ε_sel = 50, every ordinary one of 4 rows is): 20 and 60 groups, their releases
-    // drawn on several threads. Groups, order, ids, charges: the same on both sides. (Tried: a
+    // Declared integer keys 0..19 (looked up in a table of the keys; alice's day 99 is none of
+    // them, so her row goes to the spare group that is never released) and an undeclared integer
+    // column grouped through a selection (looked up in a table of the selected values; alice's num
+    // of one row is never selected at ε_sel = 50, every ordinary one of 4 rows is): 20 and 60
+    // groups, their releases drawn on several threads. Groups, order, ids, charges: the same on
+    // both sides. (Tried: a
     // membership filter that also passed alice's num did not change what this shows — her group
     // was still not released — so the filters' exactness is checked by
     // `groups::tests::the_declared_keys_filter_keeps_exactly_the_declared_keys` and
