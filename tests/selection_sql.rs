@@ -270,3 +270,70 @@ async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() 
         }
     }
 }
+
+/// The attack on the table lookup of selected integer keys: key types at the edges of what the
+/// lookup takes (Int8 with a selected NULL key; UInt64, which it leaves to DataFusion, with keys
+/// beyond i64) and one extra row of an unselected key (her own key, or the extreme values) must
+/// change nothing observable: the same rows in the same order, the same errors (none), on 1 and
+/// 3 partitions.
+#[tokio::test]
+async fn selection_over_edge_integer_types_shows_nothing_of_one_row() {
+    use datafusion::arrow::array::{Int8Array, UInt64Array};
+    let mut outcomes = Vec::new();
+    for alice in [false, true] {
+        let dir = TempDir::new(&format!("sel-edge-int-{alice}"));
+        let (mut small, mut big, mut x) = (Vec::new(), Vec::new(), Vec::new());
+        for (s, b, rows) in [(Some(-128i8), Some(u64::MAX), 30), (Some(127), Some(1u64 << 63), 30), (None, None, 30)] {
+            for i in 0..rows {
+                small.push(s);
+                big.push(b);
+                x.push((i % 17) as f64 / 17.0);
+            }
+        }
+        if alice {
+            small.insert(7, Some(0));
+            big.insert(7, Some(u64::MAX - 1));
+            x.insert(7, 0.5);
+        }
+        common::write_columns(
+            &dir.path("t.parquet"),
+            vec![
+                ("small", Arc::new(Int8Array::from(small)) as ArrayRef),
+                ("big", Arc::new(UInt64Array::from(big))),
+                ("x", Arc::new(Float64Array::from(x))),
+            ],
+        );
+        let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+        admin.register("t", &dir.str("t.parquet")).await.unwrap();
+        admin.make_private("t", 1000.0, 1e-2).unwrap();
+        admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+        let mut seen = Vec::new();
+        for partitions in [1, 3] {
+            let opts =
+                SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
+            let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+            for k in ["small", "big"] {
+                let sql = format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k} ORDER BY {k}", kde(SELECT));
+                let out = s
+                    .query(&sql)
+                    .await
+                    .map(|b| common::keyed_values(&b).into_iter().map(|(k, m)| (k, m.to_bits())).collect::<Vec<_>>());
+                let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+                let plan = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+                assert_eq!(plan.contains("KnownKeysPartialExec: selected keys"), k == "small", "{plan}");
+                let out = out.map_err(|e| e.to_string());
+                let rows = out.as_ref().expect("no error").len();
+                assert_eq!(rows, 3, "{k}: the three keys of 30 rows (NULL included), her key never");
+                let masses = out.as_ref().unwrap().iter().map(|(_, m)| f64::from_bits(*m));
+                assert!(
+                    masses.clone().all(|m| m > 25.0),
+                    "{k}: each group has its 30 rows: {:?}",
+                    masses.collect::<Vec<_>>()
+                );
+                seen.push((k, partitions, out));
+            }
+        }
+        outcomes.push(seen);
+    }
+    assert_eq!(outcomes[0], outcomes[1], "the neighbours differ");
+}
