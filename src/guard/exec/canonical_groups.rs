@@ -27,9 +27,9 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use datafusion::logical_expr::EmitTo;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
-use datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -38,7 +38,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Exe
 use futures::StreamExt;
 
 use super::known_keys_partial::KnownGroups;
-use super::node::{only_child, single_final_partition};
+use super::node::{batch_as, groups_accumulators, only_child, single_final_partition};
 use crate::functions::{PermitSlot, permits_of};
 
 /// The public groups of a grouped private aggregate.
@@ -227,17 +227,7 @@ impl ExecutionPlan for CanonicalGroupsExec {
             let groups = encoded.len();
             // One vectorised accumulator per aggregate over the public groups (DataFusion's
             // adapter for an aggregate without one).
-            let mut accs = aggr
-                .iter()
-                .map(|a| match a.groups_accumulator_supported() {
-                    true => a.create_groups_accumulator(),
-                    false => {
-                        let a = Arc::clone(a);
-                        Ok(Box::new(GroupsAccumulatorAdapter::new(move || a.create_accumulator()))
-                            as Box<dyn GroupsAccumulator>)
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let mut accs = groups_accumulators(&aggr)?;
             let widths: Vec<usize> =
                 aggr.iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<Vec<_>>>()?;
             // Merges a batch of partial states: rows of public groups only (others are dropped
@@ -276,13 +266,7 @@ impl ExecutionPlan for CanonicalGroupsExec {
             for acc in accs.iter_mut() {
                 columns.push(acc.evaluate(EmitTo::All)?);
             }
-            // Keys and values may differ from the output in nullability or dictionary encoding only.
-            let columns = columns
-                .into_iter()
-                .zip(schema.fields())
-                .map(|(c, f)| cast(&c, f.data_type()))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            Ok(RecordBatch::try_new(schema, columns)?)
+            batch_as(schema, columns)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, futures::stream::once(all))))
     }

@@ -35,22 +35,20 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, ScalarValue, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use datafusion::logical_expr::EmitTo;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::expressions::{
     BinaryExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
 };
 use datafusion::physical_expr::utils::collect_columns;
-use datafusion::physical_expr::{
-    GroupsAccumulatorAdapter, PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction,
-};
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
-use super::node::only_child;
+use super::node::{batch_as, groups_accumulators, only_child};
 use crate::guard::ops::selected::{IntegerSelection, SelectedFilter, SelectedKeys};
 
 /// Keys spanning at most this many values get a dense table (4 bytes per value in the span).
@@ -146,7 +144,7 @@ enum Keys {
 }
 
 /// The partial phase of a private aggregate over known integer keys (module docs).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct KnownKeysPartialExec {
     input: Arc<dyn ExecutionPlan>,
     key: Arc<dyn PhysicalExpr>,
@@ -354,15 +352,7 @@ impl ExecutionPlan for KnownKeysPartialExec {
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         let input = only_child(children, "KnownKeysPartialExec")?;
-        Ok(Arc::new(Self {
-            input,
-            key: Arc::clone(&self.key),
-            aggr: self.aggr.clone(),
-            filters: self.filters.clone(),
-            keys: self.keys.clone(),
-            schema: Arc::clone(&self.schema),
-            properties: Arc::clone(&self.properties),
-        }))
+        Ok(Arc::new(Self { input, ..self.as_ref().clone() }))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
@@ -375,17 +365,7 @@ impl ExecutionPlan for KnownKeysPartialExec {
             let declared = keys.len();
             let (spare, total) = (declared as u32, declared + 1);
             let null = null.unwrap_or(spare);
-            let mut accs = aggr
-                .iter()
-                .map(|a| match a.groups_accumulator_supported() {
-                    true => a.create_groups_accumulator(),
-                    false => {
-                        let a = Arc::clone(a);
-                        Ok(Box::new(GroupsAccumulatorAdapter::new(move || a.create_accumulator()))
-                            as Box<dyn GroupsAccumulator>)
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let mut accs = groups_accumulators(&aggr)?;
             let arguments: Vec<Vec<Arc<dyn PhysicalExpr>>> = aggr.iter().map(|a| a.expressions()).collect();
             let mut groups = Vec::new();
             let mut update = |batch: &RecordBatch| -> Result<()> {
@@ -416,12 +396,7 @@ impl ExecutionPlan for KnownKeysPartialExec {
                     columns.push(state);
                 }
             }
-            let columns = columns
-                .into_iter()
-                .zip(schema.fields())
-                .map(|(c, f)| cast(&c, f.data_type()))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            Ok::<_, datafusion::common::DataFusionError>(RecordBatch::try_new(schema, columns)?)
+            batch_as(schema, columns)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, futures::stream::once(all))))
     }

@@ -1,10 +1,15 @@
-//! What the guard's physical operators share: one child, one final partition.
+//! What the guard's physical operators share: one child, one final partition, the vectorised
+//! accumulators of an aggregate's calls, and a batch in the exact types of its schema.
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
-use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::logical_expr::GroupsAccumulator;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::{EquivalenceProperties, GroupsAccumulatorAdapter};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, PlanProperties};
 
@@ -25,4 +30,29 @@ pub(crate) fn single_final_partition(schema: SchemaRef) -> Arc<PlanProperties> {
         EmissionType::Final,
         Boundedness::Bounded,
     ))
+}
+
+/// One vectorised accumulator per aggregate call (DataFusion's adapter for a call without one).
+pub(crate) fn groups_accumulators(aggr: &[Arc<AggregateFunctionExpr>]) -> Result<Vec<Box<dyn GroupsAccumulator>>> {
+    aggr.iter()
+        .map(|a| match a.groups_accumulator_supported() {
+            true => a.create_groups_accumulator(),
+            false => {
+                let a = Arc::clone(a);
+                Ok(Box::new(GroupsAccumulatorAdapter::new(move || a.create_accumulator()))
+                    as Box<dyn GroupsAccumulator>)
+            }
+        })
+        .collect()
+}
+
+/// `columns` as a batch of `schema` (they may differ from it in nullability or dictionary
+/// encoding only).
+pub(crate) fn batch_as(schema: SchemaRef, columns: Vec<ArrayRef>) -> Result<RecordBatch> {
+    let columns = columns
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| cast(&c, f.data_type()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema, columns)?)
 }
