@@ -82,6 +82,36 @@ fn two_prod(a: f64, b: f64) -> (f64, f64) {
     (p, ((ah * bh - p) + ah * bl + al * bh) + al * bl)
 }
 
+/// How a product's rounding error `a·b − fl(a·b)` is computed. Both ways give it exactly (for
+/// products that neither overflow nor underflow), so every kernel gives the same bits.
+trait ExactProduct {
+    fn two_prod(a: f64, b: f64) -> (f64, f64);
+}
+
+/// Dekker's splitting: any x86-64 (the baseline target has no fused multiply-add).
+struct Dekker;
+
+impl ExactProduct for Dekker {
+    #[inline(always)]
+    fn two_prod(a: f64, b: f64) -> (f64, f64) {
+        two_prod(a, b)
+    }
+}
+
+/// One fused multiply-add, inside functions compiled for a CPU that has it (outside them
+/// `mul_add` would call the C library's software `fma`).
+#[cfg(target_arch = "x86_64")]
+struct Fused;
+
+#[cfg(target_arch = "x86_64")]
+impl ExactProduct for Fused {
+    #[inline(always)]
+    fn two_prod(a: f64, b: f64) -> (f64, f64) {
+        let p = a * b;
+        (p, a.mul_add(b, -p))
+    }
+}
+
 impl DD {
     /// An exact f64.
     pub const fn from_f64(x: f64) -> Self {
@@ -132,7 +162,13 @@ impl DD {
     /// Multiplication.
     #[inline]
     pub fn mul(self, b: DD) -> DD {
-        let (p, e) = two_prod(self.hi, b.hi);
+        self.mul_by::<Dekker>(b)
+    }
+
+    /// Multiplication with a given way of computing the exact product (the same bits).
+    #[inline(always)]
+    fn mul_by<P: ExactProduct>(self, b: DD) -> DD {
+        let (p, e) = P::two_prod(self.hi, b.hi);
         let (hi, lo) = quick_two_sum(p, e + (self.hi * b.lo + self.lo * b.hi));
         DD { hi, lo }
     }
@@ -240,36 +276,141 @@ pub fn dft_relative_error(m: usize) -> f64 {
     (m.max(2) as f64).log2() * 16.0 * DD_OP_ERR + 4.0 * DD_OP_ERR
 }
 
-/// The complex DFT `F_k = Σ_j x_j·exp(−2πi·jk/m)` of a real double-double vector of
-/// power-of-two length m ≥ 8 (iterative radix-2), in double-double.
-pub fn dd_fft(x: &[DD]) -> Vec<(DD, DD)> {
+/// The complex DFT `F_k = Σ_j x_j·exp(−2πi·jk/m)`, for `k < outputs` (at most m), of a real
+/// double-double vector of power-of-two length m ≥ 8 (iterative radix-2), in double-double.
+///
+/// Only the butterflies the first `outputs` frequencies depend on run: a sub-transform of length
+/// L feeds the outputs below `outputs` only through its own outputs below `min(L, outputs)`, so a
+/// stage of blocks of length L computes `min(L/2, outputs)` butterflies per block — with the same
+/// operations, hence the same bits, as the full transform. The values are held as four planes
+/// (leading and trailing words of the real and imaginary parts) so that a stage's butterflies
+/// are lane-wise operations, compiled for AVX-512 or AVX2 with fused multiply-adds and chosen at
+/// run time; every kernel gives the same bits ([`ExactProduct`]; IEEE operations lane by lane,
+/// never contracted).
+pub fn dd_fft(x: &[DD], outputs: usize) -> Vec<(DD, DD)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features the kernel is compiled for.
+            return unsafe { dd_fft_avx512(x, outputs) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: as above.
+            return unsafe { dd_fft_avx2(x, outputs) };
+        }
+    }
+    dd_fft_with::<Dekker>(x, outputs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn dd_fft_avx512(x: &[DD], outputs: usize) -> Vec<(DD, DD)> {
+    dd_fft_with::<Fused>(x, outputs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn dd_fft_avx2(x: &[DD], outputs: usize) -> Vec<(DD, DD)> {
+    dd_fft_with::<Fused>(x, outputs)
+}
+
+/// Double-double complex values as four planes: the real part's leading and trailing words, then
+/// the imaginary part's.
+#[derive(Clone, Default)]
+struct Planes([Vec<f64>; 4]);
+
+impl Planes {
+    fn zeros(n: usize) -> Self {
+        Self(std::array::from_fn(|_| vec![0.0; n]))
+    }
+
+    fn set(&mut self, i: usize, (re, im): (DD, DD)) {
+        let [rh, rl, ih, il] = &mut self.0;
+        (rh[i], rl[i], ih[i], il[i]) = (re.hi, re.lo, im.hi, im.lo);
+    }
+
+    fn get(&self, i: usize) -> (DD, DD) {
+        let [rh, rl, ih, il] = &self.0;
+        (DD { hi: rh[i], lo: rl[i] }, DD { hi: ih[i], lo: il[i] })
+    }
+}
+
+/// The twiddles of every stage of a length-m transform as planes: for blocks of length L
+/// (2, 4, …, m), `exp(−2πi·k/L)` for k < L/2 from offset L/2 − 1 (m − 1 entries in all).
+fn stage_twiddles(m: usize) -> Arc<Planes> {
+    static CACHE: PublicCache<usize, Planes> = PublicCache::new(256 << 20);
+    CACHE
+        .get_or_try_insert(
+            m,
+            |t| t.0.iter().map(|p| 8 * p.len()).sum(),
+            || {
+                let tw = twiddles(m);
+                let mut planes = Planes::zeros(m - 1);
+                let mut len = 2;
+                while len <= m {
+                    let half = len / 2;
+                    for k in 0..half {
+                        planes.set(half - 1 + k, tw[k * (m / len)]);
+                    }
+                    len <<= 1;
+                }
+                Ok::<_, std::convert::Infallible>(planes)
+            },
+        )
+        .unwrap_or_else(|e| match e {})
+}
+
+#[inline(always)]
+fn dd_fft_with<P: ExactProduct>(x: &[DD], outputs: usize) -> Vec<(DD, DD)> {
     let m = x.len();
     assert!(m.is_power_of_two() && m >= 8, "dd_fft needs a power of two ≥ 8");
+    let outputs = outputs.min(m);
     let bits = m.trailing_zeros();
-    let mut a: Vec<(DD, DD)> = vec![(DD::default(), DD::default()); m];
+    let mut a = Planes::zeros(m);
     for (j, v) in x.iter().enumerate() {
-        a[j.reverse_bits() >> (usize::BITS - bits)] = (*v, DD::default());
+        a.set(j.reverse_bits() >> (usize::BITS - bits), (*v, DD::default()));
     }
-    let tw = twiddles(m);
+    let tw = stage_twiddles(m);
     let mut len = 2;
     while len <= m {
-        let stride = m / len;
         let half = len / 2;
+        let n = half.min(outputs);
+        let w = tw.0.each_ref().map(|p| &p[half - 1..half - 1 + n]);
         for start in (0..m).step_by(len) {
-            for k in 0..half {
-                let (wr, wi) = tw[k * stride];
-                let (br, bi) = a[start + k + half];
-                // t = w·b
-                let tr = wr.mul(br).sub(wi.mul(bi));
-                let ti = wr.mul(bi).add(wi.mul(br));
-                let (ar, ai) = a[start + k];
-                a[start + k] = (ar.add(tr), ai.add(ti));
-                a[start + k + half] = (ar.sub(tr), ai.sub(ti));
-            }
+            let [rh, rl, ih, il] = &mut a.0;
+            let (rh0, rh1) = rh[start..start + len].split_at_mut(half);
+            let (rl0, rl1) = rl[start..start + len].split_at_mut(half);
+            let (ih0, ih1) = ih[start..start + len].split_at_mut(half);
+            let (il0, il1) = il[start..start + len].split_at_mut(half);
+            butterflies::<P>(
+                w,
+                [&mut rh0[..n], &mut rl0[..n], &mut ih0[..n], &mut il0[..n]],
+                [&mut rh1[..n], &mut rl1[..n], &mut ih1[..n], &mut il1[..n]],
+            );
         }
         len <<= 1;
     }
-    a
+    (0..outputs).map(|k| a.get(k)).collect()
+}
+
+/// `(a, b) ← (a + w·b, a − w·b)` lane by lane over equally long planes.
+#[inline(always)]
+fn butterflies<P: ExactProduct>(w: [&[f64]; 4], a: [&mut [f64]; 4], b: [&mut [f64]; 4]) {
+    let n = w[0].len();
+    let [wrh, wrl, wih, wil] = w.map(|p| &p[..n]);
+    let [arh, arl, aih, ail] = a.map(|p| &mut p[..n]);
+    let [brh, brl, bih, bil] = b.map(|p| &mut p[..n]);
+    for k in 0..n {
+        let (wr, wi) = (DD { hi: wrh[k], lo: wrl[k] }, DD { hi: wih[k], lo: wil[k] });
+        let (br, bi) = (DD { hi: brh[k], lo: brl[k] }, DD { hi: bih[k], lo: bil[k] });
+        // t = w·b
+        let tr = wr.mul_by::<P>(br).sub(wi.mul_by::<P>(bi));
+        let ti = wr.mul_by::<P>(bi).add(wi.mul_by::<P>(br));
+        let (ar, ai) = (DD { hi: arh[k], lo: arl[k] }, DD { hi: aih[k], lo: ail[k] });
+        let (sr, si, dr, di) = (ar.add(tr), ai.add(ti), ar.sub(tr), ai.sub(ti));
+        (arh[k], arl[k], aih[k], ail[k]) = (sr.hi, sr.lo, si.hi, si.lo);
+        (brh[k], brl[k], bih[k], bil[k]) = (dr.hi, dr.lo, di.hi, di.lo);
+    }
 }
 
 /// Orthonormal real-DFT coordinates, for the frequencies `0..=kmax` (kmax ≤ m/2), of a real
@@ -283,7 +424,7 @@ pub fn dd_fft(x: &[DD]) -> Vec<(DD, DD)> {
 pub fn real_dft_coordinates(x: &[DD], stride: usize, kmax: usize) -> Vec<DD> {
     let m = x.len() * stride;
     assert!(kmax <= m / 2 && (stride == 1 || kmax < x.len()), "frequency out of range");
-    let f = dd_fft(x);
+    let f = dd_fft(x, kmax + 1);
     let inv_sqrt_m = DD::from_f64(m as f64).sqrt().recip();
     let sqrt_2_over_m = SQRT_2.mul(inv_sqrt_m);
     let mut out = Vec::with_capacity(2 * kmax + 1);
@@ -577,7 +718,7 @@ mod tests {
     fn dd_fft_matches_a_direct_dft_to_double_double_accuracy() {
         let m = 64;
         let x: Vec<DD> = (0..m).map(|j| DD::from_i128(((j * 7919) % 101) as i128 - 50)).collect();
-        let f = dd_fft(&x);
+        let f = dd_fft(&x, m);
         for k in [0usize, 1, 5, 31, 32, 63] {
             // Direct sum with dd twiddles from the same table (exact index arithmetic).
             let tw = twiddles(m);
@@ -597,6 +738,76 @@ mod tests {
             });
             assert!((fr - f[k].0.to_f64()).abs() < 1e-9 && (fi - f[k].1.to_f64()).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn every_transform_kernel_and_every_pruning_gives_the_same_bits() {
+        // Values over many magnitudes, signs and trailing parts (the statistic's entries are
+        // integers scaled by 2^-40; twiddles and lifts are anything in [-1, 1]).
+        let m = 256;
+        let mut rng = ChaCha20Rng::seed_from_u64(0x5eed);
+        let x: Vec<DD> = (0..m)
+            .map(|_| {
+                let v = DD::from_i128(((rng.next_u64() as i128) << 37) - (1i128 << 100) + rng.next_u64() as i128);
+                v.scale_pow2((rng.next_u64() % 180) as i32 - 140)
+            })
+            .collect();
+        let full = dd_fft_with::<Dekker>(&x, m);
+        // Every kernel this CPU can run, the portable one included.
+        let mut kernels: Vec<(&str, fn(&[DD], usize) -> Vec<(DD, DD)>)> =
+            vec![("portable", |x: &[DD], n: usize| dd_fft_with::<Dekker>(x, n)), ("dispatched", dd_fft)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                // SAFETY: the CPU has the features.
+                kernels.push(("avx2", |x: &[DD], n: usize| unsafe { dd_fft_avx2(x, n) }));
+            }
+            if has!("avx512f") && has!("fma") {
+                // SAFETY: as above.
+                kernels.push(("avx512", |x: &[DD], n: usize| unsafe { dd_fft_avx512(x, n) }));
+            }
+        }
+        for (name, kernel) in kernels {
+            for outputs in [1, 3, 8, 100, 128, 129, 256] {
+                let pruned = kernel(&x, outputs);
+                assert_eq!(pruned.len(), outputs);
+                for k in 0..outputs {
+                    let (a, b) = (full[k], pruned[k]);
+                    assert_eq!(bits(a), bits(b), "{name}, outputs {outputs}, k {k}: {a:?} vs {b:?}");
+                }
+            }
+        }
+        // Negative control: a kernel that drops the products' rounding errors is caught.
+        let naive = dd_fft_with::<Naive>(&x, m);
+        assert!((0..m).any(|k| bits(naive[k]) != bits(full[k])));
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            for (a, b) in x.iter().zip(x.iter().rev()) {
+                // SAFETY: the CPU has fused multiply-add.
+                let fused = unsafe { fused_product(a.hi, b.hi) };
+                assert_eq!(fused.1.to_bits(), two_prod(a.hi, b.hi).1.to_bits(), "{a:?}·{b:?}");
+            }
+        }
+    }
+
+    fn bits((re, im): (DD, DD)) -> [u64; 4] {
+        [re.hi, re.lo, im.hi, im.lo].map(f64::to_bits)
+    }
+
+    /// A product without its rounding error (the negative control).
+    struct Naive;
+
+    impl ExactProduct for Naive {
+        fn two_prod(a: f64, b: f64) -> (f64, f64) {
+            (a * b, 0.0)
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    fn fused_product(a: f64, b: f64) -> (f64, f64) {
+        <Fused as ExactProduct>::two_prod(a, b)
     }
 
     #[test]
