@@ -457,3 +457,48 @@ async fn composed_queries_over_bounded_units_end_alike_on_neighbours() {
         }
     }
 }
+
+/// More units than the memory limit holds: the bound's states spill to disk instead of failing,
+/// and keep exactly the rows they keep in memory. 4·10⁵ units under the smallest limit (64 MiB;
+/// their states need ≈ 80 MB), by integer id (grouped by value) and by string (grouped by hash):
+/// the released mass is bit-identical to a session whose limit holds them all. (Negative control
+/// run: a build whose spilled states lose one unit's rows fails the comparison.)
+#[tokio::test]
+async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
+    let dir = TempDir::new("units-spill");
+    let units = 400_000usize;
+    let ids: Vec<i64> = (0..units).map(|i| (i * 7919 % units) as i64).collect();
+    common::write_columns(
+        &dir.path("t.parquet"),
+        vec![
+            ("id", Arc::new(Int64Array::from(ids.clone())) as ArrayRef),
+            ("name", Arc::new(StringArray::from_iter_values(ids.iter().map(|i| format!("meter-{i}"))))),
+            // Inside [0.2, 0.8]: every row's kernel lies in the range.
+            ("x", Arc::new(Float64Array::from_iter_values((0..units).map(|i| 0.2 + 0.6 * (i % 997) as f64 / 997.0)))),
+        ],
+    );
+    std::fs::copy(dir.path("t.parquet"), dir.path("t2.parquet")).unwrap();
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    for (t, unit, file) in [("by_id", "id", "t.parquet"), ("by_name", "name", "t2.parquet")] {
+        admin.register(t, &dir.str(file)).await.unwrap();
+        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+        admin.set_privacy_unit(t, unit, 1, 1).await.unwrap();
+    }
+    let mut masses = Vec::new();
+    for limit in [4u64 << 30, 64 << 20] {
+        admin.set_memory_limit(limit).unwrap();
+        let opts = SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
+        let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+        for t in ["by_id", "by_name"] {
+            let sql = format!("SELECT {KDE}['mass'] FROM {t}");
+            let b = s.query(&sql).await.unwrap_or_else(|e| panic!("{t} under {limit} bytes: {e}"));
+            masses.push((t, limit, one_f64(&b)));
+        }
+    }
+    for (t, limit, mass) in &masses {
+        assert!((mass / units as f64 - 1.0).abs() < 1e-9, "{t} under {limit} bytes: one row per unit: {mass}");
+    }
+    assert_eq!(masses[0].2.to_bits(), masses[2].2.to_bits(), "by id: {masses:?}");
+    assert_eq!(masses[1].2.to_bits(), masses[3].2.to_bits(), "by name: {masses:?}");
+}
