@@ -7,7 +7,7 @@
 mod common;
 
 use dpcurve::mechanism::fits::kernel_fit::{FitLoss, FitSpec, KernelFitMechanism};
-use dpcurve::mechanism::noise::lattice::DD;
+use dpcurve::mechanism::noise::double_double::DD;
 use dpcurve::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, Normalise};
 
 fn kde(bandwidth: f64, epsilon: f64) -> KdeMechanism {

@@ -9,7 +9,7 @@ mod common;
 use dpcurve::datagen::mixture;
 use dpcurve::mechanism::density::kde::gaussian_kernel;
 use dpcurve::mechanism::density::kde2d::{Kde2dMechanism, Kde2dSpec};
-use dpcurve::mechanism::noise::lattice::DD;
+use dpcurve::mechanism::noise::double_double::DD;
 use dpcurve::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, Normalise};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;

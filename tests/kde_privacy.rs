@@ -8,7 +8,7 @@ mod common;
 
 use dpcurve::datagen::mixture;
 use dpcurve::mechanism::density::kde::gaussian_kernel;
-use dpcurve::mechanism::noise::lattice::DD;
+use dpcurve::mechanism::noise::double_double::DD;
 use dpcurve::mechanism::{Calibration, Grid, KdeLayout, KdeMechanism, KdeSpec};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;

@@ -8,7 +8,7 @@ use dpcurve::datagen::karhunen_loeve_curves;
 use dpcurve::mechanism::Calibration;
 use dpcurve::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanState};
 use dpcurve::mechanism::noise::calibration::epsilon_for_mu;
-use dpcurve::mechanism::noise::lattice::DD;
+use dpcurve::mechanism::noise::double_double::DD;
 use rand::rngs::ChaCha20Rng;
 use rand::{Rng, SeedableRng};
 

@@ -9,7 +9,8 @@
 //! for some draw of each mechanism, so they are not vacuous. Seeded; `DPCURVE_FUZZ_CASES` runs more.
 
 use dpcurve::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec};
-use dpcurve::mechanism::noise::lattice::{DD, LatticeMechanism};
+use dpcurve::mechanism::noise::double_double::DD;
+use dpcurve::mechanism::noise::lattice::LatticeMechanism;
 use dpcurve::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec};
 use rand::Rng;
 use rand::rngs::ChaCha20Rng;

@@ -8,7 +8,7 @@ mod common;
 
 use dpcurve::datagen::mixture;
 use dpcurve::mechanism::density::sobolev::h1_sensitivity;
-use dpcurve::mechanism::noise::lattice::DD;
+use dpcurve::mechanism::noise::double_double::DD;
 use dpcurve::mechanism::{Calibration, Contribution, Grid, KdeMechanism, KdeSpec, Normalise};
 use rand::SeedableRng;
 use rand::rngs::ChaCha20Rng;

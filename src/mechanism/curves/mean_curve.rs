@@ -30,7 +30,8 @@ use crate::mechanism::contribution::Contribution;
 use crate::mechanism::noise::bands;
 use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
-use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
+use crate::mechanism::noise::double_double::{DD, DD_OP_ERR};
+use crate::mechanism::noise::lattice::{LatticeMechanism, ROW_LIMIT};
 use crate::mechanism::sums::{BufferedSums, Buffers, add_saturating, most_heap_bytes};
 
 pub use super::eigenbasis::{CovKernel, EIGEN_CUTOFF, Eigenbasis, inner};
@@ -249,7 +250,7 @@ impl MeanCurveMechanism {
         // after scaling by 1/m.
         let m = spec.points as f64;
         let per_coordinate =
-            |w: f64| w * (m + 2.0) * lattice::DD_OP_ERR * m.sqrt() * ROW_LIMIT * spec.clip * (1.0 + CLIP_SLACK) * 1.01;
+            |w: f64| w * (m + 2.0) * DD_OP_ERR * m.sqrt() * ROW_LIMIT * spec.clip * (1.0 + CLIP_SLACK) * 1.01;
         let (sensitivity, lattice) = if spec.delta > 0.0 {
             let delta_h = norm_bound * whiten.iter().cloned().fold(0.0, f64::max);
             let float = whiten.iter().map(|&w| per_coordinate(w).powi(2)).sum::<f64>().sqrt();

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use super::error::MechanismError;
 use crate::mechanism::density::kde::{KdeLayout, TRUNCATION_BANDWIDTHS};
 use crate::mechanism::noise::cache::PublicCache;
-use crate::mechanism::noise::lattice::{self, ROW_LIMIT};
+use crate::mechanism::noise::double_double::{self, DD_OP_ERR};
+use crate::mechanism::noise::lattice::ROW_LIMIT;
 
 /// Binned mode keeps the frequencies with `λ_k ≥ SPECTRUM_CUTOFF·λ_0`; the dropped part of
 /// the kernel is below 1e-13 of its peak.
@@ -135,7 +136,7 @@ impl KdeBasis {
         };
         // ‖fl(w) − w‖ ≤ max lift · (DFT error + 2 dd ops) · ‖v‖₂, ‖v‖₂ ≤ ‖v‖₁ ≤ rows·mass.
         let float_error =
-            max_lift * (lattice::dft_relative_error(m) + 2.0 * lattice::DD_OP_ERR) * ROW_LIMIT * lat.mass_per_row;
+            max_lift * (double_double::dft_relative_error(m) + 2.0 * DD_OP_ERR) * ROW_LIMIT * lat.mass_per_row;
         Ok(Self { m, stride, kmax, lift, synth, stat_sensitivity, float_error })
     }
 

@@ -33,7 +33,8 @@ use crate::mechanism::density::release::{KdeMechanism, KdeSpec, MechanismError, 
 use crate::mechanism::noise::bands;
 use crate::mechanism::noise::calibration;
 use crate::mechanism::noise::calibration::Calibration;
-use crate::mechanism::noise::lattice::{DD, LatticeMechanism, ROW_LIMIT};
+use crate::mechanism::noise::double_double::DD;
+use crate::mechanism::noise::lattice::{LatticeMechanism, ROW_LIMIT};
 use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
 /// Largest product-lattice statistic (entries): 2^22 × 16 B = 64 MiB per accumulator.

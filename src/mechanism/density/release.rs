@@ -32,7 +32,8 @@ use crate::mechanism::density::sobolev::SobolevMap;
 use crate::mechanism::noise::bands::{self, Taps};
 use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
-use crate::mechanism::noise::lattice::{self, DD, LatticeMechanism, ROW_LIMIT};
+use crate::mechanism::noise::double_double::{self, DD, DD_OP_ERR};
+use crate::mechanism::noise::lattice::{LatticeMechanism, ROW_LIMIT};
 use crate::mechanism::sums::{Buffers, most_heap_bytes};
 
 pub use super::basis::{KdeBasis, MAX_CIRCLE, MAX_LATTICE, SPECTRUM_CUTOFF};
@@ -293,7 +294,7 @@ impl KdeMechanism {
         let nodes = (nbins - 1).div_ceil(r) + 1;
         // Each coordinate is an exact integer times the double-double 1/r (relative error
         // ≤ 2 ops): over all nodes the L1 error is ≤ 2·DD_OP_ERR·(total mass ≤ ROW_LIMIT rows).
-        let float_error = 2.0 * lattice::DD_OP_ERR * ROW_LIMIT;
+        let float_error = 2.0 * DD_OP_ERR * ROW_LIMIT;
         let lattice = LatticeMechanism::laplace_over(c.per_group() + 2.0 * float_error, nodes, spec.epsilon, c.groups)?;
         let basis = KdeBasis::cached(&layout)?;
         Ok(Self::assemble(
@@ -446,14 +447,14 @@ impl KdeMechanism {
     pub(crate) fn lift_entries(&self, entries: &[DD]) -> Vec<DD> {
         let mut v = vec![DD::default(); self.basis.m / self.basis.stride];
         v[..entries.len()].copy_from_slice(entries);
-        let coords = lattice::real_dft_coordinates(&v, self.basis.stride, self.basis.kmax);
+        let coords = double_double::real_dft_coordinates(&v, self.basis.stride, self.basis.kmax);
         coords.iter().zip(&self.basis.lift).map(|(c, &l)| c.mul_f64(l)).collect()
     }
 
     /// `(max lift factor, relative error of one lift)`: `‖fl(lift(v)) − lift(v)‖ ≤ max·rel·‖v‖`.
     pub(crate) fn lift_error(&self) -> (f64, f64) {
         let max_lift = self.basis.lift.iter().cloned().fold(0.0, f64::max);
-        (max_lift, lattice::dft_relative_error(self.basis.m) + 2.0 * lattice::DD_OP_ERR)
+        (max_lift, double_double::dft_relative_error(self.basis.m) + 2.0 * DD_OP_ERR)
     }
 
     /// `A·w̃`: the kernel sum on the grid for (noisy) lifted coordinates. Post-processing.

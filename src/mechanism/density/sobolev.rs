@@ -38,7 +38,8 @@
 //! [`SobolevMap::float_slack`] and added to the sensitivity.
 
 use crate::mechanism::density::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS, gaussian_kernel};
-use crate::mechanism::noise::lattice::{DD, DD_OP_ERR, ROW_LIMIT};
+use crate::mechanism::noise::double_double::{DD, DD_OP_ERR};
+use crate::mechanism::noise::lattice::ROW_LIMIT;
 
 /// `Δ_H` for γ = 1/h: the H¹ norm bound of one row's bump (see the module docs).
 pub fn h1_sensitivity() -> f64 {

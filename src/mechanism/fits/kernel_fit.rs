@@ -110,7 +110,8 @@ use crate::mechanism::density::kde::{FIXED_ONE, Grid};
 use crate::mechanism::density::release::MechanismError;
 use crate::mechanism::noise::calibration;
 use crate::mechanism::noise::calibration::Calibration;
-use crate::mechanism::noise::lattice::{DD, DD_OP_ERR, LatticeMechanism};
+use crate::mechanism::noise::double_double::{DD, DD_OP_ERR};
+use crate::mechanism::noise::lattice::LatticeMechanism;
 use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
 pub use super::loss::{Features, FitLoss, PERIOD_MARGIN};

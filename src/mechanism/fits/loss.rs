@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::mechanism::noise::lattice::DD;
+use crate::mechanism::noise::double_double::DD;
 
 /// The loss of a fit.
 #[derive(Debug, Clone, Copy, PartialEq)]
