@@ -235,10 +235,7 @@ async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() 
                 ("x", Arc::new(Float64Array::from(x))),
             ],
         );
-        let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-        admin.register("t", &dir.str("t.parquet")).await.unwrap();
-        admin.make_private("t", 1000.0, 1e-2).unwrap();
-        admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+        common::private_t(&dir).await;
         let opts = SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
         let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
         let by = |k: &str| format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k}", kde(SELECT));
@@ -303,10 +300,7 @@ async fn selection_over_edge_integer_types_shows_nothing_of_one_row() {
                 ("x", Arc::new(Float64Array::from(x))),
             ],
         );
-        let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-        admin.register("t", &dir.str("t.parquet")).await.unwrap();
-        admin.make_private("t", 1000.0, 1e-2).unwrap();
-        admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+        common::private_t(&dir).await;
         let mut seen = Vec::new();
         for partitions in [1, 3] {
             let opts =

@@ -390,10 +390,7 @@ async fn a_selection_over_units_does_not_depend_on_partitions() {
             ("x", Arc::new(Float64Array::from(x))),
         ],
     );
-    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-    admin.register("t", &dir.str("t.parquet")).await.unwrap();
-    admin.make_private("t", 1000.0, 1e-2).unwrap();
-    admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+    let admin = common::private_t(&dir).await;
     admin.set_privacy_unit("t", "u", MAX_ROWS, MAX_GROUPS).await.unwrap();
     let sql = "SELECT k, private_kde(x, 0.02, 1.0, 1e-6, points => 101, mechanism => 'gaussian', \
                select_epsilon => 1.0, select_delta => 1e-6)['mass'] AS m FROM t GROUP BY k ORDER BY k";
@@ -461,8 +458,9 @@ async fn composed_queries_over_bounded_units_end_alike_on_neighbours() {
 /// More units than the memory limit holds: the bound's states spill to disk instead of failing,
 /// and keep exactly the rows they keep in memory. 4·10⁵ units under the smallest limit (64 MiB;
 /// their states need ≈ 80 MB), by integer id (grouped by value) and by string (grouped by hash):
-/// the released mass is bit-identical to a session whose limit holds them all. (Negative control
-/// run: a build whose spilled states lose one unit's rows fails the comparison.)
+/// the released mass is bit-identical to a session whose limit holds them all, and a neighbour
+/// with one more, heavy unit (20 000 rows) succeeds too and moves the mass by its one kept row.
+/// (Negative control run: a build whose spilled states lose one unit's rows fails the comparison.)
 #[tokio::test]
 async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
     let dir = TempDir::new("units-spill");
@@ -478,8 +476,28 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
         ],
     );
     std::fs::copy(dir.path("t.parquet"), dir.path("t2.parquet")).unwrap();
+    // The neighbour with alice: the same units and one more with 20 000 rows, spilled with the rest.
+    let heavy = 20_000usize;
+    common::write_columns(
+        &dir.path("t3.parquet"),
+        vec![
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(ids.iter().copied().chain(std::iter::repeat_n(-1, heavy))))
+                    as ArrayRef,
+            ),
+            (
+                "x",
+                Arc::new(Float64Array::from_iter_values(
+                    (0..units).map(|i| 0.2 + 0.6 * (i % 997) as f64 / 997.0).chain(std::iter::repeat_n(0.5, heavy)),
+                )),
+            ),
+        ],
+    );
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-    for (t, unit, file) in [("by_id", "id", "t.parquet"), ("by_name", "name", "t2.parquet")] {
+    for (t, unit, file) in
+        [("by_id", "id", "t.parquet"), ("by_name", "name", "t2.parquet"), ("with_alice", "id", "t3.parquet")]
+    {
         admin.register(t, &dir.str(file)).await.unwrap();
         admin.make_private(t, 1000.0, 1e-2).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
@@ -496,6 +514,16 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
             masses.push((t, limit, one_f64(&b)));
         }
     }
+    // Under the smallest limit, alice's 20 000 rows change neither whether the query succeeds nor
+    // more than her one kept row (K = 1, L = 1).
+    let s = AnalystSession::open(
+        &dir.path("catalog.db"),
+        SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() },
+    )
+    .await
+    .unwrap();
+    let with_alice = one_f64(&s.query(&format!("SELECT {KDE}['mass'] FROM with_alice")).await.unwrap());
+    assert!((with_alice - masses[2].2 - 1.0).abs() < 1e-6, "alice adds one row: {with_alice} vs {}", masses[2].2);
     for (t, limit, mass) in &masses {
         assert!((mass / units as f64 - 1.0).abs() < 1e-9, "{t} under {limit} bytes: one row per unit: {mass}");
     }

@@ -16,6 +16,17 @@ pub mod cluster;
 pub mod neighbours;
 
 /// A fresh directory under the system temp dir, removed when dropped.
+/// A catalog in `dir` with table `t` over `dir/t.parquet`, private with a budget that no test
+/// exhausts (ε = 1000, δ = 1e-2) and `x` bounded to [0, 1]; the data owner's handle.
+#[allow(dead_code)]
+pub async fn private_t(dir: &TempDir) -> dpcurve::Admin {
+    let admin = dpcurve::Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("t", &dir.str("t.parquet")).await.unwrap();
+    admin.make_private("t", 1000.0, 1e-2).unwrap();
+    admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
+    admin
+}
+
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
