@@ -204,18 +204,8 @@ fn cos_sin_small(theta: DD) -> (DD, DD) {
     (c, s)
 }
 
-/// `exp(−2πi·k/m)` for k < m/2, m a power of two ≥ 8, in double-double.
-fn twiddles(m: usize) -> Arc<Vec<(DD, DD)>> {
-    static CACHE: PublicCache<usize, Vec<(DD, DD)>> = PublicCache::new(256 << 20);
-    CACHE
-        .get_or_try_insert(
-            m,
-            |t| t.len() * size_of::<(DD, DD)>(),
-            || Ok::<_, std::convert::Infallible>(build_twiddles(m)),
-        )
-        .unwrap_or_else(|e| match e {})
-}
-
+/// `exp(−2πi·k/m)` for k < m/2, m a power of two ≥ 8, in double-double (built once per m, into
+/// [`stage_twiddles`]).
 fn build_twiddles(m: usize) -> Vec<(DD, DD)> {
     let eighth = m / 8;
     // First octant: (cos, sin) of 2πj/m for j ≤ m/8.
@@ -317,7 +307,7 @@ fn stage_twiddles(m: usize) -> Arc<Planes> {
             m,
             |t| t.0.iter().map(|p| 8 * p.len()).sum(),
             || {
-                let tw = twiddles(m);
+                let tw = build_twiddles(m);
                 let mut planes = Planes::zeros(m - 1);
                 let mut len = 2;
                 while len <= m {
@@ -457,7 +447,7 @@ mod tests {
         let f = dd_fft(&x, m);
         for k in [0usize, 1, 5, 31, 32, 63] {
             // Direct sum with dd twiddles from the same table (exact index arithmetic).
-            let tw = twiddles(m);
+            let tw = build_twiddles(m);
             let (mut re, mut im) = (DD::default(), DD::default());
             for (j, v) in x.iter().enumerate() {
                 let idx = (j * k) % m;
