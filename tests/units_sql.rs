@@ -466,13 +466,14 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
     let dir = TempDir::new("units-spill");
     let units = 400_000usize;
     let ids: Vec<i64> = (0..units).map(|i| (i * 7919 % units) as i64).collect();
+    // Inside [0.2, 0.8]: every row's kernel lies in the range.
+    let xs: Vec<f64> = (0..units).map(|i| 0.2 + 0.6 * (i % 997) as f64 / 997.0).collect();
     common::write_columns(
         &dir.path("t.parquet"),
         vec![
             ("id", Arc::new(Int64Array::from(ids.clone())) as ArrayRef),
             ("name", Arc::new(StringArray::from_iter_values(ids.iter().map(|i| format!("meter-{i}"))))),
-            // Inside [0.2, 0.8]: every row's kernel lies in the range.
-            ("x", Arc::new(Float64Array::from_iter_values((0..units).map(|i| 0.2 + 0.6 * (i % 997) as f64 / 997.0)))),
+            ("x", Arc::new(Float64Array::from(xs.clone()))),
         ],
     );
     std::fs::copy(dir.path("t.parquet"), dir.path("t2.parquet")).unwrap();
@@ -486,12 +487,7 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
                 Arc::new(Int64Array::from_iter_values(ids.iter().copied().chain(std::iter::repeat_n(-1, heavy))))
                     as ArrayRef,
             ),
-            (
-                "x",
-                Arc::new(Float64Array::from_iter_values(
-                    (0..units).map(|i| 0.2 + 0.6 * (i % 997) as f64 / 997.0).chain(std::iter::repeat_n(0.5, heavy)),
-                )),
-            ),
+            ("x", Arc::new(Float64Array::from_iter_values(xs.iter().copied().chain(std::iter::repeat_n(0.5, heavy))))),
         ],
     );
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
@@ -503,11 +499,11 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_privacy_unit(t, unit, 1, 1).await.unwrap();
     }
+    let opts = || SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
     let mut masses = Vec::new();
     for limit in [4u64 << 30, 64 << 20] {
         admin.set_memory_limit(limit).unwrap();
-        let opts = SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
-        let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+        let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
         for t in ["by_id", "by_name"] {
             let sql = format!("SELECT {KDE}['mass'] FROM {t}");
             let b = s.query(&sql).await.unwrap_or_else(|e| panic!("{t} under {limit} bytes: {e}"));
@@ -516,14 +512,10 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
     }
     // Under the smallest limit, alice's 20 000 rows change neither whether the query succeeds nor
     // more than her one kept row (K = 1, L = 1).
-    let s = AnalystSession::open(
-        &dir.path("catalog.db"),
-        SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() },
-    )
-    .await
-    .unwrap();
+    let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
     let with_alice = one_f64(&s.query(&format!("SELECT {KDE}['mass'] FROM with_alice")).await.unwrap());
-    assert!((with_alice - masses[2].2 - 1.0).abs() < 1e-6, "alice adds one row: {with_alice} vs {}", masses[2].2);
+    let (_, _, by_id_smallest) = masses[2];
+    assert!((with_alice - by_id_smallest - 1.0).abs() < 1e-6, "alice adds one row: {with_alice} vs {by_id_smallest}");
     for (t, limit, mass) in &masses {
         assert!((mass / units as f64 - 1.0).abs() < 1e-9, "{t} under {limit} bytes: one row per unit: {mass}");
     }

@@ -15,7 +15,6 @@ use datafusion::parquet::arrow::ArrowWriter;
 pub mod cluster;
 pub mod neighbours;
 
-/// A fresh directory under the system temp dir, removed when dropped.
 /// A catalog in `dir` with table `t` over `dir/t.parquet`, private with a budget that no test
 /// exhausts (ε = 1000, δ = 1e-2) and `x` bounded to [0, 1]; the data owner's handle.
 #[allow(dead_code)]
@@ -27,6 +26,7 @@ pub async fn private_t(dir: &TempDir) -> dpcurve::Admin {
     admin
 }
 
+/// A fresh directory under the system temp dir, removed when dropped.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
