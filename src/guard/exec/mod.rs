@@ -1,7 +1,7 @@
 //! The gate and its execution stages: the budget gate at the root of every plan that reads a
 //! private table, the release prefetch, the canonical final phase of grouped aggregates, and the
-//! partition selections the gate runs first; the privacy-unit bound planned in one phase, and
-//! private calls' parameters bound once.
+//! partition selections the gate runs first; the privacy-unit bound planned in one phase, with
+//! its own unit table and spill, and private calls' parameters bound once.
 
 pub mod canonical_groups;
 pub mod gate;
@@ -10,4 +10,6 @@ pub(crate) mod node;
 pub mod parameters;
 pub mod prefetch;
 pub mod selection_stage;
+pub mod unit_bound_exec;
 pub mod unit_phase;
+pub mod unit_table;

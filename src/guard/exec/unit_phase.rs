@@ -7,7 +7,8 @@
 //! `L·ln(rows/L)` times), so with P partitions a unit is sampled P + 1 times. In one process
 //! [`single_phase_unit_bounds`] plans it once instead: the rows go to the partition of their unit
 //! ([`UnitExchangeExec`]) and one aggregate per partition bounds each unit it receives (DataFusion's
-//! `SinglePartitioned` mode). The kept rows are the same (the bound does not depend on batches or
+//! `SinglePartitioned` mode, run by [`UnitBoundExec`] when the unit is of a fixed-width type — the
+//! unit's value or its hash, always). The kept rows are the same (the bound does not depend on batches or
 //! partitions).
 //!
 //! The exchange has **bounded** queues. DataFusion's `RepartitionExec` lets a queue grow while
@@ -39,6 +40,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::node::only_child;
+use super::unit_bound_exec::UnitBoundExec;
 use crate::guard::ops::unit_bound;
 
 /// Batches a queue of the exchange holds before its senders wait.
@@ -70,7 +72,11 @@ pub fn single_phase_unit_bounds(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn 
             Arc::new(rows),
             first.input_schema(),
         )?;
-        Ok(Transformed::yes(Arc::new(bound) as Arc<dyn ExecutionPlan>))
+        // The same aggregate with the bound's own unit table and spill, when it can hold the unit.
+        Ok(Transformed::yes(match UnitBoundExec::try_new(&bound)? {
+            Some(own) => Arc::new(own) as Arc<dyn ExecutionPlan>,
+            None => Arc::new(bound),
+        }))
     })
     .map(|t| t.data)
 }

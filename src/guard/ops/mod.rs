@@ -1,9 +1,11 @@
 //! The functions and operators the passes put into a plan, which run below the gate: eager
 //! `CASE`/`AND`/`OR`, total integer division, the keyed sample order, the per-unit bound and
-//! the partition selection's membership filter. Import nothing above them in `guard/`.
+//! the partition selection's membership filter, and the prefetch hint their tables use. Import nothing
+//! above them in `guard/`.
 
 pub mod bounding;
 pub mod eager;
+pub(crate) mod prefetch_hint;
 pub mod sample_order;
 pub mod selected;
 pub mod total_div;

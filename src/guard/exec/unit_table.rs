@@ -1,0 +1,345 @@
+//! The table that finds each row's privacy unit among the units a partition has seen: units of
+//! one fixed-width type (an integer-like value of at most 16 bytes, or the unit's 16-byte keyed
+//! hash) held inline as 128-bit words in an open-addressing table.
+//!
+//! It replaces DataFusion's group-value interning for the unit bound ([`super::unit_bound_exec`]),
+//! where the units' states (tens of bytes each, for 10⁵–10⁶ units) evict every table from the
+//! caches: DataFusion's interning then waits on two dependent cache misses per row (its hash
+//! table, then its values to compare). Here a slot holds the key itself, and a batch's keys are
+//! hashed first so that the slot of a row a few rows ahead is prefetched while this row is
+//! probed — the misses overlap instead of being paid one at a time. The group of a unit is the
+//! order in which it was first seen (as DataFusion numbers groups); NULL is one unit of its own.
+
+use std::hash::BuildHasher;
+use std::mem::size_of;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayData, ArrayRef, AsArray, BooleanArray, make_array};
+use datafusion::arrow::buffer::{MutableBuffer, NullBuffer};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{Result, internal_err};
+
+use crate::guard::ops::prefetch_hint::prefetch;
+
+/// Rows between a slot's prefetch and its probe.
+const AHEAD: usize = 16;
+/// The fewest slots a table starts with.
+const MIN_SLOTS: usize = 1024;
+/// Bits of the hash that choose a spill partition, per level.
+pub const PARTITION_BITS: u32 = 4;
+
+/// Bytes of one unit key of type `t` when this table can hold it: booleans, fixed-width
+/// primitives of at most 16 bytes (integers, decimals, dates, times, durations — floats too, by
+/// their bits), and 16-byte binaries (the unit's keyed hash).
+pub fn key_width(t: &DataType) -> Option<usize> {
+    match t {
+        DataType::Boolean => Some(1),
+        DataType::FixedSizeBinary(16) => Some(16),
+        t => t.primitive_width().filter(|w| *w <= 16),
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    key: [u64; 2],
+    /// The unit's group, `EMPTY` when free.
+    group: u32,
+}
+
+const EMPTY: u32 = u32::MAX;
+const FREE: Slot = Slot { key: [0; 2], group: EMPTY };
+
+/// The units of one partition (module docs).
+pub struct UnitTable {
+    data_type: DataType,
+    width: usize,
+    slots: Vec<Slot>,
+    /// Each group's key.
+    keys: Vec<u128>,
+    /// The group of the NULL unit, once seen.
+    null: Option<u32>,
+    hasher: foldhash::fast::RandomState,
+    /// Scratch: one batch's keys and hashes.
+    words: Vec<u128>,
+    hashes: Vec<u64>,
+}
+
+impl UnitTable {
+    /// An empty table for units of type `data_type` (one [`key_width`] accepts), hashing with
+    /// `hasher` (which also chooses spill partitions: [`Self::partitions_of`]).
+    pub fn new(data_type: &DataType, hasher: foldhash::fast::RandomState) -> Result<Self> {
+        let Some(width) = key_width(data_type) else {
+            return internal_err!("the unit table cannot hold units of type {data_type}");
+        };
+        Ok(Self {
+            data_type: data_type.clone(),
+            width,
+            slots: Vec::new(),
+            keys: Vec::new(),
+            null: None,
+            hasher,
+            words: Vec::new(),
+            hashes: Vec::new(),
+        })
+    }
+
+    /// Units seen (groups numbered 0…len−1).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Bytes held.
+    pub fn size(&self) -> usize {
+        self.slots.capacity() * size_of::<Slot>()
+            + (self.keys.capacity() + self.words.capacity()) * size_of::<u128>()
+            + self.hashes.capacity() * size_of::<u64>()
+    }
+
+    /// Forgets every unit and frees the table.
+    pub fn reset(&mut self) {
+        self.slots = Vec::new();
+        self.keys = Vec::new();
+        self.null = None;
+        self.words = Vec::new();
+        self.hashes = Vec::new();
+    }
+
+    fn hash(&self, key: u128) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The hash standing for the NULL unit (it only chooses a spill partition).
+    fn null_hash(&self) -> u64 {
+        self.hasher.hash_one((0u8, 0u128))
+    }
+
+    /// Reads `array`'s keys into `self.words` (a NULL reads as 0: the caller checks validity).
+    fn read(&mut self, array: &dyn Array) -> Result<()> {
+        if array.data_type() != &self.data_type {
+            return internal_err!("a unit of type {} in a table of {}", array.data_type(), self.data_type);
+        }
+        self.words.clear();
+        if let Some(b) = array.as_boolean_opt() {
+            self.words.extend(b.values().iter().map(u128::from));
+            return Ok(());
+        }
+        let data = array.to_data();
+        let w = self.width;
+        let Some(buffer) = data.buffers().first() else { return internal_err!("a fixed-width unit without values") };
+        let bytes = &buffer.as_slice()[data.offset() * w..(data.offset() + data.len()) * w];
+        match w {
+            8 => self.words.extend(bytes.chunks_exact(8).map(|c| u128::from(u64::from_le_bytes(c.try_into().unwrap())))),
+            16 => self.words.extend(bytes.chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().unwrap()))),
+            _ => self.words.extend(bytes.chunks_exact(w).map(|c| {
+                let mut k = [0; 16];
+                k[..w].copy_from_slice(c);
+                u128::from_le_bytes(k)
+            })),
+        }
+        Ok(())
+    }
+
+    /// Makes room for `more` new units without moving slots (so prefetched slots stay where they
+    /// were): at most 3/4 of the slots used.
+    fn reserve(&mut self, more: usize) {
+        let need = (self.keys.len() + more).saturating_mul(4) / 3 + 1;
+        if need <= self.slots.len() {
+            return;
+        }
+        let slots = need.next_power_of_two().max(MIN_SLOTS);
+        let old = std::mem::replace(&mut self.slots, vec![FREE; slots]);
+        let mask = slots - 1;
+        for s in old.into_iter().filter(|s| s.group != EMPTY) {
+            let mut at = self.hash(join(s.key)) as usize & mask;
+            while self.slots[at].group != EMPTY {
+                at = (at + 1) & mask;
+            }
+            self.slots[at] = s;
+        }
+    }
+
+    /// Each row's group in `out` (cleared first), adding the units not seen before.
+    pub fn groups_of(&mut self, array: &dyn Array, out: &mut Vec<usize>) -> Result<()> {
+        self.read(array)?;
+        let n = self.words.len();
+        self.reserve(n);
+        self.hashes.clear();
+        let hasher = &self.hasher;
+        self.hashes.extend(self.words.iter().map(|&k| hasher.hash_one(k)));
+        let mask = self.slots.len() - 1;
+        let nulls = array.logical_nulls().filter(|n| n.null_count() > 0);
+        out.clear();
+        out.reserve(n);
+        for i in 0..n {
+            if let Some(&h) = self.hashes.get(i + AHEAD) {
+                prefetch(&self.slots[h as usize & mask]);
+            }
+            if nulls.as_ref().is_some_and(|v| v.is_null(i)) {
+                let group = *self.null.get_or_insert_with(|| {
+                    self.keys.push(0);
+                    (self.keys.len() - 1) as u32
+                });
+                out.push(group as usize);
+                continue;
+            }
+            let key = split(self.words[i]);
+            let mut at = self.hashes[i] as usize & mask;
+            let group = loop {
+                let slot = &mut self.slots[at];
+                if slot.group == EMPTY {
+                    let group = self.keys.len() as u32;
+                    *slot = Slot { key, group };
+                    self.keys.push(self.words[i]);
+                    break group;
+                }
+                if slot.key == key {
+                    break slot.group;
+                }
+                at = (at + 1) & mask;
+            };
+            out.push(group as usize);
+        }
+        Ok(())
+    }
+
+    /// The spill partition of each of `array`'s rows at `level` (0, 1, …): bits of the unit's
+    /// hash above those of every earlier level, so a partition splits into finer ones.
+    pub fn partitions_of(&mut self, array: &dyn Array, level: u32, out: &mut Vec<usize>) -> Result<()> {
+        self.read(array)?;
+        let nulls = array.logical_nulls().filter(|n| n.null_count() > 0);
+        out.clear();
+        for (i, &k) in self.words.iter().enumerate() {
+            let h = match nulls.as_ref().is_some_and(|v| v.is_null(i)) {
+                true => self.null_hash(),
+                false => self.hash(k),
+            };
+            out.push(partition(h, level));
+        }
+        Ok(())
+    }
+
+    /// The spill partition of each group's unit at `level`.
+    pub fn group_partitions(&self, level: u32) -> Vec<usize> {
+        (0..self.keys.len())
+            .map(|g| match self.null == Some(g as u32) {
+                true => partition(self.null_hash(), level),
+                false => partition(self.hash(self.keys[g]), level),
+            })
+            .collect()
+    }
+
+    /// Each group's unit, as an array of the table's type (group `g` at index `g`).
+    pub fn keys(&self) -> Result<ArrayRef> {
+        let nulls = self.null.map(|n| NullBuffer::from_iter((0..self.keys.len()).map(|g| g != n as usize)));
+        if self.data_type == DataType::Boolean {
+            let values = BooleanArray::from_iter(self.keys.iter().map(|&k| Some(k != 0)));
+            return Ok(Arc::new(BooleanArray::new(values.values().clone(), nulls)));
+        }
+        let mut values = MutableBuffer::new(self.keys.len() * self.width);
+        for k in &self.keys {
+            values.extend_from_slice(&k.to_le_bytes()[..self.width]);
+        }
+        let data =
+            ArrayData::builder(self.data_type.clone()).len(self.keys.len()).add_buffer(values.into()).nulls(nulls);
+        Ok(make_array(data.build()?))
+    }
+}
+
+fn partition(hash: u64, level: u32) -> usize {
+    let shift = 64 - PARTITION_BITS * (level + 1);
+    ((hash >> shift) & ((1 << PARTITION_BITS) - 1)) as usize
+}
+
+/// Levels of partitions a hash allows.
+pub const MAX_LEVELS: u32 = 64 / PARTITION_BITS;
+
+fn split(k: u128) -> [u64; 2] {
+    [(k >> 64) as u64, k as u64]
+}
+
+fn join(k: [u64; 2]) -> u128 {
+    (u128::from(k[0]) << 64) | u128::from(k[1])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use datafusion::common::ScalarValue;
+    use datafusion::arrow::array::{Decimal128Array, FixedSizeBinaryArray, Int8Array, Int64Array, UInt16Array};
+
+    fn table(t: &DataType) -> UnitTable {
+        UnitTable::new(t, foldhash::fast::RandomState::default()).unwrap()
+    }
+
+    /// Groups numbered in order of first appearance, NULL one group, keys rebuilt exactly.
+    fn check(array: ArrayRef) {
+        let mut t = table(array.data_type());
+        let half = array.len() / 2;
+        let (mut got, mut second) = (Vec::new(), Vec::new());
+        t.groups_of(&array.slice(0, half), &mut got).unwrap();
+        t.groups_of(&array.slice(half, array.len() - half), &mut second).unwrap();
+        got.extend(&second);
+        // The definition: a unit's group is the rank of its first appearance (NULL equals NULL).
+        let mut seen: HashMap<ScalarValue, usize> = HashMap::new();
+        let mut firsts = Vec::new();
+        let want: Vec<usize> = (0..array.len())
+            .map(|i| {
+                let v = ScalarValue::try_from_array(&array, i).unwrap();
+                *seen.entry(v.clone()).or_insert_with(|| {
+                    firsts.push(v);
+                    firsts.len() - 1
+                })
+            })
+            .collect();
+        assert_eq!(got, want, "{}", array.data_type());
+        // Seen again: the same groups, no new unit.
+        t.groups_of(&array, &mut second).unwrap();
+        assert_eq!((second, t.len()), (want, firsts.len()));
+        let keys = t.keys().unwrap();
+        let rebuilt: Vec<ScalarValue> = (0..keys.len()).map(|g| ScalarValue::try_from_array(&keys, g).unwrap()).collect();
+        assert_eq!(rebuilt, firsts, "{}", array.data_type());
+    }
+
+    #[test]
+    fn finds_every_unit_of_every_fixed_width_type() {
+        let ints: Vec<Option<i64>> = (0..5000).map(|i| (i % 97 != 5).then_some((i * 7919) % 1201 - 600)).collect();
+        check(Arc::new(Int64Array::from(ints.clone())));
+        check(Arc::new(Int8Array::from_iter(ints.iter().map(|v| v.map(|v| (v % 100) as i8)))));
+        check(Arc::new(UInt16Array::from_iter(ints.iter().map(|v| v.map(|v| (v + 600) as u16)))));
+        check(Arc::new(
+            Decimal128Array::from_iter(ints.iter().map(|v| v.map(|v| i128::from(v) << 70)))
+                .with_precision_and_scale(38, 2)
+                .unwrap(),
+        ));
+        check(Arc::new(BooleanArray::from_iter(ints.iter().map(|v| v.map(|v| v % 3 == 0)))));
+        let hashes = ints.iter().map(|v| v.map(|v| (u128::from(v as u64) * 0x9e37_79b9_7f4a_7c15_u128).to_be_bytes()));
+        check(Arc::new(FixedSizeBinaryArray::try_from_sparse_iter_with_size(hashes, 16).unwrap()));
+        // Control: a table that ignored the high word would merge units differing only there.
+        let wide = Decimal128Array::from_iter_values([1i128, 1 + (1 << 100)]);
+        let mut out = Vec::new();
+        table(wide.data_type()).groups_of(&wide, &mut out).unwrap();
+        assert_eq!(out, [0, 1]);
+    }
+
+    #[test]
+    fn partitions_refine_by_level_and_agree_with_groups() {
+        let units = Int64Array::from_iter((0..20_000).map(|i| (i % 499 != 0).then_some(i)));
+        let mut t = table(units.data_type());
+        let mut groups = Vec::new();
+        t.groups_of(&units, &mut groups).unwrap();
+        let (mut p0, mut p1) = (Vec::new(), Vec::new());
+        t.partitions_of(&units, 0, &mut p0).unwrap();
+        t.partitions_of(&units, 1, &mut p1).unwrap();
+        let (g0, g1) = (t.group_partitions(0), t.group_partitions(1));
+        for i in 0..units.len() {
+            assert_eq!((p0[i], p1[i]), (g0[groups[i]], g1[groups[i]]), "row {i}");
+        }
+        let used = |p: &[usize]| (0..1 << PARTITION_BITS).filter(|q| p.contains(q)).count();
+        assert_eq!((used(&p0), used(&p1)), (16, 16), "all partitions used at both levels");
+        // Within one level-0 partition the next level still splits the units.
+        let inside: Vec<usize> = (0..units.len()).filter(|&i| p0[i] == 3).map(|i| p1[i]).collect();
+        assert_eq!(used(&inside), 16);
+    }
+}
