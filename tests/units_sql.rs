@@ -347,8 +347,9 @@ async fn a_2d_release_is_bounded_per_unit_too() {
 }
 
 /// On more than one partition the bound runs in one phase: the rows are repartitioned by the unit
-/// and each unit is bounded once (no partial samples built per file partition and merged). The
-/// statistic itself is the same under every partitioning (the test above).
+/// and each unit is bounded once (no partial samples built per file partition and merged), by the
+/// bound's own aggregate (whose unit, its value or its hash, is of a fixed width). The statistic
+/// itself is the same under every partitioning (the test above).
 #[tokio::test]
 async fn the_bound_runs_in_one_phase_over_rows_repartitioned_by_unit() {
     let f = fixture("units-one-phase").await;
@@ -361,7 +362,7 @@ async fn the_bound_runs_in_one_phase_over_rows_repartitioned_by_unit() {
         let bounds: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("dpcurve_unit_bound")).collect();
         assert_eq!(bounds.len(), 1, "{table}: one bound in\n{text}");
         let at = bounds[0];
-        assert!(lines[at].contains("mode=SinglePartitioned"), "{table}: {}\n{text}", lines[at]);
+        assert!(lines[at].contains("UnitBoundExec: unit=__dpcurve_unit_id"), "{table}: {}\n{text}", lines[at]);
         assert!(
             lines[at + 1].contains("UnitExchangeExec: partitioning=Hash([__dpcurve_unit_id"),
             "{table}: rows repartitioned by the unit below the bound\n{text}"

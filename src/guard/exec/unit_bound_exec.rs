@@ -104,7 +104,7 @@ impl UnitBoundExec {
 
 impl DisplayAs for UnitBoundExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "UnitBoundExec: unit={}, aggr=[{}]", self.unit, self.bound.name())
+        write!(f, "UnitBoundExec: unit={}, aggr=[{}]", self.unit, unit_bound::NAME)
     }
 }
 
@@ -164,9 +164,8 @@ impl ExecutionPlan for UnitBoundExec {
             spills: MetricBuilder::new(&self.metrics).spill_count(partition),
             splits: MetricBuilder::new(&self.metrics).counter("partition_splits", partition),
         };
-        let batches = futures::stream::try_unfold(run, |mut run| async move {
-            Ok(run.next().await?.map(|batch| (batch, run)))
-        });
+        let batches =
+            futures::stream::try_unfold(run, |mut run| async move { Ok(run.next().await?.map(|batch| (batch, run))) });
         Ok(Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), batches)))
     }
 }
@@ -450,13 +449,18 @@ mod tests {
         let want = kept(Arc::new(agg.clone()), None).await;
         assert!(want.len() > 11_000 && want.contains_key(&None), "units and the NULL unit: {}", want.len());
         assert!(want.values().all(|x| !x.is_empty() && x.len() <= 6));
-        for (memory, spilled, split) in [(None, false, false), (Some(1 << 20), true, false), (Some(96 << 10), true, true)]
+        for (memory, spilled, split) in
+            [(None, false, false), (Some(1 << 20), true, false), (Some(96 << 10), true, true)]
         {
             let exec = Arc::new(UnitBoundExec::try_new(&agg).unwrap().expect("a unit of a fixed-width type"));
             let got = kept(Arc::clone(&exec) as Arc<dyn ExecutionPlan>, memory).await;
             assert!(got == want, "under {memory:?} bytes");
             let (spills, splits) = counts(&exec);
-            assert_eq!((spills > 0, splits > 0), (spilled, split), "under {memory:?}: {spills} spills, {splits} splits");
+            assert_eq!(
+                (spills > 0, splits > 0),
+                (spilled, split),
+                "under {memory:?}: {spills} spills, {splits} splits"
+            );
         }
     }
 }

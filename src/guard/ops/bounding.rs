@@ -24,7 +24,8 @@
 //! K·L kept rows of each unit ([`UnitBound`]), whatever the unit's size or value — a unit of 10⁷
 //! rows, or a 10⁸-byte unit value, costs what any other unit costs, so whether the query fits in
 //! the memory limit does not depend on one unit. The number of units is the aggregate's number of
-//! groups, which spills to disk like any aggregate.
+//! groups, which spills to disk (in one process by the bound's own aggregate, in partitions of the
+//! units' hashes).
 //!
 //! Rows whose unit is NULL form one unit together (the conservative reading).
 

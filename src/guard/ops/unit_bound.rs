@@ -24,8 +24,10 @@
 //! Its state is `O(K·L)` rows per unit whatever the unit's size: a unit of 10⁷ rows costs the
 //! same memory as one of K·L rows (a window partition held all of them, and its sort failed under
 //! the memory limit only when that unit was present). Kept rows are stored in Arrow's row
-//! encoding (owned bytes, not slices that would pin whole input batches), and the number of units
-//! is handled by DataFusion's hash aggregate, which spills.
+//! encoding (owned bytes, not slices that would pin whole input batches). The number of units is
+//! the aggregate's number of groups: in one process the bound's own aggregate
+//! (`guard::exec::unit_bound_exec`) holds them and spills them by hash partitions, elsewhere
+//! DataFusion's hash aggregate, which spills too.
 
 use std::fmt;
 use std::mem::{size_of, size_of_val};
@@ -45,10 +47,14 @@ use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, EmitTo, GroupsAccu
 
 use smallvec::SmallVec;
 
+use super::prefetch_hint::prefetch;
 use super::sample_order::SampleOrder;
 
 /// The function's name.
 pub const NAME: &str = "dpcurve_unit_bound";
+
+/// Rows between a unit sample's prefetch and its use.
+const AHEAD: usize = 8;
 
 /// What the first argument (and the aggregate's grouping) carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -412,6 +418,11 @@ impl Bound {
         let mut bytes = Vec::with_capacity(64);
         let (mut candidates, mut groups) = (Vec::<u32>::new(), Vec::<u128>::new());
         for i in 0..n {
+            // The sample of a row a few rows ahead is requested now, so that the units' samples
+            // (far larger than the caches) arrive in parallel instead of one miss per row.
+            if let Some(ahead) = (i + AHEAD < n).then(|| unit(i + AHEAD)).flatten() {
+                prefetch(&samples[ahead]);
+            }
             let Some(u) = unit(i) else { continue };
             let sample = &mut samples[u];
             if !sample.hashed {
