@@ -1,15 +1,17 @@
-//! What the guard's physical operators share: one child, one final partition, the vectorised
-//! accumulators of an aggregate's calls, and a batch in the exact types of its schema.
+//! What the guard's physical operators share: one child, one final partition, visiting their
+//! expressions, the vectorised accumulators of an aggregate's calls, and a batch in the exact
+//! types of its schema.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::GroupsAccumulator;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
-use datafusion::physical_expr::{EquivalenceProperties, GroupsAccumulatorAdapter};
+use datafusion::physical_expr::{EquivalenceProperties, GroupsAccumulatorAdapter, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, PlanProperties};
 
@@ -20,6 +22,19 @@ pub(crate) fn only_child(children: Vec<Arc<dyn ExecutionPlan>>, name: &str) -> R
         (Some(c), None) => Ok(c),
         _ => Err(DataFusionError::Internal(format!("{name} takes exactly one child"))),
     }
+}
+
+/// `f` on each of `exprs` in turn until it returns `Stop` (an operator's `apply_expressions`).
+pub(crate) fn apply_each<'a>(
+    exprs: impl IntoIterator<Item = &'a Arc<dyn PhysicalExpr>>,
+    f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+) -> Result<TreeNodeRecursion> {
+    for e in exprs {
+        if f(e)? == TreeNodeRecursion::Stop {
+            return Ok(TreeNodeRecursion::Stop);
+        }
+    }
+    Ok(TreeNodeRecursion::Continue)
 }
 
 /// One partition, emitted once all input is read, bounded.

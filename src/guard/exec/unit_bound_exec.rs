@@ -46,7 +46,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
-use super::node::{batch_as, groups_accumulators, only_child};
+use super::node::{apply_each, batch_as, groups_accumulators, only_child};
 use super::unit_table::{MAX_LEVELS, PARTITION_BITS, UnitTable, key_width};
 use crate::guard::ops::unit_bound;
 
@@ -125,12 +125,7 @@ impl ExecutionPlan for UnitBoundExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in std::iter::once(&self.unit).chain(self.bound.expressions().iter()) {
-            if f(e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_each(std::iter::once(&self.unit).chain(self.bound.expressions().iter()), f)
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {

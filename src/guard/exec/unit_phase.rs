@@ -39,7 +39,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::node::only_child;
+use super::node::{apply_each, only_child};
 use super::unit_bound_exec::UnitBoundExec;
 use crate::guard::ops::unit_bound;
 
@@ -181,12 +181,7 @@ impl ExecutionPlan for UnitExchangeExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in &self.units {
-            if f(e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_each(&self.units, f)
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
