@@ -12,10 +12,10 @@
 //!
 //! **Memory.** After every batch the table and the samples are charged to the query's memory
 //! pool. When they no longer fit, every unit's sample (the accumulator's state) is written to one
-//! of 16 files chosen by bits of its unit's hash, the table is emptied and reading goes on. At the
-//! end the rest is written too, and each file is read back alone — its samples merged per unit,
+//! of 16 files chosen by a hash of its unit, the table is emptied and reading goes on. At the end
+//! the rest is written too, and each file is read back alone — its samples merged per unit,
 //! exactly as partial states merge — and emitted; a file whose units still do not fit is split
-//! again by the next bits of the hash. A unit's sample is at most K·L rows whatever its size, so
+//! again, 16 ways, by another hash of the unit. A unit's sample is at most K·L rows whatever its size, so
 //! how much fits depends on the number of units and the limit, never on one unit's rows; the
 //! kept rows do not depend on when or whether anything spilled (merging samples keeps exactly
 //! what one pass keeps).
@@ -146,7 +146,7 @@ impl ExecutionPlan for UnitBoundExec {
             input: Some(input),
             unit: Arc::clone(&self.unit),
             arguments: self.bound.expressions(),
-            table: UnitTable::new(&self.unit_type, foldhash::fast::RandomState::default())?,
+            table: UnitTable::new(&self.unit_type)?,
             bound: groups_accumulators(std::slice::from_ref(&self.bound))?.remove(0),
             groups: Vec::new(),
             reservation,
@@ -273,7 +273,7 @@ impl Run {
     }
 
     /// Merges one spill file's samples per unit and emits them; when they do not fit, splits what
-    /// is merged and what is left of the file by the next level's bits.
+    /// is merged and what is left of the file by the next level's partitions.
     fn merge(&mut self, file: &Arc<dyn SpillFile>, level: u32) -> Result<()> {
         let path: &Path = file.path().ok_or_else(|| DataFusionError::Internal("a spill file without a path".into()))?;
         let reader = StreamReader::try_new(BufReader::new(File::open(path)?), None)?;
@@ -309,8 +309,7 @@ impl Run {
     }
 }
 
-/// The spill files of one level: one per value of that level's hash bits, opened when first
-/// written.
+/// The spill files of one level: one per partition of that level, opened when first written.
 struct Partitions {
     level: u32,
     schema: SchemaRef,

@@ -26,7 +26,7 @@ use crate::guard::ops::prefetch_hint::prefetch;
 const AHEAD: usize = 64;
 /// The fewest slots a table starts with.
 const MIN_SLOTS: usize = 1024;
-/// Bits of the hash that choose a spill partition, per level.
+/// Bits of a hash that choose a spill partition (16 partitions per level).
 pub const PARTITION_BITS: u32 = 4;
 
 /// Bytes of one unit key of type `t` when this table can hold it: booleans, fixed-width
@@ -64,15 +64,18 @@ pub struct UnitTable {
     /// The group of the NULL unit, once seen.
     null: Option<u32>,
     hasher: foldhash::fast::RandomState,
+    /// Chooses spill partitions: a hash of (level, unit) with full avalanche, so each level's
+    /// partitions are independent of the earlier levels' and split any file of them evenly.
+    partitioner: foldhash::quality::RandomState,
     /// Scratch: one batch's keys and hashes.
     words: Vec<u128>,
     hashes: Vec<u64>,
 }
 
 impl UnitTable {
-    /// An empty table for units of type `data_type` (one [`key_width`] accepts), hashing with
-    /// `hasher` (which also chooses spill partitions: [`Self::partitions_of`]).
-    pub fn new(data_type: &DataType, hasher: foldhash::fast::RandomState) -> Result<Self> {
+    /// An empty table for units of type `data_type` (one [`key_width`] accepts), its hashes
+    /// seeded at random.
+    pub fn new(data_type: &DataType) -> Result<Self> {
         let Some(width) = key_width(data_type) else {
             return internal_err!("the unit table cannot hold units of type {data_type}");
         };
@@ -82,7 +85,8 @@ impl UnitTable {
             slots: Vec::new(),
             keys: Vec::new(),
             null: None,
-            hasher,
+            hasher: foldhash::fast::RandomState::default(),
+            partitioner: foldhash::quality::RandomState::default(),
             words: Vec::new(),
             hashes: Vec::new(),
         })
@@ -113,9 +117,10 @@ impl UnitTable {
         self.hasher.hash_one(key)
     }
 
-    /// The hash standing for the NULL unit (it only chooses a spill partition).
-    fn null_hash(&self) -> u64 {
-        self.hasher.hash_one((0u8, 0u128))
+    /// The spill partition of `unit` (None: the NULL unit) at `level`: the top bits of a hash of
+    /// both.
+    fn partition(&self, unit: Option<u128>, level: u32) -> usize {
+        (self.partitioner.hash_one((level, unit)) >> (64 - PARTITION_BITS)) as usize
     }
 
     /// Reads `array`'s keys into `self.words` (a NULL reads as 0: the caller checks validity).
@@ -209,18 +214,15 @@ impl UnitTable {
         Ok(())
     }
 
-    /// The spill partition of each of `array`'s rows at `level` (0, 1, …): bits of the unit's
-    /// hash above those of every earlier level, so a partition splits into finer ones.
+    /// The spill partition of each of `array`'s rows at `level` (0, 1, …): a file of one level's
+    /// partition is split by the next level's, independent of it.
     pub fn partitions_of(&mut self, array: &dyn Array, level: u32, out: &mut Vec<usize>) -> Result<()> {
         self.read(array)?;
         let nulls = array.logical_nulls().filter(|n| n.null_count() > 0);
         out.clear();
         for (i, &k) in self.words.iter().enumerate() {
-            let h = match nulls.as_ref().is_some_and(|v| v.is_null(i)) {
-                true => self.null_hash(),
-                false => self.hash(k),
-            };
-            out.push(partition(h, level));
+            let unit = (!nulls.as_ref().is_some_and(|v| v.is_null(i))).then_some(k);
+            out.push(self.partition(unit, level));
         }
         Ok(())
     }
@@ -228,10 +230,7 @@ impl UnitTable {
     /// The spill partition of each group's unit at `level`.
     pub fn group_partitions(&self, level: u32) -> Vec<usize> {
         (0..self.keys.len())
-            .map(|g| match self.null == Some(g as u32) {
-                true => partition(self.null_hash(), level),
-                false => partition(self.hash(self.keys[g]), level),
-            })
+            .map(|g| self.partition((self.null != Some(g as u32)).then_some(self.keys[g]), level))
             .collect()
     }
 
@@ -252,13 +251,9 @@ impl UnitTable {
     }
 }
 
-fn partition(hash: u64, level: u32) -> usize {
-    let shift = 64 - PARTITION_BITS * (level + 1);
-    ((hash >> shift) & ((1 << PARTITION_BITS) - 1)) as usize
-}
-
-/// Levels of partitions a hash allows.
-pub const MAX_LEVELS: u32 = 64 / PARTITION_BITS;
+/// Levels of splitting before a file that still does not fit is an error (16⁻¹⁶ of the units
+/// each: only a unit whose own sample does not fit gets there).
+pub const MAX_LEVELS: u32 = 16;
 
 fn split(k: u128) -> [u64; 2] {
     [(k >> 64) as u64, k as u64]
@@ -277,7 +272,7 @@ mod tests {
     use datafusion::common::ScalarValue;
 
     fn table(t: &DataType) -> UnitTable {
-        UnitTable::new(t, foldhash::fast::RandomState::default()).unwrap()
+        UnitTable::new(t).unwrap()
     }
 
     /// Groups numbered in order of first appearance, NULL one group, keys rebuilt exactly.
