@@ -3,7 +3,6 @@
 //! 128-bit SipHash-1-3 of Arrow's canonical row encoding, keyed per query and never displayed.
 
 use std::fmt;
-use std::hash::Hasher;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, FixedSizeBinaryBuilder};
@@ -12,7 +11,7 @@ use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility};
 use rand::Rng;
-use siphasher::sip128::{Hasher128, SipHasher13};
+use siphasher::sip128::SipHasher13;
 
 use crate::mechanism::NoiseSource;
 
@@ -79,9 +78,9 @@ impl SampleOrder {
     /// The order key of one row given in Arrow's canonical row encoding (what [`Self::hashes`]
     /// computes for each row).
     pub fn hash(&self, encoded: &[u8]) -> u128 {
-        let mut h = SipHasher13::new_with_keys(self.key.0, self.key.1);
-        h.write(encoded);
-        u128::from(h.finish128())
+        // The crate's one-shot form: the same SipHash-1-3 as writing the bytes to a hasher and
+        // finishing it, without the streaming hasher's buffered tail (inlined into the caller).
+        u128::from(SipHasher13::new_with_keys(self.key.0, self.key.1).hash(encoded))
     }
 }
 
@@ -130,6 +129,27 @@ mod tests {
         assert_ne!(keys(&b, vec![0.5, 0.25], vec!["u", "u"]), k1[..2].to_vec());
         // Debug never shows the key.
         assert!(!format!("{a:?}").contains('1'));
+    }
+
+    /// The one-shot hash is SipHash-1-3 of the bytes as a streaming hasher computes it, whatever
+    /// the length and however the bytes are written (so every order stays what it was).
+    #[test]
+    fn the_order_is_the_streaming_siphash_of_the_encoding() {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let order = SampleOrder::with_key((0x0123_4567, 0x89ab_cdef));
+        let bytes: Vec<u8> = (0..64u8).map(|b| b.wrapping_mul(37) ^ 0x5a).collect();
+        for len in 0..=bytes.len() {
+            let msg = &bytes[..len];
+            for cut in [0, len / 3, len] {
+                let mut h = SipHasher13::new_with_keys(0x0123_4567, 0x89ab_cdef);
+                h.write(&msg[..cut]);
+                h.write(&msg[cut..]);
+                assert_eq!(order.hash(msg), u128::from(h.finish128()), "{len} bytes cut at {cut}");
+            }
+        }
+        // Control: another key gives other orders.
+        assert_ne!(SampleOrder::with_key((1, 2)).hash(&bytes), order.hash(&bytes));
     }
 
     #[test]
