@@ -42,23 +42,146 @@ pub fn key_width(t: &DataType) -> Option<usize> {
     }
 }
 
-/// Aligned to 32 bytes so that no slot straddles two cache lines (one prefetch fetches it whole).
+/// A slot of the table: a unit's key and its group (`EMPTY` when free), aligned to its own size
+/// so that no slot straddles two cache lines (one prefetch fetches it whole).
+trait Slot: Copy {
+    const FREE: Self;
+    fn new(key: u128, group: u32) -> Self;
+    fn group(&self) -> u32;
+    fn key(&self) -> u128;
+}
+
+/// Keys of at most 8 bytes (the common unit: an integer): 16 bytes a slot.
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct Slot {
-    key: [u64; 2],
-    /// The unit's group, `EMPTY` when free.
+#[repr(C, align(16))]
+struct Narrow {
+    key: u64,
     group: u32,
 }
 
+impl Slot for Narrow {
+    const FREE: Self = Self { key: 0, group: EMPTY };
+    fn new(key: u128, group: u32) -> Self {
+        Self { key: key as u64, group }
+    }
+    fn group(&self) -> u32 {
+        self.group
+    }
+    fn key(&self) -> u128 {
+        u128::from(self.key)
+    }
+}
+
+/// Keys of 9–16 bytes (a unit's hash, 128-bit integers and decimals): 32 bytes a slot.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Wide {
+    key: [u64; 2],
+    group: u32,
+}
+
+impl Slot for Wide {
+    const FREE: Self = Self { key: [0; 2], group: EMPTY };
+    fn new(key: u128, group: u32) -> Self {
+        Self { key: [(key >> 64) as u64, key as u64], group }
+    }
+    fn group(&self) -> u32 {
+        self.group
+    }
+    fn key(&self) -> u128 {
+        (u128::from(self.key[0]) << 64) | u128::from(self.key[1])
+    }
+}
+
 const EMPTY: u32 = u32::MAX;
-const FREE: Slot = Slot { key: [0; 2], group: EMPTY };
+
+/// The slots, of the width the units need.
+enum Slots {
+    Narrow(Vec<Narrow>),
+    Wide(Vec<Wide>),
+}
+
+impl Slots {
+    fn new(width: usize) -> Self {
+        if width <= 8 { Self::Narrow(Vec::new()) } else { Self::Wide(Vec::new()) }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Narrow(v) => v.capacity() * size_of::<Narrow>(),
+            Self::Wide(v) => v.capacity() * size_of::<Wide>(),
+        }
+    }
+}
+
+/// Makes room in `slots` for `len` units without moving them during a batch (so prefetched
+/// slots stay where they were): at most 3/4 of the slots used.
+fn reserve<S: Slot>(slots: &mut Vec<S>, len: usize, hash: impl Fn(u128) -> u64) {
+    let need = len.saturating_mul(4) / 3 + 1;
+    if need <= slots.len() {
+        return;
+    }
+    let size = need.next_power_of_two().max(MIN_SLOTS);
+    let old = std::mem::replace(slots, vec![S::FREE; size]);
+    let mask = size - 1;
+    for s in old.into_iter().filter(|s| s.group() != EMPTY) {
+        let mut at = hash(s.key()) as usize & mask;
+        while slots[at].group() != EMPTY {
+            at = (at + 1) & mask;
+        }
+        slots[at] = s;
+    }
+}
+
+/// What one batch's probe reads and adds to: the batch's keys and their hashes, its NULLs, and
+/// the table's units.
+struct Batch<'a> {
+    words: &'a [u128],
+    hashes: &'a [u64],
+    nulls: Option<NullBuffer>,
+    keys: &'a mut Vec<u128>,
+    null: &'a mut Option<u32>,
+}
+
+/// Each row's group in `out`, adding the units not seen before; the slot of the row `AHEAD`
+/// rows on is prefetched while this row is probed.
+fn probe<S: Slot>(slots: &mut [S], b: Batch<'_>, out: &mut Vec<usize>) {
+    let mask = slots.len() - 1;
+    for (i, &word) in b.words.iter().enumerate() {
+        if let Some(&h) = b.hashes.get(i + AHEAD) {
+            prefetch(&slots[h as usize & mask]);
+        }
+        if b.nulls.as_ref().is_some_and(|v| v.is_null(i)) {
+            let group = *b.null.get_or_insert_with(|| {
+                b.keys.push(0);
+                (b.keys.len() - 1) as u32
+            });
+            out.push(group as usize);
+            continue;
+        }
+        let mut at = b.hashes[i] as usize & mask;
+        let group = loop {
+            let slot = &mut slots[at];
+            if slot.group() == EMPTY {
+                let group = b.keys.len() as u32;
+                *slot = S::new(word, group);
+                b.keys.push(word);
+                break group;
+            }
+            if slot.key() == word {
+                break slot.group();
+            }
+            at = (at + 1) & mask;
+        };
+        out.push(group as usize);
+    }
+}
 
 /// The units of one partition (module docs).
 pub struct UnitTable {
     data_type: DataType,
     width: usize,
-    slots: Vec<Slot>,
+    slots: Slots,
     /// Each group's key.
     keys: Vec<u128>,
     /// The group of the NULL unit, once seen.
@@ -82,7 +205,7 @@ impl UnitTable {
         Ok(Self {
             data_type: data_type.clone(),
             width,
-            slots: Vec::new(),
+            slots: Slots::new(width),
             keys: Vec::new(),
             null: None,
             hasher: foldhash::fast::RandomState::default(),
@@ -99,22 +222,18 @@ impl UnitTable {
 
     /// Bytes held.
     pub fn size(&self) -> usize {
-        self.slots.capacity() * size_of::<Slot>()
+        self.slots.bytes()
             + (self.keys.capacity() + self.words.capacity()) * size_of::<u128>()
             + self.hashes.capacity() * size_of::<u64>()
     }
 
     /// Forgets every unit and frees the table.
     pub fn reset(&mut self) {
-        self.slots = Vec::new();
+        self.slots = Slots::new(self.width);
         self.keys = Vec::new();
         self.null = None;
         self.words = Vec::new();
         self.hashes = Vec::new();
-    }
-
-    fn hash(&self, key: u128) -> u64 {
-        self.hasher.hash_one(key)
     }
 
     /// The spill partition of `unit` (None: the NULL unit) at `level`: the top bits of a hash of
@@ -151,65 +270,32 @@ impl UnitTable {
         Ok(())
     }
 
-    /// Makes room for `more` new units without moving slots (so prefetched slots stay where they
-    /// were): at most 3/4 of the slots used.
-    fn reserve(&mut self, more: usize) {
-        let need = (self.keys.len() + more).saturating_mul(4) / 3 + 1;
-        if need <= self.slots.len() {
-            return;
-        }
-        let slots = need.next_power_of_two().max(MIN_SLOTS);
-        let old = std::mem::replace(&mut self.slots, vec![FREE; slots]);
-        let mask = slots - 1;
-        for s in old.into_iter().filter(|s| s.group != EMPTY) {
-            let mut at = self.hash(join(s.key)) as usize & mask;
-            while self.slots[at].group != EMPTY {
-                at = (at + 1) & mask;
-            }
-            self.slots[at] = s;
-        }
-    }
-
     /// Each row's group in `out` (cleared first), adding the units not seen before.
     pub fn groups_of(&mut self, array: &dyn Array, out: &mut Vec<usize>) -> Result<()> {
         self.read(array)?;
-        let n = self.words.len();
-        self.reserve(n);
+        let len = self.keys.len() + self.words.len();
         self.hashes.clear();
         let hasher = &self.hasher;
         self.hashes.extend(self.words.iter().map(|&k| hasher.hash_one(k)));
-        let mask = self.slots.len() - 1;
-        let nulls = array.logical_nulls().filter(|n| n.null_count() > 0);
         out.clear();
-        out.reserve(n);
-        for i in 0..n {
-            if let Some(&h) = self.hashes.get(i + AHEAD) {
-                prefetch(&self.slots[h as usize & mask]);
+        out.reserve(self.words.len());
+        let batch = Batch {
+            words: &self.words,
+            hashes: &self.hashes,
+            nulls: array.logical_nulls().filter(|n| n.null_count() > 0),
+            keys: &mut self.keys,
+            null: &mut self.null,
+        };
+        let hash = |k: u128| hasher.hash_one(k);
+        match &mut self.slots {
+            Slots::Narrow(slots) => {
+                reserve(slots, len, hash);
+                probe(slots, batch, out);
             }
-            if nulls.as_ref().is_some_and(|v| v.is_null(i)) {
-                let group = *self.null.get_or_insert_with(|| {
-                    self.keys.push(0);
-                    (self.keys.len() - 1) as u32
-                });
-                out.push(group as usize);
-                continue;
+            Slots::Wide(slots) => {
+                reserve(slots, len, hash);
+                probe(slots, batch, out);
             }
-            let key = split(self.words[i]);
-            let mut at = self.hashes[i] as usize & mask;
-            let group = loop {
-                let slot = &mut self.slots[at];
-                if slot.group == EMPTY {
-                    let group = self.keys.len() as u32;
-                    *slot = Slot { key, group };
-                    self.keys.push(self.words[i]);
-                    break group;
-                }
-                if slot.key == key {
-                    break slot.group;
-                }
-                at = (at + 1) & mask;
-            };
-            out.push(group as usize);
         }
         Ok(())
     }
@@ -255,14 +341,6 @@ impl UnitTable {
 /// each: only a unit whose own sample does not fit gets there).
 pub const MAX_LEVELS: u32 = 16;
 
-fn split(k: u128) -> [u64; 2] {
-    [(k >> 64) as u64, k as u64]
-}
-
-fn join(k: [u64; 2]) -> u128 {
-    (u128::from(k[0]) << 64) | u128::from(k[1])
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -273,6 +351,19 @@ mod tests {
 
     fn table(t: &DataType) -> UnitTable {
         UnitTable::new(t).unwrap()
+    }
+
+    /// Units of at most 8 bytes take 16-byte slots, wider ones 32: the same units, half the table.
+    #[test]
+    fn narrow_units_take_half_the_table() {
+        let (ints, decimals) = (Int64Array::from_iter_values(0..5000), Decimal128Array::from_iter_values(0..5000));
+        let (mut narrow, mut wide) = (table(ints.data_type()), table(decimals.data_type()));
+        let mut out = Vec::new();
+        narrow.groups_of(&ints, &mut out).unwrap();
+        wide.groups_of(&decimals, &mut out).unwrap();
+        assert_eq!((narrow.len(), wide.len()), (5000, 5000));
+        assert!(matches!(narrow.slots, Slots::Narrow(_)) && matches!(wide.slots, Slots::Wide(_)));
+        assert_eq!(narrow.slots.bytes() * 2, wide.slots.bytes());
     }
 
     /// Groups numbered in order of first appearance, NULL one group, keys rebuilt exactly.
