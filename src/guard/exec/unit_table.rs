@@ -76,20 +76,20 @@ impl Slot for Narrow {
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 struct Wide {
-    key: [u64; 2],
+    key: u128,
     group: u32,
 }
 
 impl Slot for Wide {
-    const FREE: Self = Self { key: [0; 2], group: EMPTY };
+    const FREE: Self = Self { key: 0, group: EMPTY };
     fn new(key: u128, group: u32) -> Self {
-        Self { key: [(key >> 64) as u64, key as u64], group }
+        Self { key, group }
     }
     fn group(&self) -> u32 {
         self.group
     }
     fn key(&self) -> u128 {
-        (u128::from(self.key[0]) << 64) | u128::from(self.key[1])
+        self.key
     }
 }
 
