@@ -5,7 +5,6 @@
 //! * [`functions`] — DataFusion glue: the private aggregate UDFs;
 //! * [`policy`] — catalog, privacy policies and the durable budget ledger;
 //! * [`guard`] — plan checks and pricing on the optimized plan, and the execution gate;
-//! * [`parquet_table`] — registered Parquet locations as tables whose scans use every core;
 //! * [`session`] — a SQL session with all of the above installed.
 #![deny(clippy::clone_on_ref_ptr)]
 
@@ -16,7 +15,6 @@ pub mod datagen;
 pub mod functions;
 pub mod guard;
 pub mod mechanism;
-pub mod parquet_table;
 pub mod policy;
 #[cfg(feature = "server")]
 pub mod server;

@@ -29,7 +29,6 @@ use crate::guard::PrivacyPlanner;
 use crate::mechanism::NoiseSource;
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::noise::cache::set_public_store;
-use crate::parquet_table::ParquetTable;
 use crate::policy::public_store::DiskStore;
 use crate::policy::{
     BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, ResultsTable,
@@ -73,8 +72,6 @@ struct Engine {
     options: SQLOptions,
     /// Queries only (analyst sessions): every statement is planned before any runs.
     queries_only: bool,
-    /// Scans of few files split rows over every partition (not with a cluster).
-    split_scans: bool,
 }
 
 impl Engine {
@@ -129,7 +126,7 @@ impl Engine {
         }
         let allow = opts.allow_statements;
         let options = SQLOptions::new().with_allow_ddl(allow).with_allow_dml(allow).with_allow_statements(allow);
-        Ok(Self { ctx, options, queries_only: !allow, split_scans: opts.cluster.is_none() })
+        Ok(Self { ctx, options, queries_only: !allow })
     }
 
     /// Parses all statements, then plans and runs them in order (in analyst sessions: plans
@@ -233,15 +230,13 @@ fn with_cluster(planner: PrivacyPlanner, cluster: Option<&str>) -> Result<Privac
     }
 }
 
-/// The table over the Parquet files at `location`; its scans of few files split rows over every
-/// core when `split` (not for a cluster, whose executors read whole files: [`ParquetTable`]).
-async fn parquet_provider(ctx: &SessionContext, location: &str, split: bool) -> Result<Arc<dyn TableProvider>> {
+async fn parquet_provider(ctx: &SessionContext, location: &str) -> Result<Arc<dyn TableProvider>> {
     let state = ctx.state();
     let url = ListingTableUrl::parse(location)?;
     let options =
         ParquetReadOptions::default().to_listing_options(state.config(), state.default_table_options().clone());
     let config = ListingTableConfig::new(url).with_listing_options(options).infer_schema(&state).await?;
-    Ok(Arc::new(ParquetTable::new(Arc::new(ListingTable::try_new(config)?), split)))
+    Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
 fn exactly_one(mut results: Vec<QueryOutput>) -> Result<Vec<RecordBatch>> {
@@ -273,8 +268,7 @@ impl DpSession {
 
     /// Registers a Parquet file or directory (all its files form one table).
     pub async fn register_parquet(&self, name: &str, path: &str) -> Result<()> {
-        let provider = parquet_provider(&self.engine.ctx, path, self.engine.split_scans).await?;
-        self.engine.ctx.register_table(name, provider).map(|_| ())
+        self.engine.ctx.register_parquet(name, path, ParquetReadOptions::default()).await
     }
 
     /// Runs every statement in `sql` in order and returns their results.
@@ -337,7 +331,7 @@ impl AnalystSession {
         let engine = Engine::new(&opts, Some(Arc::clone(&catalog)), analyst)?;
         let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         for t in tables {
-            let inner = parquet_provider(&engine.ctx, &t.location, engine.split_scans).await.map_err(|e| {
+            let inner = parquet_provider(&engine.ctx, &t.location).await.map_err(|e| {
                 DataFusionError::Plan(format!("table '{}' ({}) cannot be opened: {e}", t.name, t.location))
             })?;
             let provider: Arc<dyn TableProvider> =
@@ -523,7 +517,7 @@ impl Admin {
 
     async fn schema_of(location: &str) -> std::result::Result<SchemaRef, PolicyError> {
         let ctx = SessionContext::new();
-        let provider = parquet_provider(&ctx, location, false)
+        let provider = parquet_provider(&ctx, location)
             .await
             .map_err(|e| PolicyError::Invalid(format!("cannot read {location} as Parquet: {e}")))?;
         Ok(provider.schema())
@@ -693,7 +687,7 @@ impl Admin {
             )));
         }
         let ctx = SessionContext::new();
-        let provider = parquet_provider(&ctx, &src.location, true)
+        let provider = parquet_provider(&ctx, &src.location)
             .await
             .map_err(|e| PolicyError::Invalid(format!("cannot read {}: {e}", src.location)))?;
         ctx.register_table("src", provider).map_err(|e| PolicyError::Invalid(e.to_string()))?;
