@@ -456,11 +456,28 @@ async fn composed_queries_over_bounded_units_end_alike_on_neighbours() {
     }
 }
 
+/// The one-row result of `sql` as a float, and how many times its unit bound wrote its states
+/// to disk (the operator's `spill_count`, summed over partitions).
+async fn mass_and_spills(s: &AnalystSession, sql: &str) -> datafusion::common::Result<(f64, usize)> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let plan = s.physical_plan_for_tests(sql).await?;
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), s.task_ctx_for_tests()).await?;
+    let mut spills = 0;
+    plan.apply(|node| {
+        if node.name() == "UnitBoundExec" {
+            spills += node.metrics().and_then(|m| m.spill_count()).unwrap_or(0);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok((one_f64(&batches), spills))
+}
+
 /// More units than the memory limit holds: the bound's states spill to disk instead of failing,
 /// and keep exactly the rows they keep in memory. 4·10⁵ units under the smallest limit (64 MiB;
 /// their states need ≈ 80 MB), by integer id (grouped by value) and by string (grouped by hash):
 /// the released mass is bit-identical to a session whose limit holds them all, and a neighbour
 /// with one more, heavy unit (20 000 rows) succeeds too and moves the mass by its one kept row.
+/// The operator's metrics show that it spilled under the small limit and not under the large one.
 /// (Negative control run: a build whose spilled states lose one unit's rows fails the comparison.)
 #[tokio::test]
 async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
@@ -507,8 +524,11 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
         let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
         for t in ["by_id", "by_name"] {
             let sql = format!("SELECT {KDE}['mass'] FROM {t}");
-            let b = s.query(&sql).await.unwrap_or_else(|e| panic!("{t} under {limit} bytes: {e}"));
-            masses.push((t, limit, one_f64(&b)));
+            let (mass, spills) =
+                mass_and_spills(&s, &sql).await.unwrap_or_else(|e| panic!("{t} under {limit} bytes: {e}"));
+            // The operator's own count: it spilled under the small limit only (control: the large one).
+            assert_eq!(spills > 0, limit == 64 << 20, "{t} under {limit} bytes spilled {spills} times");
+            masses.push((t, limit, mass));
         }
     }
     // Under the smallest limit, alice's 20 000 rows change neither whether the query succeeds nor
