@@ -25,7 +25,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::ParquetReadOptions;
 
 use crate::functions::{Permits, private_udafs};
-use crate::guard::PrivacyPlanner;
+use crate::guard::{PrivacyPlanner, no_data_dependent_aggregation};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::noise::cache::set_public_store;
@@ -755,14 +755,6 @@ impl Admin {
     pub fn stored_releases(&self, table: Option<&str>) -> std::result::Result<Vec<StoredReleaseRecord>, PolicyError> {
         self.catalog.stored_releases(table)
     }
-}
-
-/// The hash aggregate's partial phase always aggregates: DataFusion otherwise stops
-/// pre-aggregating once more than 80 % of the first 10⁵ rows' groups are distinct and passes each
-/// row on as its own state — a switch of time and memory (one full statistic per row for a private
-/// aggregate) decided by the data (SPEC §0).
-pub(crate) fn no_data_dependent_aggregation(config: &mut SessionConfig) {
-    config.options_mut().execution.skip_partial_aggregation_probe_ratio_threshold = 1.0;
 }
 
 #[cfg(test)]

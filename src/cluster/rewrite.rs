@@ -150,7 +150,7 @@ impl ExecutionPlan for ClusterExec {
         // The job is submitted on the first poll: below the gate, that is after the debit.
         let submit = async move {
             let mut config = SessionConfig::new_with_ballista().with_target_partitions(partitions);
-            crate::session::no_data_dependent_aggregation(&mut config);
+            crate::guard::no_data_dependent_aggregation(&mut config);
             let session_id = format!("dpcurve-{}", uuid_like());
             execute_physical_plan::<PhysicalPlanNode>(
                 url,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::common::{Result, internal_err};
-use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::context::{QueryPlanner, SessionConfig};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
@@ -56,6 +56,15 @@ pub const EXECUTION: &[(&str, Pass)] = &[
     ("partition selections", passes::selection::run),
     ("bound each privacy unit's contribution", passes::units::run),
 ];
+
+/// The hash aggregate's partial phase always aggregates: DataFusion otherwise stops
+/// pre-aggregating once more than 80 % of the first 10⁵ rows' groups are distinct and passes each
+/// row on as its own state — a switch of time and memory (one full statistic per row for a private
+/// aggregate) decided by the data (SPEC §0). Every session that runs private plans sets it, in
+/// this process and on a cluster's executors.
+pub fn no_data_dependent_aggregation(config: &mut SessionConfig) {
+    config.options_mut().execution.skip_partial_aggregation_probe_ratio_threshold = 1.0;
+}
 
 /// Where partial aggregation runs when it does not run in this process (a cluster's executors).
 /// The final phase — merge, permit, noise — always stays here, under the gate.
