@@ -137,7 +137,10 @@ impl Workers {
             let _slot = slot;
             let outcome = drive(&session, planned, &tx, done.is_some(), keep_bytes).await;
             if let (Some(done), Some(outcome)) = (done, outcome) {
-                done(outcome);
+                // `done` keeps the result in the catalog (a SQLite write and its fsync): on the
+                // blocking pool, not on a worker the other queries share. The slot is held until
+                // it has finished; if it panics, the ticket stays failed, as for a panicked query.
+                let _ = tokio::task::spawn_blocking(move || done(outcome)).await;
             }
         });
         rx
