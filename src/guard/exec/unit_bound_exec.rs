@@ -13,7 +13,7 @@
 //! **Memory.** After every batch the table and the samples are charged to the query's memory
 //! pool. When they no longer fit, every unit's sample (the accumulator's state) is written to one
 //! of 16 files chosen by a hash of its unit, the table is emptied and reading goes on. At the end
-//! the rest is written too, and each file is read back alone — its samples merged per unit,
+//! the rest is written too, and each file is read back alone (on the blocking pool) — its samples merged per unit,
 //! exactly as partial states merge — and emitted; a file whose units still do not fit is split
 //! again, 16 ways, by another hash of the unit. A unit's sample is at most K·L rows whatever its size, so
 //! how much fits depends on the number of units and the limit, never on one unit's rows; the
@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
@@ -42,7 +42,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
@@ -212,7 +212,7 @@ impl Run {
                 self.reservation.free();
                 return Ok(None);
             };
-            self.merge(&file, level)?;
+            self.merge(&file, level).await?;
         }
     }
 
@@ -274,12 +274,12 @@ impl Run {
 
     /// Merges one spill file's samples per unit and emits them; when they do not fit, splits what
     /// is merged and what is left of the file by the next level's partitions.
-    fn merge(&mut self, file: &Arc<dyn SpillFile>, level: u32) -> Result<()> {
+    async fn merge(&mut self, file: &Arc<dyn SpillFile>, level: u32) -> Result<()> {
         let path: &Path = file.path().ok_or_else(|| DataFusionError::Internal("a spill file without a path".into()))?;
-        let reader = StreamReader::try_new(BufReader::new(File::open(path)?), None)?;
+        let mut batches = read_spill(path.to_path_buf(), Arc::clone(&self.spill_schema));
         let mut split: Option<Partitions> = None;
         let mut parts = Vec::new();
-        for batch in reader {
+        while let Some(batch) = batches.next().await {
             let batch = batch?;
             if let Some(finer) = &mut split {
                 self.table.partitions_of(batch.column(0).as_ref(), finer.level, &mut parts)?;
@@ -307,6 +307,22 @@ impl Run {
         }
         Ok(())
     }
+}
+
+/// The batches of the spill file at `path`, read and decoded on the blocking pool (a file read
+/// does not hold up a worker that other partitions' tasks share), one batch ahead.
+fn read_spill(path: PathBuf, schema: SchemaRef) -> SendableRecordBatchStream {
+    let mut builder = RecordBatchReceiverStream::builder(schema, 1);
+    let tx = builder.tx();
+    builder.spawn_blocking(move || {
+        for batch in StreamReader::try_new(BufReader::new(File::open(&path)?), None)? {
+            if tx.blocking_send(batch.map_err(DataFusionError::from)).is_err() {
+                break; // the merge stopped (its query failed or was cancelled)
+            }
+        }
+        Ok(())
+    });
+    builder.build()
 }
 
 /// The spill files of one level: one per partition of that level, opened when first written.
