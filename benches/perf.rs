@@ -15,6 +15,9 @@
 //! * `peers`: KDEpy `FFTKDE` and statsmodels `KDEUnivariate(fft=True)` end to end on the same
 //!   file (`benches/peers.py`, run in a local virtual environment it creates; skipped with a
 //!   message when Python or the packages are not available);
+//! * `cdf`: `private_cdf` (pure ε, and δ > 0) and `private_quantiles` (99 percentiles) at ε = 1 vs
+//!   `sum(x)` on the same file (`'auto'` leaves: 4 096 at these sizes), and the first use of the
+//!   CDF band's simulated threshold (once per tree shape, noise and α) against the release;
 //! * `mean`: `private_mean_curve` (warm eigen cache) vs `count(c)` over the same list column;
 //! * `eigen`: cold vs warm `private_mean_curve` at m = 100, 500, 1000;
 //! * `noise`: the exact discrete samplers (samples/s) and the parts of a release (lifted
@@ -50,9 +53,11 @@ use std::time::Instant;
 use datafusion::arrow::array::{ArrayRef, FixedSizeListBuilder, Float64Array, Float64Builder, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
+use dpcurve::mechanism::contribution::Contribution;
 use dpcurve::mechanism::curves::mean_curve::{CovKernel, Eigenbasis, MeanCurveMechanism, MeanCurveSpec};
 use dpcurve::mechanism::density::kde::{Grid, KdeLayout};
 use dpcurve::mechanism::density::release::{KdeMechanism, KdeSpec};
+use dpcurve::mechanism::distribution::release::{CdfMechanism, CdfNoise, CdfSpec, Resolution};
 use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::mechanism::noise::calibration::Calibration;
 use dpcurve::mechanism::noise::lattice::LatticeMechanism;
@@ -325,6 +330,78 @@ async fn kde(o: &Options, report: &mut Report) -> Vec<(usize, PathBuf, f64)> {
         remove_catalog(&o.data, "kde");
     }
     medians
+}
+
+/// `private_cdf` and `private_quantiles` against `sum(x)`, then what the first use of a tree
+/// shape's band costs against the release itself (the threshold is simulated once per shape,
+/// noise and α, then cached in memory and beside the catalog).
+async fn cdf(o: &Options, report: &mut Report) {
+    const RANGE: &str = "-0.2, 1.2";
+    let probabilities: Vec<String> = (1..100).map(|p| format!("{:.2}", p as f64 / 100.0)).collect();
+    for &rows in &o.rows {
+        println!("\n# private_cdf vs the scan floor, {} rows (ε = 1, 'auto' leaves)", human(rows));
+        let file = mixture_file(&o.data, rows);
+        let s = catalog_session(&o.data, "cdf", &file).await;
+        let names = [
+            "SELECT sum(x)",
+            "private_cdf, pure ε (δ = 0)",
+            "private_cdf, δ = 1e-9",
+            "private_quantiles, 99 p, pure ε",
+        ];
+        let sqls = [
+            "SELECT sum(x) FROM pub_t".to_string(),
+            format!("SELECT private_cdf(x, 1, 0, {RANGE}) FROM priv_t"),
+            format!("SELECT private_cdf(x, 1, 1e-9, {RANGE}) FROM priv_t"),
+            format!("SELECT private_quantiles(x, [{}], 1, 0, {RANGE}) FROM priv_t", probabilities.join(", ")),
+        ];
+        let variants: Vec<_> = names.iter().zip(sqls).map(|(n, q)| (*n, &s, q)).collect();
+        let times = interleaved(&variants, o.reps).await;
+        report_against(report, "cdf", &format!("{} rows", human(rows)), &names, &times, 0);
+        drop(s);
+        remove_catalog(&o.data, "cdf");
+    }
+    println!("\n# private_cdf band, 4096 leaves (the 'auto' resolution at large n·ε): first use vs the release");
+    let reps = o.reps.max(20);
+    let mut rng = rand::rngs::ChaCha20Rng::seed_from_u64(1);
+    let xs = dpcurve::datagen::mixture(100_000, 7);
+    for (noise, delta, label) in [(CdfNoise::Laplace, 0.0, "pure ε"), (CdfNoise::Gaussian, 1e-9, "δ = 1e-9")] {
+        let spec = CdfSpec {
+            lo: -0.2,
+            hi: 1.2,
+            points: 512,
+            resolution: Resolution::Fixed { log2: 12 },
+            noise,
+            epsilon: 1.0,
+            delta,
+            calibration: Calibration::Analytic,
+        };
+        let m = CdfMechanism::new(spec, Contribution::new(1, 1).unwrap()).unwrap();
+        let mut sums = m.statistic();
+        m.accumulate(&mut sums, &xs);
+        let leaves = sums.totals().to_vec();
+        let release = median(&time_ms(reps, || {
+            let (k, levels) = m.release(&leaves, Some(&mut rng));
+            m.prefix_counts(k, &levels).unwrap()
+        }));
+        // A new level α each time: a threshold never simulated before (α is part of the key).
+        let mut level = 0u64;
+        let first = median(&time_ms(o.reps.clamp(3, 9), || {
+            level += 1;
+            m.band_threshold(12, 0.05 + level as f64 * 1e-9)
+        }));
+        let cached = median(&time_ms(reps, || m.band_threshold(12, 0.05 + level as f64 * 1e-9)));
+        println!(
+            "  {label:<10} release {release:>8.3} ms | band, first use {first:>8.3} ms ({:.0}x the release), cached {cached:.4} ms",
+            first / release
+        );
+        report.add(
+            "cdf",
+            &format!("band, 4096 leaves, {label}"),
+            "first use (simulated)",
+            first,
+            &format!("{:.0}x the release ({release:.3} ms)", first / release),
+        );
+    }
 }
 
 /// The per-row costs behind the KDE ratios, single-threaded on 10^7 values in memory: the
@@ -857,6 +934,9 @@ async fn main() {
     }
     if o.wants("peers") {
         peers(&o, &mut report, &kde_runs);
+    }
+    if o.wants("cdf") {
+        cdf(&o, &mut report).await;
     }
     if o.wants("mean") {
         mean(&o, &mut report).await;

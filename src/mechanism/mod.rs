@@ -7,6 +7,7 @@
 //! the parameters and a generator to the output.
 
 pub mod contribution;
+pub(crate) mod cpu;
 pub mod curves;
 pub mod density;
 pub mod distribution;

@@ -15,14 +15,8 @@
 //! Under GROUP BY, [`LinearBins::scatter`] adds a whole batch in row order, each row to its
 //! group's split buffer: no ordering of the rows by group, no gather.
 
+use crate::mechanism::cpu::{Kernel, LOW_BITS, ROUND_MAGIC};
 use crate::mechanism::sums::BufferedSums;
-
-/// `x + ROUND_MAGIC` (1.5·2^52) rounds x to the nearest integer, which is then the low
-/// [`LOW_BITS`] of the sum's representation (valid for |x| < 2^51). Converting this way
-/// avoids both libm's floor/round (no SSE4.1 on the baseline target) and the saturating
-/// float-to-int casts, which dominated the binning loop.
-const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
-const LOW_BITS: u64 = (1 << 51) - 1;
 
 /// The weight of one whole row, in the statistic's units (2^-40 of a row).
 pub const UNIT: i64 = 1 << 40;
@@ -48,48 +42,6 @@ pub(crate) fn linear_bin(x: f64, origin: f64, inv_spacing: f64, nbins: usize) ->
 /// Values located per block: small enough for the block's indices and weights to stay in
 /// L1, large enough to amortise the dispatch.
 const BLOCK: usize = 256;
-
-/// The instruction sets the block loop is compiled for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Kernel {
-    /// The widest kernel this CPU runs (detected once by the standard library).
-    pub(crate) fn detect() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512dq") {
-                return Kernel::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                return Kernel::Avx2;
-            }
-        }
-        Kernel::Portable
-    }
-
-    /// Every kernel this CPU runs (tests compare them bit for bit).
-    #[cfg(test)]
-    pub(crate) fn available() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") {
-                all.push(Kernel::Avx2);
-            }
-            if Kernel::detect() == Kernel::Avx512 {
-                all.push(Kernel::Avx512);
-            }
-        }
-        all
-    }
-}
 
 /// Bins `origin + j/inv_spacing`, `j < nbins` (2 ≤ nbins ≤ 2^31), binned a block at a time.
 #[derive(Debug, Clone, Copy)]

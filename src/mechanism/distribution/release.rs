@@ -28,24 +28,20 @@
 //! **Bands.** With `e_j` the least-squares prefix-count noise at edge j, the data's CDF at the
 //! edges lies within `q/ñ` of the estimate whenever `max_j max(|e_j|, |e_L − e_j|) ≤ q`
 //! (`F̂_j − F_j = (e_j − F_j·e_L)/ñ`, a convex combination); q is the (1 − α) quantile of that
-//! supremum simulated from the public seed (its noise has the public levels' variances; cached per
-//! shape). The isotonic projection and the clamp keep it (they never move away from a monotone
+//! supremum simulated from the public seed (its noise has the public levels' variances; `band`,
+//! cached per shape, noise and α). The isotonic projection and the clamp keep it (they never move away from a monotone
 //! target in the sup norm). Between edges the data's CDF lies between its values at the two
 //! edges, so the half-width there adds the interpolant's distance to them. `noise_band` covers the
 //! data's CDF; `band` the population's (the noise band at α/2 plus the Dvoretzky–Kiefer–Wolfowitz
 //! band at α/2 with n replaced by ñ, a plug-in).
 
-use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
-
-use crate::mechanism::noise::cache::stored_quantile;
-
 use rand::Rng;
 
+use super::band::{NoiseLaw, band_quantile};
+use super::leaves::Leaves;
 use super::monotone::{MonotoneCubic, isotonic};
 use super::tree::{MAX_LEAVES_LOG2, TreeShape};
 use crate::mechanism::contribution::Contribution;
-use crate::mechanism::noise::bands::{SIMULATION_DRAWS, simulated_quantile, standard_laplace};
 use crate::mechanism::noise::calibration::{Calibration, zcdp_rho};
 use crate::mechanism::noise::lattice::rational_at_least;
 use crate::mechanism::noise::samplers::{DiscreteGaussian, discrete_laplace};
@@ -165,14 +161,11 @@ impl LevelNoise {
         }
     }
 
-    /// A draw of the same law in floating point, for the public band simulation.
-    fn simulate(&self, rng: &mut rand::rngs::ChaCha20Rng) -> f64 {
+    /// Its law as the public band simulation draws it (continuous, the same variance).
+    fn law(&self) -> NoiseLaw {
         match self {
-            LevelNoise::Laplace { .. } => standard_laplace(rng) * (self.variance() / 2.0).sqrt(),
-            LevelNoise::Gaussian(_) => {
-                let z: f64 = rand_distr::Distribution::sample(&rand_distr::StandardNormal, rng);
-                z * self.variance().sqrt()
-            }
+            LevelNoise::Laplace { .. } => NoiseLaw::Laplace(self.variance()),
+            LevelNoise::Gaussian(_) => NoiseLaw::Gaussian(self.variance()),
         }
     }
 }
@@ -298,18 +291,12 @@ impl CdfMechanism {
     }
 
     /// Counts `values` into their leaves: finite values only, those outside the range in the
-    /// end leaves (a public, row-wise clamp).
+    /// end leaves (a public, row-wise clamp; `leaves`).
     pub fn accumulate(&self, sums: &mut BufferedSums, values: &[f64]) {
-        let leaves = self.statistic_leaves();
-        let scale = leaves as f64 / (self.spec.hi - self.spec.lo);
-        let last = leaves - 1;
+        let count = self.statistic_leaves();
+        let leaves = Leaves { lo: self.spec.lo, scale: count as f64 / (self.spec.hi - self.spec.lo), count };
         for chunk in values.chunks(sums.flush_rows()) {
-            let buffer = sums.buffer(chunk.len());
-            for &x in chunk {
-                // Branch-free: a non-finite value adds 0 to leaf 0 (NaN casts to 0).
-                let u = ((x - self.spec.lo) * scale).max(0.0);
-                buffer[(u as usize).min(last)] += i64::from(x.is_finite());
-            }
+            leaves.add(sums.buffer(chunk.len()), chunk);
         }
     }
 
@@ -382,7 +369,7 @@ impl CdfMechanism {
     /// noise of the tree at resolution `2^k` (simulated from the public seed, cached).
     pub fn band_threshold(&self, k: u32, alpha: f64) -> f64 {
         let shape = TreeShape::for_leaves_log2(k);
-        band_quantile(&shape, self.root, self.level(shape.levels()), alpha)
+        band_quantile(&shape, self.root.law(), self.level(shape.levels()).law(), alpha)
     }
 
     fn variances(&self, shape: &TreeShape) -> Vec<f64> {
@@ -495,50 +482,4 @@ impl CdfCurve {
         }
         out
     }
-}
-
-/// The (1 − α) quantile of `max_j max(|e_j|, |e_L − e_j|)` for the least-squares prefix noise
-/// of `shape` (public seed; cached per shape, noise and α).
-fn band_quantile(shape: &TreeShape, root: LevelNoise, level: LevelNoise, alpha: f64) -> f64 {
-    type Key = (Vec<usize>, u64, u64, u64);
-    static CACHE: LazyLock<Mutex<HashMap<Key, f64>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
-    let key = (shape.factors().to_vec(), root.variance().to_bits(), level.variance().to_bits(), alpha.to_bits());
-    if let Some(q) = CACHE.lock().expect("cdf band cache").get(&key) {
-        return *q;
-    }
-    let sizes = shape.level_sizes();
-    let nodes: usize = sizes.iter().sum();
-    let draws = (8_000_000 / nodes).clamp(500, SIMULATION_DRAWS);
-    let mut variance = vec![root.variance()];
-    variance.extend(std::iter::repeat_n(level.variance(), shape.levels()));
-    // One standard error of the simulated tail probability is added to the level, so the
-    // simulation's own error makes the band wider, not narrower.
-    let conservative = alpha - (alpha * (1.0 - alpha) / draws as f64).sqrt();
-    let q = stored_quantile("cdf-tree-band", &key, || {
-        simulated_quantile(conservative.max(alpha / 2.0), draws, |rng| {
-            let y: Vec<Vec<f64>> = sizes
-                .iter()
-                .enumerate()
-                .map(|(l, &s)| {
-                    let noise = if l == 0 { root } else { level };
-                    (0..s).map(|_| noise.simulate(rng)).collect()
-                })
-                .collect();
-            let leaves = shape.estimate_leaves(&y, &variance);
-            let total: f64 = leaves.iter().sum();
-            let mut running = 0.0f64;
-            let mut sup = total.abs();
-            for c in &leaves {
-                running += c;
-                sup = sup.max(running.abs()).max((total - running).abs());
-            }
-            sup
-        })
-    });
-    let mut cache = CACHE.lock().expect("cdf band cache");
-    if cache.len() >= 256 {
-        cache.clear();
-    }
-    cache.insert(key, q);
-    q
 }

@@ -28,6 +28,8 @@ use std::f64::consts::{PI, SQRT_2};
 use rand::rngs::ChaCha20Rng;
 use rand::{Rng, SeedableRng};
 
+use crate::mechanism::cpu::Kernel;
+
 /// Default level of the bands: 95 % simultaneous coverage.
 pub const DEFAULT_ALPHA: f64 = 0.05;
 /// Draws of the simulated supremum for pure-ε bands.
@@ -161,11 +163,11 @@ const BLOCK: usize = 16;
 /// at a time. The quantile is the same to the bit as [`simulated_quantile`] over single draws
 /// (tested below), so every stored band stays valid.
 fn banded_quantile(alpha: f64, taps: &[Taps], nodes: usize, draws: usize) -> f64 {
-    banded_quantile_on(alpha, taps, nodes, draws, has_avx2())
+    banded_quantile_on(alpha, taps, nodes, draws, Kernel::detect())
 }
 
-/// [`banded_quantile`] with AVX2 (`wide`) or without.
-fn banded_quantile_on(alpha: f64, taps: &[Taps], nodes: usize, draws: usize, wide: bool) -> f64 {
+/// [`banded_quantile`] with a chosen kernel (one [`Kernel::detect`] allows).
+fn banded_quantile_on(alpha: f64, taps: &[Taps], nodes: usize, draws: usize, kernel: Kernel) -> f64 {
     let points: Vec<(&Taps, f64)> = taps.iter().map(|t| (t, t.norm())).filter(|(_, s)| *s > 0.0).collect();
     let mut rng = ChaCha20Rng::seed_from_u64(SIMULATION_SEED);
     let mut l = vec![[0.0; BLOCK]; nodes];
@@ -175,22 +177,22 @@ fn banded_quantile_on(alpha: f64, taps: &[Taps], nodes: usize, draws: usize, wid
         for d in 0..block {
             l.iter_mut().for_each(|v| v[d] = standard_laplace(&mut rng));
         }
-        sups.extend_from_slice(&block_sups(&points, &l, wide)[..block]);
+        sups.extend_from_slice(&block_sups(&points, &l, kernel)[..block]);
     }
     order_statistic(alpha, sups)
 }
 
 /// The suprema of one block of draws: `max_k |Σ_i w_ki·ℓ_i| / s_k` for each draw in `l`'s
 /// lanes, the dot products summed tap by tap (no fused multiply-add, so every instruction set
-/// gives the same bits); `wide`: with AVX2.
-fn block_sups(points: &[(&Taps, f64)], l: &[[f64; BLOCK]], wide: bool) -> [f64; BLOCK] {
-    #[cfg(target_arch = "x86_64")]
-    if wide {
-        // SAFETY: `wide` is only set when the CPU has AVX2 (`has_avx2`).
-        return unsafe { block_sups_avx2(points, l) };
+/// gives the same bits).
+fn block_sups(points: &[(&Taps, f64)], l: &[[f64; BLOCK]], kernel: Kernel) -> [f64; BLOCK] {
+    match kernel {
+        Kernel::Portable => block_sups_portable(points, l),
+        // SAFETY: kernels are only chosen when the CPU has their features (`Kernel::detect`,
+        // `Kernel::available`).
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 | Kernel::Avx512 => unsafe { block_sups_avx2(points, l) },
     }
-    let _ = wide;
-    block_sups_portable(points, l)
 }
 
 #[inline(always)]
@@ -210,14 +212,6 @@ fn block_sups_portable(points: &[(&Taps, f64)], l: &[[f64; BLOCK]]) -> [f64; BLO
 #[target_feature(enable = "avx2")]
 fn block_sups_avx2(points: &[(&Taps, f64)], l: &[[f64; BLOCK]]) -> [f64; BLOCK] {
     block_sups_portable(points, l)
-}
-
-/// Whether this CPU runs [`block_sups_avx2`].
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return std::arch::is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// The level-α threshold for the supremum of |Y| over a grid of a stationary, unit-variance
@@ -406,9 +400,9 @@ mod tests {
         taps.push(Taps { first: 3, weights: vec![] });
         for (alpha, draws) in [(0.05, 500), (0.05, 37), (0.2, 16), (0.01, 1), (0.05, 4000)] {
             let single = banded_one_draw_at_a_time(alpha, &taps, nodes, draws);
-            for wide in [false, has_avx2()] {
-                let blocked = banded_quantile_on(alpha, &taps, nodes, draws, wide);
-                assert_eq!(blocked.to_bits(), single.to_bits(), "α = {alpha}, {draws} draws, AVX2 {wide}");
+            for kernel in Kernel::available() {
+                let blocked = banded_quantile_on(alpha, &taps, nodes, draws, kernel);
+                assert_eq!(blocked.to_bits(), single.to_bits(), "α = {alpha}, {draws} draws, {kernel:?}");
             }
         }
         assert_eq!(
