@@ -184,9 +184,9 @@ impl DD {
 }
 
 /// 2π as a double-double.
-const TWO_PI: DD = DD { hi: 6.283185307179586, lo: 2.4492935982947064e-16 };
+const TWO_PI: DD = DD { hi: std::f64::consts::TAU, lo: 2.4492935982947064e-16 };
 /// √2 as a double-double.
-pub const SQRT_2: DD = DD { hi: 1.4142135623730951, lo: -9.667293313452913e-17 };
+pub const SQRT_2: DD = DD { hi: std::f64::consts::SQRT_2, lo: -9.667293313452913e-17 };
 
 /// cos θ and sin θ for 0 ≤ θ ≤ π/4 by Taylor series in double-double (27 terms: the
 /// first omitted one is below 2^-110).
