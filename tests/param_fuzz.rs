@@ -9,6 +9,9 @@
 mod common;
 
 use common::{TempDir, write_x};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Float64Type};
+use datafusion::common::DataFusionError;
 use dpcurve::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec};
 use dpcurve::mechanism::{Calibration, Grid, KdeMechanism, KdeSpec};
 use dpcurve::{DpSession, NoiseSource, SessionOptions};
@@ -396,4 +399,123 @@ async fn sql_with_random_literal_parameters_never_panics() {
         }
     }
     assert!(ok >= 5 && refused >= 50, "both outcomes exercised: {ok} ok, {refused} refused");
+}
+
+/// Every float a result struct holds (its Float64 fields and lists of them), by field name.
+fn released_numbers(batches: &[RecordBatch]) -> Vec<(String, Vec<f64>)> {
+    let mut out = Vec::new();
+    for b in batches.iter().filter(|b| b.num_rows() > 0) {
+        let s = b.column(0).as_struct();
+        for (field, column) in s.fields().iter().zip(s.columns()) {
+            let values: Vec<f64> = match field.data_type() {
+                DataType::Float64 => column.as_primitive::<Float64Type>().iter().flatten().collect(),
+                DataType::List(item) if item.data_type() == &DataType::Float64 => {
+                    let l = column.as_list::<i32>();
+                    (0..l.len())
+                        .filter(|&i| l.is_valid(i))
+                        .flat_map(|i| l.value(i).as_primitive::<Float64Type>().iter().flatten().collect::<Vec<_>>())
+                        .collect()
+                }
+                _ => continue,
+            };
+            out.push((field.name().clone(), values));
+        }
+    }
+    out
+}
+
+/// The accepted ranges are the ones every release's numerics cover (`dpcurve::mechanism::ranges`):
+/// every function with a public range refuses at planning, with the rule, a range whose width or
+/// grid would overflow or whose steps would leave the normal doubles — ends beyond ±1e100 or
+/// closer than 1e-100 — and at the limits themselves (and on a range narrower than the doubles
+/// around it) releases only finite numbers, its grids and quantiles inside the range. Before the
+/// rule, `private_kde` released a band of ∞ on [0, 1e-200], an effective bandwidth of ∞ on
+/// [−1e200, 1e200], `private_kde2d` a mass of ∞, and `private_cdf` a grid of ∞ on
+/// [−1.5e308, 1.5e308] (and panicked on [0, 5e-324] with 65 536 leaves).
+#[tokio::test]
+async fn extreme_ranges_are_refused_or_release_finite_numbers() {
+    let dir = TempDir::new("fuzz-ranges");
+    let rows = [-1e308, -1e100, -1.0, 0.0, 1e-300, 1e-101, 0.5, 1.0, 1.0 + f64::EPSILON, 3e99, 1e308];
+    let v: Vec<Option<f64>> = rows.iter().cycle().take(660).map(|&x| Some(x)).collect();
+    write_x(&dir.path("t.parquet"), &v);
+    let s = DpSession::new(SessionOptions {
+        target_partitions: Some(2),
+        noise: NoiseSource::TestSeed(5),
+        allow_statements: true,
+        ..SessionOptions::default()
+    });
+    s.register_parquet("t", &dir.str("t.parquet")).await.unwrap();
+    let ulp = f64::EPSILON;
+    let ranges = [
+        (-1.5e308, 1.5e308, false),
+        (-1e200, 1e200, false),
+        (0.0, 1.0000000000000002e100, false),
+        (-f64::MAX, 0.0, false),
+        (0.0, 5e-324, false),
+        (0.0, 1e-200, false),
+        (0.0, 9.9e-101, false),
+        (-1e100, 1e100, true),
+        (0.0, 1e-100, true),
+        (1.0, 1.0 + 4.0 * ulp, true),
+        (1e100 * (1.0 - 2.0 * ulp), 1e100, true),
+    ];
+    let mut accepted = 0;
+    for (lo, hi, accept) in ranges {
+        let (w, r) = (hi - lo, format!("{lo:e}, {hi:e}"));
+        let h = if w.is_finite() { (w / 10.0).max(1e-300) } else { 1.0 };
+        let calls = [
+            format!("private_kde(x, {h:e}, 1.0, 0, {r})"),
+            format!("private_kde(x, {h:e}, 1.0, 1e-6, {r})"),
+            format!("private_kde(x, {:e}, 1.0, 1e-6, {r})", h * 1e-3),
+            format!("private_kde(x, 'auto', 1.0, 0, {r}, points => 64)"),
+            format!("private_kde(x, {h:e}, 1.0, 0, {r}, mechanism => 'iclp')"),
+            format!("private_kde(x, {h:e}, 1.0, 1e-6, {r}, space => 'sobolev')"),
+            format!("private_kde2d(x, x, {h:e}, {h:e}, 1.0, 1e-6, {r}, {r}, points_x => 16, points_y => 16)"),
+            format!(
+                "private_kernel_regression(x, x, 1.0, 1e-6, lo => {lo:e}, hi => {hi:e}, lo_y => {lo:e}, hi_y => {hi:e})"
+            ),
+            format!("private_kernel_classifier(x > 0.5, x, 1.0, 1e-6, lo => {lo:e}, hi => {hi:e})"),
+            format!("private_cdf(x, 1.0, 0, {r}, leaves => 4096)"),
+            format!("private_cdf(x, 1.0, 1e-6, {r}, points => 64, mechanism => 'gaussian')"),
+            format!("private_quantiles(x, [0, 0.01, 0.5, 0.99, 1], 1.0, 0, {r}, leaves => 4096)"),
+        ];
+        for call in calls {
+            let sql = format!("SELECT {call} FROM t");
+            let r = s.query(&sql).await;
+            if !accept {
+                let err = r.err().unwrap_or_else(|| panic!("accepted: {sql}"));
+                assert!(matches!(err, DataFusionError::Plan(_)), "{sql}: {err:?}");
+                assert!(err.to_string().contains("within ±1e100 and at least 1e-100 apart"), "{sql}: {err}");
+                continue;
+            }
+            let b = r.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            accepted += 1;
+            for (name, values) in released_numbers(&b) {
+                assert!(values.iter().all(|v| v.is_finite()), "{sql}: {name} {values:?}");
+                if ["x", "quantile", "lower", "upper"].contains(&name.as_str()) && !call.starts_with("private_kde") {
+                    assert!(values.iter().all(|v| (lo..=hi).contains(v)), "{sql}: {name} {values:?}");
+                }
+            }
+        }
+    }
+    assert_eq!(accepted, 4 * 12, "every call runs on every accepted range");
+    // The mean curve's norm bound has the same limits.
+    let curves: Vec<Option<Vec<f64>>> =
+        (0..200).map(|i| Some((0..8).map(|j| ((i + j) % 5) as f64).collect())).collect();
+    common::write_curves(&dir.path("c.parquet"), &curves, common::ListKind::List);
+    s.register_parquet("c", &dir.str("c.parquet")).await.unwrap();
+    for (clip, accept) in [("1e100", true), ("1e-100", true), ("1e101", false), ("1e300", false), ("1e-101", false)] {
+        for delta in ["0", "1e-6"] {
+            let sql = format!("SELECT private_mean_curve(c, 1.0, {delta}, clip => {clip}, points => 8) FROM c");
+            match s.query(&sql).await {
+                Ok(b) if accept => {
+                    for (name, values) in released_numbers(&b) {
+                        assert!(values.iter().all(|v| v.is_finite()), "{sql}: {name} {values:?}");
+                    }
+                }
+                Err(e) if !accept => assert!(e.to_string().contains("clip must be from 1e-100 to 1e100"), "{sql}: {e}"),
+                other => panic!("{sql}: {other:?}"),
+            }
+        }
+    }
 }

@@ -17,6 +17,8 @@ use datafusion::logical_expr::{Expr, Signature, Volatility};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Literal;
 
+use crate::mechanism::ranges;
+
 /// What a parameter may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParamKind {
@@ -315,6 +317,13 @@ impl FunctionParams {
         if !(a.is_finite() && b.is_finite() && a < b) {
             return Err(self.error(format!(
                 "arguments '{lo}' and '{hi}' must be finite numbers with {lo} < {hi}, got {lo} = {a}, {hi} = {b}"
+            )));
+        }
+        if !ranges::accepts(a, b) {
+            return Err(self.error(format!(
+                "arguments '{lo}' and '{hi}' must lie {} (every derived length, density and bound is then a \
+                 finite double), got {lo} = {a}, {hi} = {b}",
+                ranges::rule()
             )));
         }
         Ok((a, b))

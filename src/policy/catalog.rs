@@ -23,6 +23,7 @@ use super::schema::{
     POLICY_TABLES, SCHEMA, UPGRADE_1_TO_2, UPGRADE_2_TO_3, UPGRADE_3_TO_4, UPGRADE_4_TO_5, UPGRADE_5_TO_6,
 };
 use crate::mechanism::noise::budget::Budget;
+use crate::mechanism::ranges;
 
 /// The catalog format this version reads and writes.
 pub const FORMAT_VERSION: i64 = 6;
@@ -543,6 +544,13 @@ impl Catalog {
         if !(lower.is_finite() && upper.is_finite() && lower < upper) {
             return Err(PolicyError::Invalid(format!(
                 "bounds must be finite numbers with lower < upper, got lower = {lower}, upper = {upper}"
+            )));
+        }
+        // Bounds become the calls' ranges: refuse here what every call would refuse.
+        if !ranges::accepts(lower, upper) {
+            return Err(PolicyError::Invalid(format!(
+                "bounds must lie {} (the ranges the releases accept), got lower = {lower}, upper = {upper}",
+                ranges::rule()
             )));
         }
         self.with_tx(|tx| {

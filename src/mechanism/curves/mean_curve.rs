@@ -32,6 +32,7 @@ use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
 use crate::mechanism::noise::double_double::{DD, DD_OP_ERR};
 use crate::mechanism::noise::lattice::{LatticeMechanism, ROW_LIMIT};
+use crate::mechanism::ranges;
 use crate::mechanism::sums::{BufferedSums, Buffers, add_saturating, most_heap_bytes};
 
 pub use super::eigenbasis::{CovKernel, EIGEN_CUTOFF, Eigenbasis, inner};
@@ -214,6 +215,14 @@ impl MeanCurveMechanism {
             if !(v.is_finite() && v > 0.0) {
                 return bad(format!("{name} must be a finite number > 0, got {v}"));
             }
+        }
+        if !ranges::accepts_scale(spec.clip) {
+            return bad(format!(
+                "clip must be from {:e} to {:e} (the release's sensitivity is then a finite double), got {}",
+                ranges::MIN_WIDTH,
+                ranges::MAX_MAGNITUDE,
+                spec.clip
+            ));
         }
         if !(spec.eta.is_finite() && spec.eta >= 1.0) {
             return bad(format!("eta must be a finite number ≥ 1, got {}", spec.eta));

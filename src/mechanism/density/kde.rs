@@ -18,6 +18,7 @@
 use std::fmt;
 
 use crate::mechanism::density::binning::{LinearBins, UNIT, linear_bin};
+use crate::mechanism::ranges;
 use crate::mechanism::sums::{BufferedSums, add_saturating};
 
 /// Fixed-point unit of the statistic: one row contributes `FIXED_ONE` in total.
@@ -90,8 +91,9 @@ impl fmt::Display for KdeError {
             KdeError::Range(lo, hi) => {
                 write!(
                     f,
-                    "lo and hi must be finite with lo < hi, a finite hi − lo, and lo, hi and the bandwidth within \
-                     ±1e300, got lo = {lo}, hi = {hi}"
+                    "lo and hi must be finite with lo < hi and lie {}, and the bandwidth at most 1e300, got lo = \
+                     {lo}, hi = {hi}",
+                    ranges::rule()
                 )
             }
             KdeError::BandwidthTooWide(h, range) => write!(
@@ -176,8 +178,9 @@ impl KdeLayout {
             return Err(KdeError::Range(grid.lo, grid.hi));
         }
         // The box and the padding around it (16 bandwidths) must stay ordinary doubles too:
-        // lo = −1e308 with a bandwidth of 1e308 overflowed the padding to ∞.
-        if !(grid.lo.abs() <= 1e300 && grid.hi.abs() <= 1e300 && bandwidth <= 1e300) {
+        // lo = −1e308 with a bandwidth of 1e308 overflowed the padding to ∞, and the released
+        // bands left the doubles on ranges 1e-200 or 2e200 wide ([`ranges`]).
+        if !(ranges::accepts(grid.lo, grid.hi) && bandwidth <= 1e300) {
             return Err(KdeError::Range(grid.lo, grid.hi));
         }
         if !(2..=MAX_POINTS).contains(&grid.points) {

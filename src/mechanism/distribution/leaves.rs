@@ -119,6 +119,13 @@ mod tests {
             Leaves { lo: 0.0, scale: 1.0, count: 1 },
             Leaves { lo: 0.0, scale: 8.0, count: 8 },
             Leaves { lo: 1e6, scale: 65_536.0 / 3.0, count: 65_536 },
+            // The widest and the narrowest ranges planning accepts (`ranges::accepts`), and beyond
+            // them a width that overflowed (scale 0: (x − lo)·scale is 0, or ∞·0 = NaN) and leaves
+            // of subnormal width.
+            Leaves { lo: -1e100, scale: 65_536.0 / 2e100, count: 65_536 },
+            Leaves { lo: 0.0, scale: 65_536.0 / 1e-100, count: 65_536 },
+            Leaves { lo: -1.5e308, scale: 0.0, count: 4096 },
+            Leaves { lo: 0.0, scale: 4096.0 / 1e-310, count: 4096 },
         ] {
             let xs = awkward_values(&leaves, 20_000);
             let reference = by_definition(&leaves, &xs);

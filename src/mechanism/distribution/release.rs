@@ -45,6 +45,7 @@ use crate::mechanism::contribution::Contribution;
 use crate::mechanism::noise::calibration::{Calibration, zcdp_rho};
 use crate::mechanism::noise::lattice::rational_at_least;
 use crate::mechanism::noise::samplers::{DiscreteGaussian, discrete_laplace};
+use crate::mechanism::ranges;
 use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
 /// Share of the budget (ε, or ρ under zCDP) spent on the total count that picks the resolution.
@@ -191,6 +192,19 @@ impl CdfMechanism {
     pub fn new(spec: CdfSpec, contribution: Contribution) -> Result<Self, String> {
         if !(spec.lo.is_finite() && spec.hi.is_finite() && spec.lo < spec.hi) {
             return Err(format!("the range must be finite with lo < hi, got [{}, {}]", spec.lo, spec.hi));
+        }
+        // The leaves' width, the output grid, the interpolant's secants and every quantile are
+        // computed from hi − lo: where it overflows (lo = −1e308, hi = 1e308), or where i·(hi − lo)
+        // does for a grid point, they would be ∞ or NaN; a leaf narrower than the normal doubles
+        // (hi − lo = 5e-324 over 2^16 leaves) would be 0 wide and its secants ∞.
+        if !ranges::accepts(spec.lo, spec.hi) {
+            return Err(format!(
+                "the range [lo, hi] must lie {} (every leaf, grid point and quantile is then a finite double), \
+                 got [{}, {}]",
+                ranges::rule(),
+                spec.lo,
+                spec.hi
+            ));
         }
         if !(2..=MAX_POINTS).contains(&spec.points) {
             return Err(format!("points must be in [2, {MAX_POINTS}], got {}", spec.points));

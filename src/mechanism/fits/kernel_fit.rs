@@ -112,6 +112,7 @@ use crate::mechanism::noise::calibration;
 use crate::mechanism::noise::calibration::Calibration;
 use crate::mechanism::noise::double_double::{DD, DD_OP_ERR};
 use crate::mechanism::noise::lattice::LatticeMechanism;
+use crate::mechanism::ranges;
 use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
 pub use super::loss::{Features, FitLoss, PERIOD_MARGIN};
@@ -301,11 +302,12 @@ impl KernelFitMechanism {
             ));
         }
         // Every derived length (the feature period hi − lo + margin·h, the bins) stays an ordinary
-        // finite double: the box and the bandwidth are within ±1e300.
-        if !(lo.abs() <= 1e300 && hi.abs() <= 1e300 && h <= 1e300 && (range + PERIOD_MARGIN * h).is_finite()) {
+        // finite double: the box is an accepted range ([`ranges`]) and the bandwidth within 1e300.
+        if !(ranges::accepts(lo, hi) && h <= 1e300 && (range + PERIOD_MARGIN * h).is_finite()) {
             return bad(format!(
-                "lo, hi and bandwidth must be within ±1e300 (so every derived length is finite), got lo = {lo}, \
-                 hi = {hi}, bandwidth = {h}"
+                "lo and hi must lie {} and the bandwidth be at most 1e300 (so every derived length is finite), \
+                 got lo = {lo}, hi = {hi}, bandwidth = {h}",
+                ranges::rule()
             ));
         }
         if h / range > MAX_BANDWIDTH_OVER_RANGE {

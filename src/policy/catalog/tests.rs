@@ -94,6 +94,13 @@ fn policies_bounds_and_reopening() {
         c.set_bounds("t", "x", -1.0, 2.0).unwrap();
         c.set_bounds("t", "x", 0.0, 1.0).unwrap();
         assert!(c.set_bounds("t", "x", 1.0, 1.0).is_err());
+        // Bounds every call would refuse as its range are refused here, with the rule.
+        for (lo, hi) in [(-1e200, 1e200), (0.0, 1e-200)] {
+            let err = c.set_bounds("t", "x", lo, hi).unwrap_err().to_string();
+            assert!(err.contains("within ±1e100 and at least 1e-100 apart"), "{err}");
+        }
+        c.set_bounds("t", "x", -1e100, 1e100).unwrap();
+        c.set_bounds("t", "x", 0.0, 1.0).unwrap();
         c.set_curve_length("t", 100).unwrap();
         assert_eq!(c.raise_budget("t", b(0.5, 1e-6)).unwrap(), b(1.5, 1e-6));
         assert!(c.raise_budget("nope", b(0.5, 0.0)).is_err());
