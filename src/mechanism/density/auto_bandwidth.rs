@@ -226,9 +226,39 @@ impl AutoKde {
     /// The final release's mechanism at bandwidth h with nodes `node_spacing` apart, with
     /// [`FINAL_SHARE`] of ε after a pilot, [`NO_PILOT_SHARE`] without one.
     pub fn mechanism_at(&self, h: f64, node_spacing: f64, pilot: bool) -> Result<KdeMechanism, MechanismError> {
-        let share = if pilot { FINAL_SHARE } else { NO_PILOT_SHARE };
+        self.mechanism_with_share(h, node_spacing, if pilot { FINAL_SHARE } else { NO_PILOT_SHARE })
+    }
+
+    /// [`Self::mechanism_at`] with `share` of the call's ε.
+    fn mechanism_with_share(&self, h: f64, node_spacing: f64, share: f64) -> Result<KdeMechanism, MechanismError> {
         let spec = Self::spec(self.grid, h, self.epsilon * share, self.normalise);
         KdeMechanism::pure_epsilon_on(spec, self.layout.clone(), self.contribution, node_spacing)
+    }
+
+    /// The final step alone, for studies of the choice (`cargo bench --bench utility -- --study
+    /// spacing`): a release on nodes `node_spacing` apart with `share` (in (0, 1]) of the call's
+    /// ε, and h chosen from its own counts as after a pilot ([`Self::refine`]). Returns the
+    /// mechanism at that h and the released node counts. Not what a query runs: a query's
+    /// spacing comes from its pilot, and its shares are fixed.
+    pub fn release_at_spacing<R: Rng + ?Sized>(
+        &self,
+        node_spacing: f64,
+        share: f64,
+        state: &[i128],
+        rng: Option<&mut R>,
+    ) -> Result<(KdeMechanism, Vec<f64>), MechanismError> {
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(MechanismError::Noise(format!("a share of ε must be in (0, 1], got {share}")));
+        }
+        let candidates = self.final_candidates(node_spacing);
+        let Some(&first) = candidates.first() else {
+            return Err(MechanismError::Noise(format!("no candidate bandwidth for nodes {node_spacing} apart")));
+        };
+        let m = self.mechanism_with_share(first, node_spacing, share)?;
+        let lifted = m.noisy_lifted(state, rng);
+        let (_, spacing, _) = m.nodes().expect("the release is a pure-ε release");
+        let h = self.refine(&lifted, spacing, m.sigma().powi(2), &candidates, candidates[candidates.len() / 2]);
+        Ok((self.mechanism_with_share(h, node_spacing, share)?, lifted))
     }
 
     /// Memory one call needs: (state, work), as [`KdeMechanism::memory_bytes`].
@@ -780,5 +810,32 @@ mod tests {
         );
         assert!(refit < 0.8 * kept, "{refit} vs {kept}");
         assert!(noiseless > 1.15 * refit, "negative control: {noiseless} vs {refit}");
+    }
+
+    #[test]
+    fn the_final_step_alone_at_the_chosen_spacing_is_the_automatic_releases_own_final_step() {
+        // What `--study spacing` measures must be 'auto''s own final step: replaying a release's
+        // count and pilot on the same noise stream, the final step alone at the spacing the pilot
+        // chose gives the same counts and the same h. Controls: at another share of ε the counts
+        // differ; shares outside (0, 1] are refused.
+        let (auto, st) = narrow_mixture(10_000, 29);
+        for seed in 0..5 {
+            let (m, lifted, c) = auto.release(&st, Some(&mut ChaCha20Rng::seed_from_u64(seed))).unwrap();
+            assert!(c.pilot_nodes > 0, "n·ε = 10³ runs a pilot");
+            let replay = |share: f64| {
+                let mut rng = ChaCha20Rng::seed_from_u64(seed);
+                let n = auto.count.noisy_lifted(&st, Some(&mut rng)).iter().sum::<f64>();
+                let pilot = auto.pilot_for(n).unwrap();
+                pilot.noisy_lifted(&st, Some(&mut rng));
+                auto.release_at_spacing(c.node_spacing, share, &st, Some(&mut rng)).unwrap()
+            };
+            let (m2, lifted2) = replay(FINAL_SHARE);
+            assert_eq!(lifted2, lifted, "seed {seed}");
+            assert_eq!(m2.spec().bandwidth, m.spec().bandwidth, "seed {seed}");
+            assert_ne!(replay(0.95).1, lifted, "control: another share, other counts");
+        }
+        for share in [0.0, -0.5, 1.5, f64::NAN] {
+            assert!(auto.release_at_spacing(0.01, share, &st, Some(&mut ChaCha20Rng::seed_from_u64(1))).is_err());
+        }
     }
 }
