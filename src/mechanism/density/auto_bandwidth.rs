@@ -251,14 +251,36 @@ impl AutoKde {
             return Err(MechanismError::Noise(format!("a share of ε must be in (0, 1], got {share}")));
         }
         let candidates = self.final_candidates(node_spacing);
-        let Some(&first) = candidates.first() else {
+        let Some(&middle) = candidates.get(candidates.len() / 2) else {
             return Err(MechanismError::Noise(format!("no candidate bandwidth for nodes {node_spacing} apart")));
         };
-        let m = self.mechanism_with_share(first, node_spacing, share)?;
-        let lifted = m.noisy_lifted(state, rng);
-        let (_, spacing, _) = m.nodes().expect("the release is a pure-ε release");
-        let h = self.refine(&lifted, spacing, m.sigma().powi(2), &candidates, candidates[candidates.len() / 2]);
-        Ok((self.mechanism_with_share(h, node_spacing, share)?, lifted))
+        let (m, lifted, _) = self.release_and_refine(middle, node_spacing, share, state, rng)?;
+        Ok((m, lifted))
+    }
+
+    /// The final release on nodes `node_spacing` apart with `share` of ε, then h chosen again
+    /// from its own counts among [`Self::final_candidates`] ([`Self::refine`]; `h0` when their
+    /// total is noise): (the mechanism at that h, the released counts, h). The counts do not
+    /// depend on `h0`, only the mechanism built first does.
+    fn release_and_refine<R: Rng + ?Sized>(
+        &self,
+        h0: f64,
+        node_spacing: f64,
+        share: f64,
+        state: &[i128],
+        rng: Option<&mut R>,
+    ) -> Result<(KdeMechanism, Vec<f64>, f64), MechanismError> {
+        let mut mechanism = self.mechanism_with_share(h0, node_spacing, share)?;
+        let lifted = mechanism.noisy_lifted(state, rng);
+        let (_, spacing, _) = mechanism.nodes().expect("the release is a pure-ε release");
+        // Candidates from the spacing asked for (the one validated at planning), scores at the
+        // spacing the nodes got (a whole number of bins, never more).
+        let candidates = self.final_candidates(node_spacing);
+        let h = self.refine(&lifted, spacing, mechanism.sigma().powi(2), &candidates, h0);
+        if h != h0 {
+            mechanism = self.mechanism_with_share(h, node_spacing, share)?;
+        }
+        Ok((mechanism, lifted, h))
     }
 
     /// Memory one call needs: (state, work), as [`KdeMechanism::memory_bytes`].
@@ -445,20 +467,14 @@ impl AutoKde {
         state: &[i128],
         rng: Option<&mut R>,
     ) -> Result<(KdeMechanism, Vec<f64>, Choice), MechanismError> {
-        let pilot = choice.pilot_nodes > 0;
-        let mut mechanism = self.mechanism_at(choice.bandwidth, choice.node_spacing, pilot)?;
-        let lifted = mechanism.noisy_lifted(state, rng);
-        if pilot {
-            let (_, spacing, _) = mechanism.nodes().expect("the release is a pure-ε release");
-            // Candidates from the spacing asked for (the one validated at planning), scores
-            // at the spacing the nodes got (a whole number of bins, never more).
-            let candidates = self.final_candidates(choice.node_spacing);
-            let h = self.refine(&lifted, spacing, mechanism.sigma().powi(2), &candidates, choice.bandwidth);
-            if h != choice.bandwidth {
-                choice.bandwidth = h;
-                mechanism = self.mechanism_at(h, choice.node_spacing, pilot)?;
-            }
+        if choice.pilot_nodes == 0 {
+            let mechanism = self.mechanism_at(choice.bandwidth, choice.node_spacing, false)?;
+            let lifted = mechanism.noisy_lifted(state, rng);
+            return Ok((mechanism, lifted, choice));
         }
+        let (mechanism, lifted, h) =
+            self.release_and_refine(choice.bandwidth, choice.node_spacing, FINAL_SHARE, state, rng)?;
+        choice.bandwidth = h;
         Ok((mechanism, lifted, choice))
     }
 }
@@ -836,6 +852,11 @@ mod tests {
         }
         for share in [0.0, -0.5, 1.5, f64::NAN] {
             assert!(auto.release_at_spacing(0.01, share, &st, Some(&mut ChaCha20Rng::seed_from_u64(1))).is_err());
+        }
+        // Spacings no release can have are refused, not a panic.
+        for spacing in [0.0, -0.01, f64::NAN, f64::INFINITY, 10.0] {
+            let r = auto.release_at_spacing(spacing, 0.5, &st, Some(&mut ChaCha20Rng::seed_from_u64(1)));
+            assert!(r.is_err(), "spacing {spacing}");
         }
     }
 }
