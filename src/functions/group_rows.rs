@@ -39,8 +39,9 @@ impl<'a> GroupedBatch<'a> {
         self.filter
     }
 
-    /// Each group with rows in the batch (in order of first appearance) and how many, FILTER
-    /// ignored: the groups a scatter may write to, and at most how many rows each gets.
+    /// Each group with rows in the batch and how many, FILTER ignored (in ascending order
+    /// when the batch has at least as many rows as there are groups, else in order of first
+    /// appearance): the groups a scatter may write to, and at most how many rows each gets.
     pub fn touched(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.rows.groups.iter().map(|&g| (g, self.rows.counts[g] as usize))
     }
@@ -55,13 +56,13 @@ impl<'a> GroupedBatch<'a> {
     }
 }
 
-/// A batch's rows ordered by group: for each group that has rows (in order of first
-/// appearance), its row indices in ascending order. Rows a FILTER clause drops are left out.
+/// A batch's rows ordered by group: for each group that has rows (in the order of
+/// [`GroupedBatch::touched`]), its row indices in ascending order. Rows a FILTER clause drops are left out.
 #[derive(Debug, Default)]
 pub struct GroupRows {
     /// Rows per group index in the batch counted last (zero for every other group).
     counts: Vec<u32>,
-    /// Groups with rows, in order of first appearance.
+    /// Groups with rows (see [`GroupedBatch::touched`] for their order).
     groups: Vec<usize>,
     /// `starts[k]..ends[k]` are the kept rows of `groups[k]` in `rows`.
     starts: Vec<usize>,
@@ -82,11 +83,21 @@ impl GroupRows {
         if self.counts.len() < total_groups {
             self.counts.resize(total_groups, 0);
         }
-        for &g in group_indices {
-            if self.counts[g] == 0 {
-                self.groups.push(g);
+        if total_groups <= group_indices.len() {
+            // Few groups for the batch: one add per row, no branch on whether a group is new,
+            // then one pass over the groups to list those with rows.
+            for &g in group_indices {
+                self.counts[g] += 1;
             }
-            self.counts[g] += 1;
+            let counts = &self.counts;
+            self.groups.extend((0..total_groups).filter(|&g| counts[g] > 0));
+        } else {
+            for &g in group_indices {
+                if self.counts[g] == 0 {
+                    self.groups.push(g);
+                }
+                self.counts[g] += 1;
+            }
         }
     }
 
@@ -144,5 +155,66 @@ impl GroupRows {
         self.counts.capacity() * size_of::<u32>()
             + (self.groups.capacity() + self.starts.capacity() + self.ends.capacity()) * size_of::<usize>()
             + self.rows.capacity() * size_of::<u32>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checks one counted batch against its definition: every group with rows listed once with
+    /// its row count, and its kept rows in ascending order.
+    fn check(batch: &mut GroupedBatch, indices: &[usize], keep: &dyn Fn(usize) -> bool) {
+        let touched: Vec<(usize, usize)> = batch.touched().collect();
+        let mut listed: Vec<usize> = touched.iter().map(|&(g, _)| g).collect();
+        listed.sort_unstable();
+        listed.dedup();
+        assert_eq!(listed.len(), touched.len(), "a group listed twice");
+        for &(g, n) in &touched {
+            assert_eq!(n, indices.iter().filter(|&&h| h == g).count(), "rows of group {g}");
+        }
+        assert_eq!(touched.iter().map(|&(_, n)| n).sum::<usize>(), indices.len());
+        let mut placed = 0;
+        for (g, rows) in batch.ordered().iter() {
+            let want: Vec<u32> = (0..indices.len()).filter(|&i| indices[i] == g && keep(i)).map(|i| i as u32).collect();
+            assert_eq!(rows, &want[..], "kept rows of group {g}");
+            placed += rows.len();
+        }
+        assert_eq!(placed, (0..indices.len()).filter(|&i| keep(i)).count());
+    }
+
+    #[test]
+    fn each_batch_is_counted_and_ordered_by_group_whatever_its_size() {
+        // Batches with more rows than groups (counted branch-free, groups listed in ascending
+        // order) and with fewer (groups listed as they appear), one scratch for all of them: a
+        // batch must forget the one before.
+        let filter: BooleanArray = (0..1000).map(|i| (i % 7 != 0).then_some(i % 3 != 0)).collect();
+        let keep = |i: usize| filter.is_valid(i) && filter.value(i);
+        let mut scratch = GroupRows::default();
+        let mut seed = 17u64;
+        for (len, total) in [(1000, 10), (5, 300), (1000, 1000), (0, 4), (999, 1000), (40, 3), (1, 1)] {
+            let indices: Vec<usize> = (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (seed >> 33) as usize % total
+                })
+                .collect();
+            let mut batch = GroupedBatch::new(&indices, None, total, &mut scratch);
+            check(&mut batch, &indices, &|_| true);
+            if total <= len {
+                let order: Vec<usize> = batch.touched().map(|(g, _)| g).collect();
+                assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+            }
+            let mask = filter.slice(0, len);
+            let mut batch = GroupedBatch::new(&indices, Some(&mask), total, &mut scratch);
+            check(&mut batch, &indices, &keep);
+        }
+        // Negative control: the definition above catches a row placed in the wrong group.
+        let indices = [0, 1, 1, 0];
+        let mut batch = GroupedBatch::new(&indices, None, 2, &mut scratch);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check(&mut batch, &[0, 1, 0, 0], &|_| true);
+        }));
+        assert!(caught.is_err());
     }
 }
