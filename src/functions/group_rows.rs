@@ -85,7 +85,9 @@ impl GroupRows {
         }
         if total_groups <= group_indices.len() {
             // Few groups for the batch: one add per row, no branch on whether a group is new,
-            // then one pass over the groups to list those with rows.
+            // then one pass over the groups to list those with rows. The condition keeps that
+            // pass no longer than the batch: with more groups than rows (units, many keys) it
+            // would cost every batch the group count, a time that grows with the data.
             for &g in group_indices {
                 self.counts[g] += 1;
             }
@@ -160,6 +162,9 @@ impl GroupRows {
 
 #[cfg(test)]
 mod tests {
+    use rand::rngs::ChaCha20Rng;
+    use rand::{RngExt, SeedableRng};
+
     use super::*;
 
     /// Checks one counted batch against its definition: every group with rows listed once with
@@ -191,14 +196,9 @@ mod tests {
         let filter: BooleanArray = (0..1000).map(|i| (i % 7 != 0).then_some(i % 3 != 0)).collect();
         let keep = |i: usize| filter.is_valid(i) && filter.value(i);
         let mut scratch = GroupRows::default();
-        let mut seed = 17u64;
+        let mut rng = ChaCha20Rng::seed_from_u64(17);
         for (len, total) in [(1000, 10), (5, 300), (1000, 1000), (0, 4), (999, 1000), (40, 3), (1, 1)] {
-            let indices: Vec<usize> = (0..len)
-                .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    (seed >> 33) as usize % total
-                })
-                .collect();
+            let indices: Vec<usize> = (0..len).map(|_| rng.random_range(0..total)).collect();
             let mut batch = GroupedBatch::new(&indices, None, total, &mut scratch);
             check(&mut batch, &indices, &|_| true);
             if total <= len {
