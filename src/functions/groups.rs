@@ -28,6 +28,8 @@ pub struct PrivateGroups<C: Release> {
     call: C,
     cx: CallContext,
     statistics: Vec<C::Statistic>,
+    /// Rows of the batches since every group's buffer was last flushed.
+    rows_since_flush: usize,
     /// Heap bytes of `statistics`' entries.
     bytes: usize,
     rows: GroupRows,
@@ -50,6 +52,7 @@ impl<C: Release> PrivateGroups<C> {
             call,
             cx,
             statistics: Vec::new(),
+            rows_since_flush: 0,
             bytes: 0,
             rows: GroupRows::default(),
             result_type,
@@ -69,6 +72,19 @@ impl<C: Release> PrivateGroups<C> {
             self.bytes += s.heap_size();
             self.statistics.push(s);
         }
+    }
+
+    /// Flushes every group's buffer when this batch's rows could overfill one: a group is
+    /// announced at most the batch's rows, so no group's buffer then flushes by itself. When
+    /// and how often buffers flush depends on the number of rows read, not on how they fall
+    /// into groups (a group's own count would tell the time which groups its rows reached).
+    fn flush_for(&mut self, rows: usize) {
+        let limit = self.statistics.first().map_or(usize::MAX, Statistic::flush_rows);
+        if self.rows_since_flush + rows > limit {
+            self.statistics.iter_mut().for_each(Statistic::flush);
+            self.rows_since_flush = 0;
+        }
+        self.rows_since_flush += rows;
     }
 
     fn take(&mut self, emit_to: EmitTo) -> Vec<C::Statistic> {
@@ -119,6 +135,7 @@ impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
         total_num_groups: usize,
     ) -> Result<()> {
         self.grow(total_num_groups);
+        self.flush_for(group_indices.len());
         let mut batch = GroupedBatch::new(group_indices, opt_filter, total_num_groups, &mut self.rows);
         let before = touched_bytes(&self.statistics, &batch);
         self.call.update_groups(&mut self.statistics, values, &mut batch)?;

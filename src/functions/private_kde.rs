@@ -613,6 +613,48 @@ mod tests {
     }
 
     #[test]
+    fn when_group_buffers_flush_depends_on_the_rows_read_not_on_their_groups() {
+        use datafusion::logical_expr::GroupsAccumulator;
+        // Just over 2²² rows (one buffer's worth) in batches of 8 192 over 7 groups: all of them
+        // in group 0, or spread over every group. One group's own row count would flush group 0
+        // once in the first table and no group in the second; every group must flush exactly as
+        // often, and hold as much memory, in both.
+        let (batch, batches, total) = (8192usize, (1 << 22) / 8192 + 1, 7);
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let xs: Vec<f64> = (0..batch).map(|_| rng.random::<f64>()).collect();
+        let column: ArrayRef = Arc::new(Float64Array::from(xs.clone()));
+        let assignments: [Vec<usize>; 2] = [vec![0; batch], (0..batch).map(|i| i % total).collect()];
+        let work = |groups: &mut PrivateGroups<KdeRun>| -> Vec<(u64, usize)> {
+            groups.statistics_mut().iter().map(|s| (s.flushes(), s.heap_size())).collect()
+        };
+        let mut seen = Vec::new();
+        for g in &assignments {
+            let mut grouped = groups(run(0.1));
+            for _ in 0..batches {
+                grouped.update_batch(&[column.clone()], g, None, total).unwrap();
+            }
+            seen.push(work(&mut grouped));
+        }
+        assert_eq!(seen[0], seen[1]);
+        assert!(seen[0].iter().all(|&(flushes, _)| flushes == 1), "{:?}", seen[0]);
+        // Negative control: each group's buffer counting its own rows (the statistics fed
+        // directly, no group-wide flush) flushes group 0 only, and only in the first table.
+        let layout = run(0.1).mechanism.layout().clone();
+        let mut own = Vec::new();
+        for g in &assignments {
+            let mut accs: Vec<BufferedSums> = (0..total).map(|_| layout.accumulation()).collect();
+            let mut counts = vec![0; total];
+            g.iter().for_each(|&k| counts[k] += 1);
+            for _ in 0..batches {
+                let touched = counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(k, c)| (k, *c));
+                assert!(layout.scatter_rows(&mut accs, touched, &xs, g, |_| true));
+            }
+            own.push(accs.iter().map(BufferedSums::flushes).collect::<Vec<_>>());
+        }
+        assert_eq!(own, [vec![1, 0, 0, 0, 0, 0, 0], vec![0; 7]]);
+    }
+
+    #[test]
     fn rows_converted_to_state_merge_into_the_same_statistic() {
         use datafusion::logical_expr::GroupsAccumulator;
         let (xs, g, filter, total) = batches().swap_remove(1);

@@ -344,6 +344,14 @@ impl Statistic for MeanAccumulation {
     fn heap_size(&self) -> usize {
         MeanAccumulation::heap_size(self)
     }
+
+    fn flush(&mut self) {
+        MeanAccumulation::flush(self)
+    }
+
+    fn flush_rows(&self) -> usize {
+        MeanAccumulation::flush_rows(self)
+    }
 }
 
 impl MeanRun {

@@ -68,6 +68,12 @@ pub trait Statistic: fmt::Debug + Send + Sync + 'static {
 
     /// Heap bytes held.
     fn heap_size(&self) -> usize;
+
+    /// Adds what a buffer holds into the exact totals.
+    fn flush(&mut self);
+
+    /// The most rows the buffer holds between two flushes.
+    fn flush_rows(&self) -> usize;
 }
 
 /// The exact fixed-point sums most functions accumulate: their state is that one list.
@@ -83,6 +89,14 @@ impl Statistic for BufferedSums {
 
     fn heap_size(&self) -> usize {
         BufferedSums::heap_size(self)
+    }
+
+    fn flush(&mut self) {
+        BufferedSums::flush(self)
+    }
+
+    fn flush_rows(&self) -> usize {
+        BufferedSums::flush_rows(self)
     }
 }
 

@@ -12,31 +12,35 @@
 //! and the flush recovers both weights exactly.
 
 /// i128 totals plus an i64 buffer for at most `flush_rows` rows.
+///
+/// The work does not depend on the values added: the buffer is allocated with the totals (not
+/// when the first row arrives, which would make a group's first row cost an allocation its
+/// absence does not), and a flush adds every entry, zero or not, without a branch on it.
 #[derive(Debug, Clone)]
 pub struct BufferedSums {
     totals: Vec<i128>,
-    /// Empty until used (a statistic that only bins linearly never needs it).
+    /// The plain buffer ([`Buffers::Plain`]; empty for [`Buffers::Split`]).
     pending: Vec<i64>,
     /// Entry l: (rows whose weight `unit` is split between l and l + 1, the sum of the
-    /// parts that went to l + 1); one spare entry past the end, ignored. Empty until used.
+    /// parts that went to l + 1); one spare entry past the end, ignored ([`Buffers::Split`];
+    /// empty for [`Buffers::Plain`]).
     split: Vec<[i64; 2]>,
     split_unit: i64,
     pending_rows: usize,
     flush_rows: usize,
+    /// Flushes so far (the tests check that they depend on rows, not values).
+    flushes: u64,
 }
 
 impl BufferedSums {
-    /// Zero sums of length `len`, flushed every `flush_rows` rows.
-    pub fn new(len: usize, flush_rows: usize) -> Self {
+    /// Zero sums of length `len`, with the buffer `buffers` for at most `flush_rows` rows.
+    pub fn new(len: usize, flush_rows: usize, buffers: Buffers) -> Self {
         assert!(flush_rows > 0);
-        Self {
-            totals: vec![0; len],
-            pending: Vec::new(),
-            split: Vec::new(),
-            split_unit: 0,
-            pending_rows: 0,
-            flush_rows,
-        }
+        let (pending, split) = match buffers {
+            Buffers::Plain => (vec![0; len], Vec::new()),
+            Buffers::Split => (Vec::new(), vec![[0; 2]; len + 1]),
+        };
+        Self { totals: vec![0; len], pending, split, split_unit: 0, pending_rows: 0, flush_rows, flushes: 0 }
     }
 
     /// The largest number of rows one [`BufferedSums::buffer`] call may announce.
@@ -49,9 +53,7 @@ impl BufferedSums {
     #[inline]
     pub fn buffer(&mut self, rows: usize) -> &mut [i64] {
         assert!(rows <= self.flush_rows, "announce at most flush_rows rows at a time");
-        if self.pending.is_empty() {
-            self.pending = vec![0; self.totals.len()];
-        }
+        assert!(self.pending.len() == self.totals.len(), "a statistic made with Buffers::Plain");
         if self.pending_rows + rows > self.flush_rows {
             self.flush();
         }
@@ -68,8 +70,8 @@ impl BufferedSums {
     pub fn buffer_split(&mut self, rows: usize, unit: i64) -> &mut [[i64; 2]] {
         assert!(rows <= self.flush_rows, "announce at most flush_rows rows at a time");
         assert!(unit > 0 && (self.flush_rows as i128) * (unit as i128) <= 1 << 62, "a buffered sum could overflow");
-        if self.split.is_empty() {
-            self.split = vec![[0; 2]; self.totals.len() + 1];
+        assert!(!self.split.is_empty(), "a statistic made with Buffers::Split");
+        if self.split_unit == 0 {
             self.split_unit = unit;
         }
         assert_eq!(unit, self.split_unit, "one unit per buffer");
@@ -81,8 +83,7 @@ impl BufferedSums {
     }
 
     /// The split buffer, for rows already announced with [`BufferedSums::buffer_split`] (a
-    /// caller that announces a batch's rows per group, then adds them in row order). Empty
-    /// before the first announcement.
+    /// caller that announces a batch's rows per group, then adds them in row order).
     #[inline(always)]
     pub fn announced_split(&mut self) -> &mut [[i64; 2]] {
         &mut self.split
@@ -93,33 +94,36 @@ impl BufferedSums {
         add_saturating(&mut self.totals, other);
     }
 
-    fn flush(&mut self) {
+    /// Adds the buffer into the totals and empties it: every entry, whatever it holds.
+    pub fn flush(&mut self) {
+        self.flushes += 1;
         for (t, p) in self.totals.iter_mut().zip(self.pending.iter_mut()) {
             *t = t.saturating_add(*p as i128);
             *p = 0;
         }
-        let len = self.totals.len();
         let unit = self.split_unit as i128;
-        for l in 0..self.split.len().min(len) {
-            let [rows, right] = std::mem::take(&mut self.split[l]);
-            if rows != 0 {
-                self.totals[l] = self.totals[l].saturating_add(rows as i128 * unit - right as i128);
-                if l + 1 < len {
-                    self.totals[l + 1] = self.totals[l + 1].saturating_add(right as i128);
-                }
+        if let Some((spare, entries)) = self.split.split_last_mut() {
+            // Entry l's rows put `rows·unit − right` on l and `right` on l + 1 (nothing past the
+            // last entry: its rows have r = 0). Zero entries add zero; no branch on them.
+            let mut carry = 0i128;
+            for (t, e) in self.totals.iter_mut().zip(entries.iter_mut()) {
+                let [rows, right] = std::mem::take(e);
+                *t = t.saturating_add(carry).saturating_add(rows as i128 * unit - right as i128);
+                carry = right as i128;
             }
-        }
-        if let Some(spare) = self.split.get_mut(len) {
             *spare = [0; 2];
         }
         self.pending_rows = 0;
     }
 
-    /// The exact sums (flushes the buffer).
+    /// Flushes so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes
+    }
+
+    /// The exact sums (flushes the buffer, whether or not rows were added since the last flush).
     pub fn totals(&mut self) -> &[i128] {
-        if self.pending_rows > 0 {
-            self.flush();
-        }
+        self.flush();
         &self.totals
     }
 
@@ -176,7 +180,7 @@ mod tests {
 
     #[test]
     fn buffered_rows_flush_before_the_buffer_could_overflow() {
-        let mut s = BufferedSums::new(2, 4);
+        let mut s = BufferedSums::new(2, 4, Buffers::Plain);
         for _ in 0..10 {
             let b = s.buffer(3);
             b[0] += 1 << 60;
@@ -190,13 +194,11 @@ mod tests {
 
     #[test]
     fn split_rows_flush_to_both_weights_exactly() {
-        // Rows of weight 2^40 split (2^40 − r, r); the plain buffer in the same statistic.
+        // Rows of weight 2^40 split (2^40 − r, r).
         let unit = 1i64 << 40;
-        let mut s = BufferedSums::new(3, 1 << 22);
+        let mut s = BufferedSums::new(3, 1 << 22, Buffers::Split);
         let mut reference = [0i128; 3];
-        for (i, (l, r)) in
-            [(0usize, 5i64), (1, unit), (1, 0), (0, 1 << 39), (2, 0)].into_iter().cycle().take(5_000_000).enumerate()
-        {
+        for (l, r) in [(0usize, 5i64), (1, unit), (1, 0), (0, 1 << 39), (2, 0)].into_iter().cycle().take(5_000_000) {
             let b = s.buffer_split(1, unit);
             b[l][0] += 1;
             b[l][1] += r;
@@ -204,29 +206,69 @@ mod tests {
             if l < 2 {
                 reference[l + 1] += r as i128;
             }
-            if i % 1000 == 0 {
-                s.buffer(1)[2] += 3;
-                reference[2] += 3;
-            }
         }
         // A dropped row in the spare entry adds nothing.
         s.buffer_split(1, unit)[3] = [1, 77];
         // 5·10^6 rows > flush_rows: flushed in between, and nothing wrapped.
         assert_eq!(s.totals(), &reference[..]);
-        assert_eq!(reference.iter().sum::<i128>(), 5_000_000 * unit as i128 + 3 * 5000);
+        assert_eq!(reference.iter().sum::<i128>(), 5_000_000 * unit as i128);
     }
 
     #[test]
     fn planning_counts_every_buffer_a_state_can_hold() {
         for len in [1, 7, 2515] {
-            let mut plain = BufferedSums::new(len, 1 << 20);
-            let empty = plain.heap_size() as u64;
-            plain.buffer(1)[0] += 1;
-            assert_eq!(plain.heap_size() as u64, most_heap_bytes(len, Buffers::Plain));
-            assert!(empty < most_heap_bytes(len, Buffers::Plain), "a state grows when rows arrive");
-            let mut split = BufferedSums::new(len, 1 << 20);
-            split.buffer_split(1, 1 << 40)[0][0] += 1;
-            assert_eq!(split.heap_size() as u64, most_heap_bytes(len, Buffers::Split));
+            for buffers in [Buffers::Plain, Buffers::Split] {
+                // Allocated whole when made: a first row allocates nothing.
+                let mut s = BufferedSums::new(len, 1 << 20, buffers);
+                assert_eq!(s.heap_size() as u64, most_heap_bytes(len, buffers));
+                match buffers {
+                    Buffers::Plain => s.buffer(1)[0] += 1,
+                    Buffers::Split => s.buffer_split(1, 1 << 40)[0][0] += 1,
+                }
+                assert_eq!(s.heap_size() as u64, most_heap_bytes(len, buffers), "{buffers:?}");
+            }
         }
+    }
+
+    /// Every entry's rows, `(left entry, right part)`, for `rows` rows (the spare entry `len`
+    /// for some).
+    fn split_rows(rows: usize, len: usize, seed: usize) -> Vec<(usize, i64)> {
+        (0..rows).map(|i| ((i * 7 + seed) % (len + 1), ((i * 13 + seed) % 1000) as i64)).collect()
+    }
+
+    #[test]
+    fn the_work_depends_on_the_rows_added_not_on_their_values() {
+        // Two statistics fed the same number of rows with different values — one of them all
+        // dropped (the spare entry), every other entry zero — flush as often and hold the same
+        // memory; their totals still differ. What a GROUP BY group costs therefore depends on
+        // how many rows it is announced, never on what they are.
+        let (len, unit) = (9, 1i64 << 40);
+        let mut a = BufferedSums::new(len, 1000, Buffers::Split);
+        let mut b = BufferedSums::new(len, 1000, Buffers::Split);
+        for (batch, rows) in [700, 300, 1, 999, 1000, 0, 5].into_iter().enumerate() {
+            let split = a.buffer_split(rows, unit);
+            for (l, r) in split_rows(rows, len, batch) {
+                split[l][0] += 1;
+                split[l][1] += if l < len - 1 { r } else { 0 };
+            }
+            b.buffer_split(rows, unit)[len][0] += rows as i64;
+        }
+        let (ta, tb) = (a.totals().to_vec(), b.totals().to_vec());
+        assert!(ta.iter().any(|&t| t != 0) && tb.iter().all(|&t| t == 0));
+        assert_eq!((a.flushes(), a.heap_size()), (b.flushes(), b.heap_size()));
+        // Reading the totals flushes whether or not rows came since the last flush.
+        let before = (a.flushes(), b.flushes());
+        let _ = (a.totals(), b.totals());
+        assert_eq!((a.flushes(), b.flushes()), (before.0 + 1, before.1 + 1));
+        // Negative control: the count does see rows — one more row over the limit is one more flush.
+        let mut c = BufferedSums::new(len, 1000, Buffers::Split);
+        for rows in [700, 300, 1] {
+            c.buffer_split(rows, unit);
+        }
+        let mut d = BufferedSums::new(len, 1000, Buffers::Split);
+        for rows in [700, 300] {
+            d.buffer_split(rows, unit);
+        }
+        assert_eq!(c.flushes(), d.flushes() + 1);
     }
 }

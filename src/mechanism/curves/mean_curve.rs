@@ -493,7 +493,10 @@ pub struct MeanAccumulation {
 impl MeanAccumulation {
     /// An empty statistic for `mechanism`.
     pub fn new(mechanism: &MeanCurveMechanism) -> Self {
-        Self { sums: BufferedSums::new(mechanism.spec.points, FLUSH_ROWS), state: mechanism.empty_state() }
+        Self {
+            sums: BufferedSums::new(mechanism.spec.points, FLUSH_ROWS, Buffers::Plain),
+            state: mechanism.empty_state(),
+        }
     }
 
     /// Adds one curve (see [`MeanCurveMechanism::add`]).
@@ -510,6 +513,16 @@ impl MeanAccumulation {
     pub fn merge(&mut self, other: &MeanState) {
         self.sums.merge(&other.sums);
         self.state.count = self.state.count.saturating_add(other.count);
+    }
+
+    /// Adds the buffer into the exact sums.
+    pub fn flush(&mut self) {
+        self.sums.flush();
+    }
+
+    /// The most rows the buffer holds between two flushes.
+    pub fn flush_rows(&self) -> usize {
+        self.sums.flush_rows()
     }
 
     /// The statistic (flushes the buffer).

@@ -100,8 +100,8 @@ impl LinearBins {
     /// Adds row i of `values` to the split buffer of `accs[groups[i]]` (GROUP BY: a batch's rows
     /// scattered into their groups in row order), a row where `keep(i)` is false to that
     /// buffer's spare entry (the same work as any row). Every group's rows must have been
-    /// announced ([`BufferedSums::buffer_split`], this layout's unit) — a group without an
-    /// announced buffer panics on its first row. Each group's statistic is bit-identical to
+    /// announced ([`BufferedSums::buffer_split`], this layout's unit), which flushes a buffer
+    /// before it could overflow. Each group's statistic is bit-identical to
     /// [`LinearBins::add`] of its kept values.
     pub(crate) fn scatter(
         &self,
@@ -188,7 +188,7 @@ fn locate_avx512(bins: &LinearBins, values: &[f64], left: &mut [u32], right: &mu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mechanism::sums::BufferedSums;
+    use crate::mechanism::sums::{BufferedSums, Buffers};
 
     /// The statistic of `values` added one at a time with the definition.
     fn by_definition(bins: &LinearBins, values: &[f64]) -> Vec<i128> {
@@ -236,12 +236,12 @@ mod tests {
             assert!(reference.iter().filter(|&&v| v != 0).count() > 1);
             for kernel in Kernel::available() {
                 // Through the buffer and its flush, in uneven pieces (partial blocks).
-                let mut acc = BufferedSums::new(bins.nbins, 1 << 22);
+                let mut acc = BufferedSums::new(bins.nbins, 1 << 22, Buffers::Split);
                 for piece in xs.chunks(1000 + 3) {
                     bins.add_with(kernel, acc.buffer_split(piece.len(), UNIT), piece);
                 }
                 assert_eq!(acc.totals(), &reference[..], "{kernel:?} on {bins:?}");
-                let mut acc = BufferedSums::new(bins.nbins, 1 << 22);
+                let mut acc = BufferedSums::new(bins.nbins, 1 << 22, Buffers::Split);
                 bins.add_iter(acc.buffer_split(xs.len(), UNIT), xs.iter().copied());
                 assert_eq!(acc.totals(), &reference[..], "gathered, on {bins:?}");
             }
@@ -257,7 +257,8 @@ mod tests {
         let groups: Vec<usize> = (0..xs.len()).map(|i| [0, 1, 1, 3, 4, 4, 4][(i * 7 + i / 3) % 7]).collect();
         let keep = |i: usize| i % 3 != 1;
         for kernel in Kernel::available() {
-            let mut accs: Vec<BufferedSums> = (0..5).map(|_| BufferedSums::new(bins.nbins, 1 << 22)).collect();
+            let mut accs: Vec<BufferedSums> =
+                (0..5).map(|_| BufferedSums::new(bins.nbins, 1 << 22, Buffers::Split)).collect();
             for (piece, piece_groups) in xs.chunks(1000 + 3).zip(groups.chunks(1000 + 3)) {
                 for (g, acc) in accs.iter_mut().enumerate() {
                     let rows = piece_groups.iter().filter(|&&h| h == g).count();
@@ -283,7 +284,7 @@ mod tests {
         // differs from the definition's.
         let bins = LinearBins { origin: -0.2, inv_spacing: 1.0 / 0.0007, nbins: 2515 };
         let xs = awkward_values(&bins, 1000);
-        let mut acc = BufferedSums::new(bins.nbins, 1 << 22);
+        let mut acc = BufferedSums::new(bins.nbins, 1 << 22, Buffers::Split);
         bins.add(acc.buffer_split(xs.len(), UNIT), &xs);
         acc.buffer_split(1, UNIT)[7][1] += 1;
         assert_ne!(acc.totals(), &by_definition(&bins, &xs)[..]);

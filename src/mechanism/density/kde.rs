@@ -19,7 +19,7 @@ use std::fmt;
 
 use crate::mechanism::density::binning::{LinearBins, UNIT, linear_bin};
 use crate::mechanism::ranges;
-use crate::mechanism::sums::{BufferedSums, add_saturating};
+use crate::mechanism::sums::{BufferedSums, Buffers, add_saturating};
 
 /// Fixed-point unit of the statistic: one row contributes `FIXED_ONE` in total.
 pub const FIXED_ONE: f64 = UNIT as f64;
@@ -259,6 +259,11 @@ impl KdeLayout {
         matches!(self.mode, Mode::Binned { .. })
     }
 
+    /// The buffer its accumulation adds rows to: split (binned) or plain (exact).
+    pub fn buffers(&self) -> Buffers {
+        if self.is_binned() { Buffers::Split } else { Buffers::Plain }
+    }
+
     /// Length of the statistic vector.
     pub fn state_len(&self) -> usize {
         match &self.mode {
@@ -420,7 +425,7 @@ impl KdeLayout {
     /// An empty statistic for this layout, under accumulation ([`BufferedSums`]: the hot loop
     /// adds to an i64 buffer without overflow checks).
     pub fn accumulation(&self) -> BufferedSums {
-        BufferedSums::new(self.state_len(), FLUSH_ROWS)
+        BufferedSums::new(self.state_len(), FLUSH_ROWS, self.buffers())
     }
 
     /// Adds values to `acc` (non-finite ones and those more than 8h outside the grid are

@@ -220,7 +220,7 @@ impl Kde2dMechanism {
 
     /// A statistic under accumulation.
     pub fn accumulation(&self) -> BufferedSums {
-        BufferedSums::new(self.state_len(), FLUSH_ROWS)
+        BufferedSums::new(self.state_len(), FLUSH_ROWS, Buffers::Plain)
     }
 
     /// Adds pairs (x, y): rows with a non-finite value, or a value farther than 8h outside its

@@ -34,7 +34,7 @@ use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
 use crate::mechanism::noise::calibration::{self, Calibration};
 use crate::mechanism::noise::double_double::{self, DD, DD_OP_ERR};
 use crate::mechanism::noise::lattice::{LatticeMechanism, ROW_LIMIT};
-use crate::mechanism::sums::{Buffers, most_heap_bytes};
+use crate::mechanism::sums::most_heap_bytes;
 
 pub use super::basis::{KdeBasis, MAX_CIRCLE, MAX_LATTICE, SPECTRUM_CUTOFF};
 pub use super::error::MechanismError;
@@ -379,8 +379,7 @@ impl KdeMechanism {
     /// double-double transform and synthesis over the circle, 96 B per circle point, an
     /// upper bound on what `release` allocates).
     pub fn memory_bytes(&self) -> (u64, u64) {
-        let buffers = if self.layout.is_binned() { Buffers::Split } else { Buffers::Plain };
-        let state = most_heap_bytes(self.layout.state_len(), buffers);
+        let state = most_heap_bytes(self.layout.state_len(), self.layout.buffers());
         if self.sobolev.is_some() {
             // Grid sums, whitened coordinates and the synthesis: a few vectors of the grid's length.
             return (state, 64 * self.spec.grid.points as u64);

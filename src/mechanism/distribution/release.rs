@@ -301,7 +301,7 @@ impl CdfMechanism {
 
     /// An empty statistic: one exact count per leaf.
     pub fn statistic(&self) -> BufferedSums {
-        BufferedSums::new(self.statistic_leaves(), 1 << 40)
+        BufferedSums::new(self.statistic_leaves(), 1 << 40, Buffers::Plain)
     }
 
     /// Counts `values` into their leaves: finite values only, those outside the range in the

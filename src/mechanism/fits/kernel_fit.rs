@@ -447,7 +447,7 @@ impl KernelFitMechanism {
 
     /// A statistic under accumulation.
     pub fn accumulation(&self) -> BufferedSums {
-        BufferedSums::new(self.state_len(), FLUSH_ROWS)
+        BufferedSums::new(self.state_len(), FLUSH_ROWS, Buffers::Plain)
     }
 
     /// Adds rows (response or label `ys`, predictor `xs`). A NULL-free batch; NaN in either

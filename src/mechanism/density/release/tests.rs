@@ -258,8 +258,8 @@ fn an_iclp_band_is_simulated_only_on_circles_it_can_afford() {
 
 #[test]
 fn the_planned_state_covers_what_accumulating_rows_holds() {
-    // Binned (the split buffer) and exact (the i64 buffer) layouts: after rows arrive, a state
-    // holds its buffers too, and planning must have counted them.
+    // Binned (the split buffer) and exact (the i64 buffer) layouts: a state holds its buffers
+    // from the start (a first row allocates nothing), and planning must have counted them.
     for (grid, h) in [(Grid { lo: 0.0, hi: 1.0, points: 256 }, 0.02), (Grid { lo: 0.0, hi: 1e6, points: 100 }, 1e-3)] {
         let m = KdeMechanism::new(KdeSpec { grid, bandwidth: h, ..spec() }).unwrap();
         assert_eq!(m.layout().is_binned(), grid.points == 256);
@@ -267,7 +267,8 @@ fn the_planned_state_covers_what_accumulating_rows_holds() {
         let before = acc.heap_size() as u64;
         m.layout().accumulate(&mut acc, &[0.5, 0.25, 0.75, 1e5]);
         let (planned, _) = m.memory_bytes();
-        assert!(acc.heap_size() as u64 > before, "the buffers are allocated by the first rows");
+        assert_eq!(acc.heap_size() as u64, before, "the buffers are allocated with the state");
+        assert!(before > 16 * m.layout().state_len() as u64, "the totals and a buffer");
         assert!(acc.heap_size() as u64 <= planned, "{} held, {planned} planned", acc.heap_size());
     }
 }
