@@ -306,7 +306,7 @@ async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
         sides.push(dir);
     }
     let select = "private_kde(x, 0.1, 1e-12, 1e-18, 0, 1, points => 16, mechanism => 'gaussian', select_epsilon => 0.5, \
-                  select_delta => 1e-6)['release']";
+                  select_delta => 1e-6, select_max_groups => 500)['release']";
     let queries = [
         format!("SELECT {KDE}['release'] AS r FROM h"),
         format!("SELECT {KDE}['release'] AS r FROM hi"),

@@ -529,6 +529,18 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
             // The operator's own count: it spilled under the small limit only (control: the large one).
             assert_eq!(spills > 0, limit == 64 << 20, "{t} under {limit} bytes spilled {spills} times");
             masses.push((t, limit, mass));
+            // Whether it spills is decided from the file's row count (its footer), not the units:
+            // the neighbour without unit 17 (WHERE) spills exactly as often.
+            let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+            let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+            assert!(text.contains(&format!("input rows <= {units}")), "{t}: the footer's rows\n{text}");
+            let id = if t == "by_id" { "id" } else { "name" };
+            let without = format!(
+                "SELECT {KDE}['mass'] FROM {t} WHERE {id} <> {}",
+                if t == "by_id" { "17" } else { "'meter-17'" }
+            );
+            let (_, spills_without) = mass_and_spills(&s, &without).await.unwrap();
+            assert_eq!(spills_without, spills, "{t} under {limit} bytes: the neighbour spills differently");
         }
     }
     // Under the smallest limit, alice's 20 000 rows change neither whether the query succeeds nor

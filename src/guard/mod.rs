@@ -34,6 +34,7 @@ pub use exec::gate::{BudgetGateExec, ScopedReleases};
 use exec::known_keys_partial::known_keys_partials;
 use exec::parameters::bind_parameters;
 use exec::prefetch::prefetch_releases;
+use exec::public_rows::with_public_rows;
 use exec::selection_stage::SelectionStage;
 use exec::unit_phase::single_phase_unit_bounds;
 pub use passes::limits::MAX_PRIVATE_CALLS;
@@ -185,10 +186,11 @@ impl QueryPlanner for PrivacyPlanner {
             None => {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
-                        stage.physical = Some(bind_parameters(single_phase_unit_bounds(p)?)?);
+                        let p = with_public_rows(single_phase_unit_bounds(p)?, session).await?;
+                        stage.physical = Some(bind_parameters(p)?);
                     }
                 }
-                bind_parameters(single_phase_unit_bounds(physical)?)?
+                bind_parameters(with_public_rows(single_phase_unit_bounds(physical)?, session).await?)?
             }
         };
         // Grouped private aggregates release every public group once, reached by rows or not,

@@ -1,7 +1,7 @@
 //! The gate and its execution stages: the budget gate at the root of every plan that reads a
 //! private table, the release prefetch, the canonical final phase of grouped aggregates, and the
 //! partition selections the gate runs first; the privacy-unit bound planned in one phase, with
-//! its own unit table and spill, and private calls' parameters bound once.
+//! its own unit table and spill decided from the input's public row bound, and private calls' parameters bound once.
 
 pub mod canonical_groups;
 pub mod gate;
@@ -9,6 +9,7 @@ pub mod known_keys_partial;
 pub(crate) mod node;
 pub mod parameters;
 pub mod prefetch;
+pub mod public_rows;
 pub mod selection_stage;
 pub mod unit_bound_exec;
 pub mod unit_phase;

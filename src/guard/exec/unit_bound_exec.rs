@@ -1,6 +1,7 @@
 //! The privacy-unit bound's own aggregate: each partition's units found in a [`UnitTable`]
-//! instead of DataFusion's hash aggregate, their samples kept by the bound's accumulator, and
-//! more units than the memory limit holds spilled to disk in partitions of the units' hashes.
+//! instead of DataFusion's hash aggregate, their samples kept by the bound's accumulator, and —
+//! when the input's rows could hold more than the memory limit allows — spilled to disk in
+//! partitions of the units' hashes.
 //!
 //! [`super::unit_phase`] plans the bound in one phase: rows exchanged by unit, then one aggregate
 //! per partition grouped by the unit (DataFusion's `SinglePartitioned` mode) whose only call is
@@ -10,15 +11,31 @@
 //! unit and its kept rows) from the same accumulator (`GroupsAccumulator` of the bound, fed the
 //! same group indices in the same order), finding units with prefetches ([`UnitTable`]).
 //!
-//! **Memory.** After every batch the table and the samples are charged to the query's memory
-//! pool. When they no longer fit, every unit's sample (the accumulator's state) is written to one
-//! of 16 files chosen by a hash of its unit, the table is emptied and reading goes on. At the end
-//! the rest is written too, and each file is read back alone (on the blocking pool) — its samples merged per unit,
-//! exactly as partial states merge — and emitted; a file whose units still do not fit is split
-//! again, 16 ways, by another hash of the unit. A unit's sample is at most K·L rows whatever its size, so
-//! how much fits depends on the number of units and the limit, never on one unit's rows; the
-//! kept rows do not depend on when or whether anything spilled (merging samples keeps exactly
-//! what one pass keeps).
+//! **Memory, decided before the first row (SPEC §0).** Whether and when the bound spills must not
+//! depend on the rows: spilling when the units no longer fit would make the running time jump at
+//! a unit count, which an analyst who filters units with WHERE could bisect for. So the
+//! [`Layout`] is chosen from public facts only — the most rows the input can have (the row counts
+//! in the Parquet footers of the files it scans, [`super::public_rows`]), the most bytes a row can
+//! add to the state ([`UnitBound::most_bytes_per_row`], [`UnitTable::most_bytes_per_unit`]), the
+//! session's memory limit (the bound takes half, [`unit_bound::memory_share`]) and the number of
+//! partitions:
+//! * **in memory** when every row of the input could be a unit and still fit: nothing is written;
+//! * **spilled** otherwise: every `window` rows a partition reads, its units' samples (the
+//!   accumulator's state) are written to files chosen by a keyed hash of the unit, and the table
+//!   is emptied — so the memory held is at most a window's; at the end the rest is written too.
+//!   The files of each level are split again by the next level's bits until the last level, whose
+//!   files are each read back alone (on the blocking pool), merged per unit exactly as partial
+//!   states merge, and emitted. The number of levels and their bits are chosen so that a last-level
+//!   file of a maximal input holds a quarter of the share on average: with the hash's key unknown,
+//!   one holding more than the share is as likely as a hash collision (its memory is then
+//!   charged beyond the limit, never a failure).
+//!
+//! Either way the work depends on the number of rows read (one row more, one window boundary
+//! moved by one row) and on the units written (each a bounded cost), never on a threshold of units
+//! or memory; the pool's accounting is infallible, so no data-dependent failure either. The kept
+//! rows do not depend on the layout (merging samples keeps exactly what one pass keeps). Kept
+//! columns of variable width (a mean curve's lists) have no public bound on their bytes: a window
+//! then holds what its rows hold, bounded by the files' sizes only.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -34,21 +51,21 @@ use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
 use datafusion::execution::spill_file::{SpillFile, SpillWriter};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
 use super::node::{apply_each, batch_as, groups_accumulators, only_child};
-use super::unit_table::{MAX_LEVELS, PARTITION_BITS, UnitTable, key_width};
-use crate::guard::ops::unit_bound;
+use super::unit_table::{LEVEL_BITS, UnitTable, key_width};
+use crate::guard::ops::unit_bound::{self, UnitBound};
 
 /// The bound's one-phase aggregate with its own unit table and spill (module docs).
 #[derive(Debug, Clone)]
@@ -59,15 +76,17 @@ pub struct UnitBoundExec {
     unit_type: DataType,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
+    /// The most rows the input can have, from public facts (None: unknown, so spilled).
+    rows: Option<u64>,
     /// `spill_count`: times the samples were written out; `partition_splits`: spill files split
-    /// again because their units did not fit.
+    /// by the next level's bits; `peak_bytes`: the most the table and the samples held.
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl UnitBoundExec {
     /// The operator for `agg` when it is the bound's one-phase aggregate (`SinglePartitioned`,
     /// grouped by one unit of a fixed-width type, one unfiltered `dpcurve_unit_bound` call);
-    /// None for any other aggregate.
+    /// None for any other aggregate. Its input's rows are unknown until [`Self::with_rows`].
     pub fn try_new(agg: &AggregateExec) -> Result<Option<Self>> {
         let groups = agg.group_expr();
         let ([(unit, _)], [bound], [None]) = (groups.expr(), agg.aggr_expr(), agg.filter_expr()) else {
@@ -75,7 +94,7 @@ impl UnitBoundExec {
         };
         if *agg.mode() != AggregateMode::SinglePartitioned
             || !groups.is_single()
-            || bound.fun().name() != unit_bound::NAME
+            || bound.fun().inner().downcast_ref::<UnitBound>().is_none()
         {
             return Ok(None);
         }
@@ -90,8 +109,19 @@ impl UnitBoundExec {
             unit_type,
             schema: agg.schema(),
             properties: Arc::clone(agg.properties()),
+            rows: None,
             metrics: ExecutionPlanMetricsSet::new(),
         }))
+    }
+
+    /// The same operator over an input of at most `rows` rows, a public bound.
+    pub fn with_rows(self, rows: Option<u64>) -> Self {
+        Self { rows, ..self }
+    }
+
+    /// The input's public row bound.
+    pub fn rows(&self) -> Option<u64> {
+        self.rows
     }
 
     /// The schema of a spill file: the unit, then the bound's state.
@@ -100,11 +130,27 @@ impl UnitBoundExec {
         fields.extend(self.bound.state_fields()?);
         Ok(Arc::new(Schema::new(fields)))
     }
+
+    /// The most bytes one row adds (a unit's entry and its sample's growth) and whether that is a
+    /// bound (kept columns of fixed width).
+    fn bytes_per_row(&self, table: &UnitTable) -> Result<(usize, bool)> {
+        let Some(udf) = self.bound.fun().inner().downcast_ref::<UnitBound>() else {
+            return Err(DataFusionError::Internal(format!("{} is not the unit bound", self.bound.fun().name())));
+        };
+        let schema = self.input.schema();
+        let types = self.bound.expressions().iter().map(|e| e.data_type(&schema)).collect::<Result<Vec<_>>>()?;
+        let (row, exact) = udf.most_bytes_per_row(&types)?;
+        Ok((row + table.most_bytes_per_unit(), exact))
+    }
 }
 
 impl DisplayAs for UnitBoundExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "UnitBoundExec: unit={}, aggr=[{}]", self.unit, unit_bound::NAME)
+        write!(f, "UnitBoundExec: unit={}, aggr=[{}]", self.unit, unit_bound::NAME)?;
+        match self.rows {
+            Some(rows) => write!(f, ", input rows <= {rows}"),
+            None => write!(f, ", input rows unknown"),
+        }
     }
 }
 
@@ -142,26 +188,102 @@ impl ExecutionPlan for UnitBoundExec {
         let reservation = MemoryConsumer::new(format!("UnitBoundExec[{partition}]"))
             .with_can_spill(true)
             .register(context.memory_pool());
+        let table = UnitTable::new(&self.unit_type)?;
+        let bound = groups_accumulators(std::slice::from_ref(&self.bound))?.remove(0);
+        let (per_row, exact) = self.bytes_per_row(&table)?;
+        let batch = context.session_config().batch_size().max(1);
+        let limit = match context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(unit_bound::memory_share(bytes)),
+            _ => None,
+        };
+        let layout = Layout::of(&Facts {
+            rows: self.rows,
+            per_row,
+            exact,
+            fixed: table.most_fixed_bytes(batch) + bound.size(),
+            share: limit,
+            partitions: self.properties.partitioning.partition_count().max(1),
+        });
         let run = Run {
             input: Some(input),
             unit: Arc::clone(&self.unit),
             arguments: self.bound.expressions(),
-            table: UnitTable::new(&self.unit_type)?,
-            bound: groups_accumulators(std::slice::from_ref(&self.bound))?.remove(0),
+            table,
+            bound,
             groups: Vec::new(),
             reservation,
             context,
             schema: Arc::clone(&self.schema),
             spill_schema: self.spill_schema()?,
+            layout,
+            in_window: 0,
             spilled: None,
             files: Vec::new(),
             output: VecDeque::new(),
             spills: MetricBuilder::new(&self.metrics).spill_count(partition),
             splits: MetricBuilder::new(&self.metrics).counter("partition_splits", partition),
+            peak: MetricBuilder::new(&self.metrics).gauge("peak_bytes", partition),
         };
         let batches =
             futures::stream::try_unfold(run, |mut run| async move { Ok(run.next().await?.map(|batch| (batch, run))) });
         Ok(Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), batches)))
+    }
+}
+
+/// The public facts a partition's [`Layout`] is chosen from.
+#[derive(Debug, Clone, Copy)]
+struct Facts {
+    /// The most rows the input (all partitions) can have; None: unknown.
+    rows: Option<u64>,
+    /// The most bytes one row adds to the state, and whether that is a bound (fixed width).
+    per_row: usize,
+    exact: bool,
+    /// The most bytes a partition holds besides its rows' (empty table and accumulator).
+    fixed: usize,
+    /// The bound's share of the memory limit, for all partitions (None: no limit).
+    share: Option<usize>,
+    partitions: usize,
+}
+
+/// How a partition holds its units, fixed before its first row (module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Layout {
+    /// Every unit in memory.
+    InMemory,
+    /// Samples written every `window` rows to files of `bits[0]` bits; a file of level `l` split
+    /// by `bits[l + 1]` more while there is a next level, then merged.
+    Spilled { window: usize, bits: Vec<u32> },
+}
+
+/// The fewest rows between spills (a limit too small for the fixed bytes is not refused: the
+/// accounting is infallible).
+const MIN_WINDOW: usize = 1024;
+
+impl Layout {
+    fn of(f: &Facts) -> Self {
+        let Some(share) = f.share else { return Self::InMemory };
+        let per_row = f.per_row.max(1) as f64;
+        // All partitions' rows together are at most the input's.
+        let most = f.rows.map(|r| r as f64 * per_row + (f.partitions * f.fixed) as f64);
+        if f.exact && most.is_some_and(|m| m <= share as f64) {
+            return Self::InMemory;
+        }
+        let own = share / f.partitions;
+        let window = (own.saturating_sub(f.fixed) as f64 / per_row) as usize;
+        // A last-level file of a maximal input holds a quarter of a partition's share on average.
+        let total = f.rows.map_or(f64::INFINITY, |r| r as f64 * per_row);
+        let files = (4.0 * total / own.max(1) as f64).max(1.0);
+        let mut need = if files.is_finite() { files.log2().ceil() as u32 } else { LEVEL_BITS };
+        let mut bits = Vec::new();
+        loop {
+            let b = need.min(LEVEL_BITS);
+            bits.push(b);
+            need -= b;
+            if need == 0 {
+                break;
+            }
+        }
+        Self::Spilled { window: window.max(MIN_WINDOW), bits }
     }
 }
 
@@ -179,14 +301,18 @@ struct Run {
     context: Arc<TaskContext>,
     schema: SchemaRef,
     spill_schema: SchemaRef,
-    /// The level-0 spill files, once anything spilled.
+    layout: Layout,
+    /// Rows read since the last spill.
+    in_window: usize,
+    /// The level-0 spill files, while rows are read (spilled layout).
     spilled: Option<Partitions>,
-    /// Spill files still to merge and emit, with their level.
+    /// Spill files still to split or merge, with their level.
     files: Vec<(Arc<dyn SpillFile>, u32)>,
     /// Emitted batches not yet returned.
     output: VecDeque<RecordBatch>,
     spills: Count,
     splits: Count,
+    peak: Gauge,
 }
 
 impl Run {
@@ -196,6 +322,9 @@ impl Run {
                 return Ok(Some(batch));
             }
             if let Some(mut input) = self.input.take() {
+                if let Layout::Spilled { bits, .. } = &self.layout {
+                    self.spilled = Some(Partitions::new(0, bits[0], Arc::clone(&self.spill_schema), &self.context)?);
+                }
                 while let Some(batch) = input.next().await {
                     self.update(&batch?)?;
                 }
@@ -212,7 +341,13 @@ impl Run {
                 self.reservation.free();
                 return Ok(None);
             };
-            self.merge(&file, level).await?;
+            match &self.layout {
+                Layout::Spilled { bits, .. } if (level as usize + 1) < bits.len() => {
+                    let next = bits[level as usize + 1];
+                    self.split(&file, level + 1, next).await?;
+                }
+                _ => self.merge(&file).await?,
+            }
         }
     }
 
@@ -220,43 +355,56 @@ impl Run {
         self.table.size() + self.bound.size()
     }
 
+    /// Charges what is held now to the pool, infallibly: the layout bounded it before any row.
+    fn charge(&mut self) {
+        let size = self.size();
+        self.reservation.resize(size);
+        self.peak.set_max(size);
+    }
+
+    /// Adds a batch's rows, spilling at every window's last row (spilled layout).
     fn update(&mut self, batch: &RecordBatch) -> Result<()> {
+        let window = match &self.layout {
+            Layout::InMemory => return self.add(batch),
+            Layout::Spilled { window, .. } => *window,
+        };
+        let mut from = 0;
+        while from < batch.num_rows() {
+            let take = (batch.num_rows() - from).min(window - self.in_window);
+            self.add(&batch.slice(from, take))?;
+            (from, self.in_window) = (from + take, self.in_window + take);
+            if self.in_window == window {
+                let mut partitions =
+                    self.spilled.take().ok_or_else(|| DataFusionError::Internal("no spill files".into()))?;
+                self.spill_into(&mut partitions)?;
+                self.spilled = Some(partitions);
+                self.in_window = 0;
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, batch: &RecordBatch) -> Result<()> {
         let n = batch.num_rows();
         let unit = self.unit.evaluate(batch)?.into_array(n)?;
         let arguments =
             self.arguments.iter().map(|e| e.evaluate(batch)?.into_array(n)).collect::<Result<Vec<ArrayRef>>>()?;
         self.table.groups_of(unit.as_ref(), &mut self.groups)?;
         self.bound.update_batch(&arguments, &self.groups, None, self.table.len())?;
-        if self.reservation.try_resize(self.size()).is_err() {
-            let mut partitions = match self.spilled.take() {
-                Some(p) => p,
-                None => Partitions::new(0, Arc::clone(&self.spill_schema)),
-            };
-            self.spill_into(&mut partitions)?;
-            self.spilled = Some(partitions);
-            self.fit()?;
-        }
+        self.charge();
         Ok(())
-    }
-
-    /// Charges what is held now, which must fit (an emptied table and accumulator).
-    fn fit(&mut self) -> Result<()> {
-        self.reservation.try_resize(self.size()).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "the privacy-unit bound cannot hold one batch of units in the memory limit: {e}"
-            ))
-        })
     }
 
     /// Writes every unit's sample to its partition's file and empties the table.
     fn spill_into(&mut self, partitions: &mut Partitions) -> Result<()> {
         self.spills.add(1);
-        let at = partitions.level;
-        let parts = self.table.group_partitions(at);
+        let parts = self.table.group_partitions(partitions.level, partitions.bits);
         let mut columns = vec![self.table.keys()?];
         columns.extend(self.bound.state(EmitTo::All)?);
         self.table.reset();
-        partitions.write(&RecordBatch::try_new(Arc::clone(&self.spill_schema), columns)?, &parts, &self.context)
+        partitions.write(&RecordBatch::try_new(Arc::clone(&self.spill_schema), columns)?, &parts)?;
+        self.charge();
+        Ok(())
     }
 
     /// Every unit's kept rows, in batches of the session's size; empties the table.
@@ -269,44 +417,41 @@ impl Run {
         for from in (0..batch.num_rows()).step_by(size) {
             self.output.push_back(batch.slice(from, size.min(batch.num_rows() - from)));
         }
-        self.fit()
+        self.charge();
+        Ok(())
     }
 
-    /// Merges one spill file's samples per unit and emits them; when they do not fit, splits what
-    /// is merged and what is left of the file by the next level's partitions.
-    async fn merge(&mut self, file: &Arc<dyn SpillFile>, level: u32) -> Result<()> {
-        let path: &Path = file.path().ok_or_else(|| DataFusionError::Internal("a spill file without a path".into()))?;
-        let mut batches = read_spill(path.to_path_buf(), Arc::clone(&self.spill_schema));
-        let mut split: Option<Partitions> = None;
+    /// Splits one spill file by `level`'s `bits` into files of that level, to merge or split later.
+    async fn split(&mut self, file: &Arc<dyn SpillFile>, level: u32, bits: u32) -> Result<()> {
+        self.splits.add(1);
+        let mut finer = Partitions::new(level, bits, Arc::clone(&self.spill_schema), &self.context)?;
+        let mut batches = read_spill(spill_path(file)?, Arc::clone(&self.spill_schema));
         let mut parts = Vec::new();
         while let Some(batch) = batches.next().await {
             let batch = batch?;
-            if let Some(finer) = &mut split {
-                self.table.partitions_of(batch.column(0).as_ref(), finer.level, &mut parts)?;
-                finer.write(&batch, &parts, &self.context)?;
-                continue;
-            }
-            self.table.groups_of(batch.column(0).as_ref(), &mut self.groups)?;
-            self.bound.merge_batch(&batch.columns()[1..], &self.groups, self.table.len())?;
-            if self.reservation.try_resize(self.size()).is_err() {
-                if level + 1 >= MAX_LEVELS {
-                    return Err(DataFusionError::ResourcesExhausted(
-                        "the privacy-unit bound cannot hold one unit's sample in the memory limit".into(),
-                    ));
-                }
-                self.splits.add(1);
-                let mut finer = Partitions::new(level + 1, Arc::clone(&self.spill_schema));
-                self.spill_into(&mut finer)?;
-                self.fit()?;
-                split = Some(finer);
-            }
+            self.table.partitions_of(batch.column(0).as_ref(), level, bits, &mut parts)?;
+            finer.write(&batch, &parts)?;
         }
-        match split {
-            Some(mut finer) => self.files.extend(finer.finish()?),
-            None => self.emit()?,
-        }
+        self.files.extend(finer.finish()?);
         Ok(())
     }
+
+    /// Merges one last-level spill file's samples per unit and emits them.
+    async fn merge(&mut self, file: &Arc<dyn SpillFile>) -> Result<()> {
+        let mut batches = read_spill(spill_path(file)?, Arc::clone(&self.spill_schema));
+        while let Some(batch) = batches.next().await {
+            let batch = batch?;
+            self.table.groups_of(batch.column(0).as_ref(), &mut self.groups)?;
+            self.bound.merge_batch(&batch.columns()[1..], &self.groups, self.table.len())?;
+            self.charge();
+        }
+        self.emit()
+    }
+}
+
+fn spill_path(file: &Arc<dyn SpillFile>) -> Result<PathBuf> {
+    let path: &Path = file.path().ok_or_else(|| DataFusionError::Internal("a spill file without a path".into()))?;
+    Ok(path.to_path_buf())
 }
 
 /// The batches of the spill file at `path`, read and decoded on the blocking pool (a file read
@@ -325,42 +470,47 @@ fn read_spill(path: PathBuf, schema: SchemaRef) -> SendableRecordBatchStream {
     builder.build()
 }
 
-/// The spill files of one level: one per partition of that level, opened when first written.
+type Writer = StreamWriter<BufWriter<Box<dyn SpillWriter>>>;
+
+/// The spill files of one level, `2^bits` of them, all opened at once and each written at every
+/// spill (an empty batch when no unit falls in it): how many files are opened and written
+/// depends on the layout and the spills, not on which partitions the units fall in.
 struct Partitions {
     level: u32,
+    bits: u32,
     schema: SchemaRef,
-    files: Vec<Option<(Arc<dyn SpillFile>, StreamWriter<BufWriter<Box<dyn SpillWriter>>>)>>,
+    files: Vec<(Arc<dyn SpillFile>, Writer)>,
 }
 
 impl Partitions {
-    fn new(level: u32, schema: SchemaRef) -> Self {
-        Self { level, schema, files: (0..1 << PARTITION_BITS).map(|_| None).collect() }
+    fn new(level: u32, bits: u32, schema: SchemaRef, context: &TaskContext) -> Result<Self> {
+        let files = (0..1usize << bits)
+            .map(|_| {
+                let file = context.runtime_env().disk_manager.create_tmp_file("dpcurve unit bound")?;
+                let writer = StreamWriter::try_new(BufWriter::new(file.open_writer()?), &schema)?;
+                Ok((file, writer))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { level, bits, schema, files })
     }
 
     /// Appends each row of `batch` to the file of its partition `parts[row]`.
-    fn write(&mut self, batch: &RecordBatch, parts: &[usize], context: &TaskContext) -> Result<()> {
-        for (p, slot) in self.files.iter_mut().enumerate() {
-            let rows: Vec<u32> = (0..parts.len()).filter(|&i| parts[i] == p).map(|i| i as u32).collect();
-            if rows.is_empty() {
-                continue;
-            }
+    fn write(&mut self, batch: &RecordBatch, parts: &[usize]) -> Result<()> {
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); self.files.len()];
+        for (i, &p) in parts.iter().enumerate() {
+            rows[p].push(i as u32);
+        }
+        for ((_, writer), rows) in self.files.iter_mut().zip(rows) {
             let columns = take_arrays(batch.columns(), &UInt32Array::from(rows), None)?;
-            let part = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
-            if slot.is_none() {
-                let file = context.runtime_env().disk_manager.create_tmp_file("dpcurve unit bound")?;
-                let writer = StreamWriter::try_new(BufWriter::new(file.open_writer()?), &self.schema)?;
-                *slot = Some((file, writer));
-            }
-            let (_, writer) = slot.as_mut().expect("opened above");
-            writer.write(&part)?;
+            writer.write(&RecordBatch::try_new(Arc::clone(&self.schema), columns)?)?;
         }
         Ok(())
     }
 
     /// The files written, finished, with their level.
-    fn finish(&mut self) -> Result<Vec<(Arc<dyn SpillFile>, u32)>> {
+    fn finish(self) -> Result<Vec<(Arc<dyn SpillFile>, u32)>> {
         let mut done = Vec::new();
-        for (file, writer) in self.files.iter_mut().filter_map(Option::take) {
+        for (file, writer) in self.files {
             let mut out = writer.into_inner()?.into_inner().map_err(|e| DataFusionError::IoError(e.into_error()))?;
             out.finish()?;
             done.push((file, self.level));
@@ -391,16 +541,24 @@ mod tests {
     /// `units` units (every 50th row's unit NULL) of 1–13 rows over 7 groups, in batches of 500
     /// rows: the bound's one-phase aggregate as DataFusion plans it.
     fn aggregate(units: i64) -> AggregateExec {
+        let rows = units * 7;
+        aggregate_of((0..rows).map(|i| (i % 50 != 0).then_some((i * 7919) % units)).collect())
+    }
+
+    /// The bound's one-phase aggregate over rows of units `u` (row `i` in group `i·31 mod 7`, of
+    /// value `i·13 mod 1009`), in batches of 500 rows.
+    fn aggregate_of(u: Vec<Option<i64>>) -> AggregateExec {
         let schema = Arc::new(Schema::new(vec![
             Field::new("u", DataType::Int64, true),
             Field::new("g", DataType::Int64, false),
             Field::new("x", DataType::Float64, false),
         ]));
-        let rows = units * 7;
-        let u = Int64Array::from_iter((0..rows).map(|i| (i % 50 != 0).then_some((i * 7919) % units)));
+        let rows = u.len() as i64;
         let g = Int64Array::from_iter_values((0..rows).map(|i| i * 31 % 7));
         let x = Float64Array::from_iter_values((0..rows).map(|i| (i * 13 % 1009) as f64));
-        let all = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(u), Arc::new(g), Arc::new(x)]).unwrap();
+        let all =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(u)), Arc::new(g), Arc::new(x)])
+                .unwrap();
         let batches: Vec<RecordBatch> =
             (0..rows as usize).step_by(500).map(|from| all.slice(from, 500.min(rows as usize - from))).collect();
         let input = MemorySourceConfig::try_new_exec(&[batches], Arc::clone(&schema), None).unwrap();
@@ -446,31 +604,81 @@ mod tests {
         out
     }
 
-    fn counts(exec: &UnitBoundExec) -> (usize, usize) {
+    /// (spills, splits, peak bytes) of a run.
+    fn counts(exec: &UnitBoundExec) -> (usize, usize, usize) {
         let m = exec.metrics().unwrap();
-        (m.spill_count().unwrap_or(0), m.sum_by_name("partition_splits").map_or(0, |v| v.as_usize()))
+        let get = |name| m.sum_by_name(name).map_or(0, |v| v.as_usize());
+        (m.spill_count().unwrap_or(0), get("partition_splits"), get("peak_bytes"))
     }
 
-    /// The operator keeps what DataFusion's aggregate keeps, unit by unit — in memory, spilled,
-    /// and spilled with files split again because their units did not fit either.
+    fn exec(agg: &AggregateExec, rows: Option<u64>) -> Arc<UnitBoundExec> {
+        Arc::new(UnitBoundExec::try_new(agg).unwrap().expect("a unit of a fixed-width type").with_rows(rows))
+    }
+
+    /// The operator keeps what DataFusion's aggregate keeps, unit by unit — in memory, spilled, and
+    /// spilled over two levels of files — and which of these it does follows from the public row
+    /// bound and the memory limit.
     #[tokio::test]
     async fn keeps_what_the_aggregate_keeps_in_memory_and_spilled() {
         let agg = aggregate(12_000);
+        let rows = Some(84_000);
         let want = kept(Arc::new(agg.clone()), None).await;
         assert!(want.len() > 11_000 && want.contains_key(&None), "units and the NULL unit: {}", want.len());
         assert!(want.values().all(|x| !x.is_empty() && x.len() <= 6));
-        for (memory, spilled, split) in
-            [(None, false, false), (Some(1 << 20), true, false), (Some(96 << 10), true, true)]
-        {
-            let exec = Arc::new(UnitBoundExec::try_new(&agg).unwrap().expect("a unit of a fixed-width type"));
+        for (memory, rows, spilled, split) in [
+            (None, rows, false, false),
+            (Some(1 << 30), rows, false, false),
+            (Some(1 << 30), None, true, false),
+            (Some(64 << 20), rows, true, false),
+            (Some(1 << 20), rows, true, true),
+        ] {
+            let exec = exec(&agg, rows);
             let got = kept(Arc::clone(&exec) as Arc<dyn ExecutionPlan>, memory).await;
-            assert!(got == want, "under {memory:?} bytes");
-            let (spills, splits) = counts(&exec);
+            assert!(got == want, "under {memory:?} bytes, {rows:?} rows");
+            let (spills, splits, _) = counts(&exec);
             assert_eq!(
                 (spills > 0, splits > 0),
                 (spilled, split),
-                "under {memory:?}: {spills} spills, {splits} splits"
+                "under {memory:?} bytes, {rows:?} rows: {spills} spills, {splits} splits"
             );
         }
+    }
+
+    /// SPEC §0 on neighbouring inputs: the same file with and without one unit's rows (what a
+    /// WHERE clause selects), under a memory limit between what their units hold. A bound that
+    /// spilled when its units no longer fit would spill for one and not the other; this one spills
+    /// and splits the same number of times for both. The control shows the limit does separate
+    /// them: the larger one's units alone hold more than it.
+    #[tokio::test]
+    async fn neighbours_spill_alike_where_their_units_straddle_the_limit() {
+        let others: Vec<Option<i64>> = (0..767 * 6).map(|i| Some((i * 7919) % 767)).collect();
+        let mut with = others.clone();
+        with.extend([Some(10_000); 6]);
+        let (d, d1) = (aggregate_of(others), aggregate_of(with));
+        let file_rows = Some(767 * 6 + 6);
+        // The units' bytes in memory, each input alone.
+        let (peak, peak1) = (
+            {
+                let e = exec(&d, file_rows);
+                kept(Arc::clone(&e) as Arc<dyn ExecutionPlan>, None).await;
+                counts(&e).2
+            },
+            {
+                let e = exec(&d1, file_rows);
+                kept(Arc::clone(&e) as Arc<dyn ExecutionPlan>, None).await;
+                counts(&e).2
+            },
+        );
+        assert!(peak1 > peak, "control: {peak} vs {peak1} bytes");
+        let limit = (peak + peak1) / 2;
+        let (e, e1) = (exec(&d, file_rows), exec(&d1, file_rows));
+        let (got, got1) = (
+            kept(Arc::clone(&e) as Arc<dyn ExecutionPlan>, Some(limit)).await,
+            kept(Arc::clone(&e1) as Arc<dyn ExecutionPlan>, Some(limit)).await,
+        );
+        assert_eq!((got.len() + 1, got1.len()), (768, 768));
+        let ((spills, splits, _), (spills1, splits1, _)) = (counts(&e), counts(&e1));
+        assert_eq!((spills, splits), (spills1, splits1), "under {limit} bytes");
+        assert!(spills > 0, "the limit is below what the input's rows could hold");
     }
 }

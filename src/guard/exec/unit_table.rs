@@ -26,8 +26,8 @@ use crate::guard::ops::prefetch_hint::prefetch;
 const AHEAD: usize = 64;
 /// The fewest slots a table starts with.
 const MIN_SLOTS: usize = 1024;
-/// Bits of a hash that choose a spill partition (16 partitions per level).
-pub const PARTITION_BITS: u32 = 4;
+/// The most bits of a hash that choose a spill partition at one level (256 files).
+pub const LEVEL_BITS: u32 = 8;
 
 /// Bytes of one unit key of type `t` when this table can hold it: booleans, fixed-width
 /// primitives of at most 16 bytes whose values group as their bits do (integers, decimals, dates,
@@ -227,6 +227,23 @@ impl UnitTable {
             + self.hashes.capacity() * size_of::<u64>()
     }
 
+    /// The most bytes one more unit adds to [`Self::size`]: at most 8/3 slots (at most 3/4 of a
+    /// power of two in use) and two keys (a vector at most doubles). Besides these, a table holds
+    /// at most [`Self::most_fixed_bytes`].
+    pub fn most_bytes_per_unit(&self) -> usize {
+        3 * self.slot_bytes() + 2 * size_of::<u128>()
+    }
+
+    /// The most bytes a table holds besides its units': its smallest slots and a batch's scratch
+    /// (`batch` rows).
+    pub fn most_fixed_bytes(&self, batch: usize) -> usize {
+        2 * MIN_SLOTS * self.slot_bytes() + 4 * size_of::<u128>() + 2 * batch * (size_of::<u128>() + size_of::<u64>())
+    }
+
+    fn slot_bytes(&self) -> usize {
+        if self.width <= 8 { size_of::<Narrow>() } else { size_of::<Wide>() }
+    }
+
     /// Forgets every unit and frees the table.
     pub fn reset(&mut self) {
         self.slots = Slots::new(self.width);
@@ -236,10 +253,13 @@ impl UnitTable {
         self.hashes = Vec::new();
     }
 
-    /// The spill partition of `unit` (None: the NULL unit) at `level`: the top bits of a hash of
-    /// both.
-    fn partition(&self, unit: Option<u128>, level: u32) -> usize {
-        (self.partitioner.hash_one((level, unit)) >> (64 - PARTITION_BITS)) as usize
+    /// The spill partition of `unit` (None: the NULL unit) at `level`, one of `2^bits`: the top
+    /// `bits` bits of a hash of both (the hash's key drawn with the table).
+    fn partition(&self, unit: Option<u128>, level: u32, bits: u32) -> usize {
+        match bits {
+            0 => 0,
+            b => (self.partitioner.hash_one((level, unit)) >> (64 - b.min(LEVEL_BITS))) as usize,
+        }
     }
 
     /// Reads `array`'s keys into `self.words` (a NULL reads as 0: the caller checks validity).
@@ -300,23 +320,23 @@ impl UnitTable {
         Ok(())
     }
 
-    /// The spill partition of each of `array`'s rows at `level` (0, 1, …): a file of one level's
-    /// partition is split by the next level's, independent of it.
-    pub fn partitions_of(&mut self, array: &dyn Array, level: u32, out: &mut Vec<usize>) -> Result<()> {
+    /// The spill partition of each of `array`'s rows at `level` (0, 1, …) among `2^bits`: a file
+    /// of one level's partition is split by the next level's, independent of it.
+    pub fn partitions_of(&mut self, array: &dyn Array, level: u32, bits: u32, out: &mut Vec<usize>) -> Result<()> {
         self.read(array)?;
         let nulls = array.logical_nulls().filter(|n| n.null_count() > 0);
         out.clear();
         for (i, &k) in self.words.iter().enumerate() {
             let unit = (!nulls.as_ref().is_some_and(|v| v.is_null(i))).then_some(k);
-            out.push(self.partition(unit, level));
+            out.push(self.partition(unit, level, bits));
         }
         Ok(())
     }
 
-    /// The spill partition of each group's unit at `level`.
-    pub fn group_partitions(&self, level: u32) -> Vec<usize> {
+    /// The spill partition of each group's unit at `level` among `2^bits`.
+    pub fn group_partitions(&self, level: u32, bits: u32) -> Vec<usize> {
         (0..self.keys.len())
-            .map(|g| self.partition((self.null != Some(g as u32)).then_some(self.keys[g]), level))
+            .map(|g| self.partition((self.null != Some(g as u32)).then_some(self.keys[g]), level, bits))
             .collect()
     }
 
@@ -336,10 +356,6 @@ impl UnitTable {
         Ok(make_array(data.build()?))
     }
 }
-
-/// Levels of splitting before a file that still does not fit is an error (16⁻¹⁶ of the units
-/// each: only a unit whose own sample does not fit gets there).
-pub const MAX_LEVELS: u32 = 16;
 
 #[cfg(test)]
 mod tests {
@@ -424,16 +440,43 @@ mod tests {
         let mut groups = Vec::new();
         t.groups_of(&units, &mut groups).unwrap();
         let (mut p0, mut p1) = (Vec::new(), Vec::new());
-        t.partitions_of(&units, 0, &mut p0).unwrap();
-        t.partitions_of(&units, 1, &mut p1).unwrap();
-        let (g0, g1) = (t.group_partitions(0), t.group_partitions(1));
+        t.partitions_of(&units, 0, 4, &mut p0).unwrap();
+        t.partitions_of(&units, 1, 4, &mut p1).unwrap();
+        let (g0, g1) = (t.group_partitions(0, 4), t.group_partitions(1, 4));
         for i in 0..units.len() {
             assert_eq!((p0[i], p1[i]), (g0[groups[i]], g1[groups[i]]), "row {i}");
         }
-        let used = |p: &[usize]| (0..1 << PARTITION_BITS).filter(|q| p.contains(q)).count();
+        let used = |p: &[usize]| (0..16).filter(|q| p.contains(q)).count();
         assert_eq!((used(&p0), used(&p1)), (16, 16), "all partitions used at both levels");
         // Within one level-0 partition the next level still splits the units.
         let inside: Vec<usize> = (0..units.len()).filter(|&i| p0[i] == 3).map(|i| p1[i]).collect();
         assert_eq!(used(&inside), 16);
+    }
+
+    /// What `most_bytes_per_unit` and `most_fixed_bytes` promise holds for every count of new
+    /// units, narrow and wide, and is within 4× of what a table holds at some count (the control).
+    #[test]
+    fn a_units_bytes_stay_within_the_bound() {
+        for t in [DataType::Int64, DataType::Decimal128(38, 0)] {
+            let mut table = table(&t);
+            let (per_unit, fixed) = (table.most_bytes_per_unit(), table.most_fixed_bytes(777));
+            let mut out = Vec::new();
+            let mut tightest = f64::INFINITY;
+            for from in (0..200_000i64).step_by(777) {
+                let keys: ArrayRef = match &t {
+                    DataType::Int64 => Arc::new(Int64Array::from_iter_values(from..from + 777)),
+                    _ => Arc::new(
+                        Decimal128Array::from_iter_values((from..from + 777).map(i128::from))
+                            .with_precision_and_scale(38, 0)
+                            .unwrap(),
+                    ),
+                };
+                table.groups_of(keys.as_ref(), &mut out).unwrap();
+                let bound = fixed + table.len() * per_unit;
+                assert!(table.size() <= bound, "{t}: {} bytes for {} units, bound {bound}", table.size(), table.len());
+                tightest = tightest.min((table.len() * per_unit) as f64 / table.size() as f64);
+            }
+            assert!(tightest < 4.0, "{t}: the bound is {tightest}× what the table held");
+        }
     }
 }

@@ -114,6 +114,21 @@ impl UnitBound {
         (self.keys, self.unit)
     }
 
+    /// The most heap and vector bytes one row can add to the groups accumulator's state when the
+    /// arguments are of `types`, and whether that is a bound: it is when the kept columns are of
+    /// fixed width; for others it counts a value of variable width as empty (its bytes have no
+    /// public bound). A row adds at most a new unit's sample, one kept group and one kept row;
+    /// vectors at most double their length in capacity. `tests::a_rows_bytes_stay_within_the_bound`
+    /// checks it against `size()` on the inputs that grow the state most.
+    pub fn most_bytes_per_row(&self, types: &[DataType]) -> Result<(usize, bool)> {
+        let (width, fixed) = row_width(self.columns(types)?);
+        let row = if width <= INLINE && fixed { 0 } else { width };
+        let unit = 2 * size_of::<Sample>();
+        let group = 4 * size_of::<Kept>();
+        let kept = 4 * size_of::<(Order, RowBytes)>() + row;
+        Ok((unit + group + kept, fixed))
+    }
+
     fn columns<'a, T>(&self, args: &'a [T]) -> Result<&'a [T]> {
         match args.get(1 + self.keys..) {
             Some(columns) if !columns.is_empty() => Ok(columns),
@@ -356,6 +371,26 @@ fn order_value(bytes: &[u8]) -> Result<u128> {
 
 fn applied(delta: usize, change: isize) -> usize {
     delta.saturating_add_signed(change)
+}
+
+/// Bytes of one row of `types` in Arrow's row encoding (a validity byte, then the value), and
+/// whether every type is of fixed width; a value of variable width counts as empty.
+pub fn row_width(types: &[DataType]) -> (usize, bool) {
+    types.iter().fold((0, true), |(w, fixed), t| match t {
+        DataType::Boolean => (w + 2, fixed),
+        DataType::Null => (w + 1, fixed),
+        DataType::FixedSizeBinary(n) => (w + 1 + usize::try_from(*n).unwrap_or(0), fixed),
+        t => match t.primitive_width() {
+            Some(v) => (w + 1 + v, fixed),
+            None => (w + 1, false),
+        },
+    })
+}
+
+/// The unit bound's share of a memory limit of `limit` bytes: half. The planner gives private
+/// calls over a table with a privacy unit the other half.
+pub const fn memory_share(limit: usize) -> usize {
+    limit / 2
 }
 
 fn converter(types: &[DataType]) -> Result<Option<RowConverter>> {
@@ -814,5 +849,66 @@ mod tests {
         acc.update_batch(&cols).unwrap();
         assert_eq!(kept_values(&mut acc).len(), 3);
         assert!(acc.size() <= before + 64, "{} vs {before}", acc.size());
+    }
+
+    /// A row of fixed-width columns is as long in Arrow's row encoding as `row_width` says.
+    #[test]
+    fn the_row_width_is_the_encodings() {
+        let columns: Vec<ArrayRef> = vec![
+            ints([1, -2]),
+            Arc::new(Float64Array::from(vec![1.5, f64::NAN])),
+            Arc::new(BooleanArray::from(vec![Some(true), None])),
+            hashes([3, 4]),
+        ];
+        let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
+        let rows = converter(&types).unwrap().unwrap().convert_columns(&columns).unwrap();
+        let (want, fixed) = row_width(&types);
+        assert!(fixed && rows.iter().all(|r| r.as_ref().len() == want), "{want}");
+        assert!(!row_width(&[DataType::Float64, DataType::Utf8]).1);
+    }
+
+    /// `most_bytes_per_row` bounds what the state grows by per row on the inputs that grow it most
+    /// (every row a new unit; units of many rows over many groups, rows arriving in descending
+    /// order so each is kept and replaces another; rows too long to hold inline), and is no more
+    /// than 3× what the first of them holds (the control: a bound a third of it fails there).
+    #[test]
+    fn a_rows_bytes_stay_within_the_bound() {
+        let (l, k) = (3, 10);
+        let udf = UnitBound::new(l, k, order(), 1, UnitArg::Value);
+        let narrow = [DataType::Int64, DataType::Int64, DataType::Float64];
+        let wide = [DataType::Int64, DataType::Int64, DataType::Float64, DataType::Float64, DataType::Float64];
+        let n = 60_000usize;
+        let distinct: Vec<i64> = (0..n as i64).collect();
+        let few: Vec<i64> = (0..n as i64).map(|i| i % 97).collect();
+        let groups: Vec<i64> = (0..n as i64).map(|i| i % 41).collect();
+        let xs: Vec<f64> = (0..n).map(|i| (n - i) as f64).collect();
+        let mut tightest = f64::INFINITY;
+        for (types, units) in [(&narrow[..], &distinct), (&narrow[..], &few), (&wide[..], &distinct), (&wide[..], &few)]
+        {
+            let (per_row, fixed) = udf.most_bytes_per_row(types).unwrap();
+            assert!(fixed);
+            let columns = types.len() - 2;
+            let mut acc = UnitBoundGroups {
+                bound: Bound::new(&udf, &types[0], &types[1..2], &types[2..]).unwrap(),
+                samples: Vec::new(),
+                bytes: 0,
+            };
+            let base = acc.size();
+            for from in (0..n).step_by(1000) {
+                let to = from + 1000;
+                let mut values = vec![ints(units[from..to].iter().copied()), ints(groups[from..to].iter().copied())];
+                for _ in 0..columns {
+                    values.push(Arc::new(Float64Array::from(xs[from..to].to_vec())));
+                }
+                let indices: Vec<usize> = units[from..to].iter().map(|&u| u as usize).collect();
+                let total = units[..to].iter().max().map_or(0, |&u| u as usize + 1);
+                acc.update_batch(&values, &indices, None, total).unwrap();
+                let grown = acc.size() - base;
+                assert!(grown <= to * per_row, "{types:?}: {grown} bytes after {to} rows, bound {}", to * per_row);
+                tightest = tightest.min((to * per_row) as f64 / grown as f64);
+            }
+        }
+        assert!(tightest < 3.0, "the bound is {tightest}× the most any input held");
+        assert!(!udf.most_bytes_per_row(&[DataType::Int64, DataType::Int64, DataType::Utf8]).unwrap().1);
     }
 }

@@ -2,14 +2,15 @@
 //! partition selections, and no more memory for their states than the session's limit —
 //! computed from the public parameters alone, at planning, before any debit.
 
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::LogicalPlan;
 
 use crate::functions::PrivateCall;
 use crate::functions::release::releases_at_once;
 use crate::guard::checking::Checking;
-use crate::guard::view::{GroupMode, KeysMap, group_mode};
+use crate::guard::ops::unit_bound::memory_share;
+use crate::guard::view::{GroupMode, KeysMap, UnitsMap, group_mode};
 use crate::guard::walk::find_private_scan;
 
 /// Private calls (and partition selections) one query may make: each is a row of the release
@@ -26,7 +27,25 @@ pub fn run(cx: &mut Checking<'_>) -> Result<()> {
         );
     }
     let Some(limit) = cx.limits.memory else { return Ok(()) };
-    check_memory(&cx.calls, &group_counts(&cx.plan, &cx.view.keys)?, cx.limits.partitions, limit)
+    // Over a table with a privacy unit, the unit bound takes its share of the limit first.
+    let (limit, of) = match reads_units(&cx.plan, &cx.view.units) {
+        true => (
+            limit - memory_share(limit as usize) as u64,
+            "the half of this session's memory limit a query over a privacy unit leaves them",
+        ),
+        false => (limit, "this session's memory limit"),
+    };
+    check_memory(&cx.calls, &group_counts(&cx.plan, &cx.view.keys)?, cx.limits.partitions, (limit, of))
+}
+
+/// Whether a private aggregate of `plan` reads a table with a privacy unit (and so runs above
+/// the unit bound).
+fn reads_units(plan: &LogicalPlan, units: &UnitsMap) -> bool {
+    plan.exists(|node| {
+        Ok(matches!(node, LogicalPlan::Aggregate(agg)
+            if find_private_scan(&agg.input).is_some_and(|t| units.contains_key(&t))))
+    })
+    .unwrap_or(true)
 }
 
 /// The number of groups of each grouped private aggregate over a private table: its declared
@@ -48,8 +67,9 @@ fn group_counts(plan: &LogicalPlan, keys: &KeysMap) -> Result<Vec<u64>> {
     Ok(counts)
 }
 
-/// Refuses calls whose states (per group, per accumulator) and release work exceed `limit` bytes.
-fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit: u64) -> Result<()> {
+/// Refuses calls whose states (per group, per accumulator) and release work exceed `limit` bytes
+/// (`of` says what that limit is).
+fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, (limit, of): (u64, &str)) -> Result<()> {
     // States are per group: a grouped aggregate holds one per declared group (SPEC §7).
     let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
     // A grouped call draws several groups' releases at once, each with its own work.
@@ -68,7 +88,7 @@ fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, limit:
             calls.iter().map(|c| format!("{} {:.1} MiB", c.function, mib(c.memory_bytes(partitions)))).collect();
         return plan_err!(
             "[rule memory-limit] the private calls of this query need {:.1} MiB (per group: {}; state × {} \
-             accumulators × up to {most_groups} groups, a spare group per partial accumulator + release × {at_once} at once), more than this session's memory limit of {:.1} MiB: use fewer or smaller calls \
+             accumulators × up to {most_groups} groups, a spare group per partial accumulator + release × {at_once} at once), more than the {:.1} MiB of {of}: use fewer or smaller calls \
              (points, bandwidth relative to hi − lo); the data owner sets the limit with \
              `dpcurve admin set-memory-limit`",
             mib(need),
@@ -97,14 +117,17 @@ mod tests {
         let at_once = releases_at_once(100) as u64;
         // Exactly what 100 groups over 2 partitions need passes; a byte less is refused.
         let need = states + (8 << 20) * at_once;
-        assert!(check_memory(std::slice::from_ref(&call), &[100], 2, need).is_ok());
-        let e = check_memory(std::slice::from_ref(&call), &[100], 2, need - 1).unwrap_err().to_string();
+        assert!(check_memory(std::slice::from_ref(&call), &[100], 2, (need, "")).is_ok());
+        let e = check_memory(std::slice::from_ref(&call), &[100], 2, (need - 1, "")).unwrap_err().to_string();
         assert!(e.contains(&format!("release × {at_once} at once")), "{e}");
         // One release's work alone is too little wherever two releases run at once.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         assert_eq!(at_once, cores.min(100 / 8));
-        assert_eq!(check_memory(std::slice::from_ref(&call), &[100], 2, states + (8 << 20)).is_ok(), at_once == 1);
+        assert_eq!(
+            check_memory(std::slice::from_ref(&call), &[100], 2, (states + (8 << 20), "")).is_ok(),
+            at_once == 1
+        );
         // Ungrouped: one release.
-        assert!(check_memory(std::slice::from_ref(&call), &[], 2, (1 << 10) * 3 + (8 << 20)).is_ok());
+        assert!(check_memory(std::slice::from_ref(&call), &[], 2, ((1 << 10) * 3 + (8 << 20), "")).is_ok());
     }
 }

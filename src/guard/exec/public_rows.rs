@@ -1,0 +1,106 @@
+//! The most rows the privacy-unit bound's input can have, from public facts only: the row counts
+//! in the footers of the Parquet files it scans (SPEC §0 counts the files' sizes as public; the
+//! footer's row count is read, never its statistics of values). [`UnitBoundExec`] chooses from it,
+//! before any row, whether it holds its units in memory or spills them (its module docs).
+//!
+//! The bound holds for an input that only scans, filters, projects, repartitions or unions: none
+//! of these makes more rows than the files have. Any other operator below the bound (a join, an
+//! unnest) leaves the bound unknown, and the bound then spills as for an input too large.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::catalog::Session;
+use datafusion::common::Result;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::object_store::ObjectMeta;
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::unit_bound_exec::UnitBoundExec;
+
+/// Operators whose output has at most the rows of their inputs together.
+const NO_MORE_ROWS: &[&str] = &[
+    "FilterExec",
+    "ProjectionExec",
+    "RepartitionExec",
+    "CoalesceBatchesExec",
+    "CoalescePartitionsExec",
+    "CooperativeExec",
+    "UnitExchangeExec",
+    "UnionExec",
+];
+
+/// A file by its store and location.
+type FileKey = (String, String);
+
+/// Every [`UnitBoundExec`] in `plan` with its input's public row bound (module docs). Reads the
+/// footers of the Parquet files below the bounds, once each; other plans are returned unchanged.
+pub async fn with_public_rows(plan: Arc<dyn ExecutionPlan>, session: &dyn Session) -> Result<Arc<dyn ExecutionPlan>> {
+    if !plan.exists(|n| Ok(n.downcast_ref::<UnitBoundExec>().is_some()))? {
+        return Ok(plan);
+    }
+    let mut files: Vec<(ObjectStoreUrl, ObjectMeta)> = Vec::new();
+    plan.apply(|node| {
+        if let Some(bound) = node.downcast_ref::<UnitBoundExec>() {
+            bound.children()[0].apply(|n| {
+                if let Some((url, scanned)) = parquet_files(n) {
+                    files.extend(scanned.into_iter().map(|m| (url.clone(), m)));
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let mut rows: HashMap<FileKey, u64> = HashMap::new();
+    for (url, meta) in files {
+        let key = (url.as_str().to_string(), meta.location.to_string());
+        if rows.contains_key(&key) {
+            continue;
+        }
+        let store = session.runtime_env().object_store(&url)?;
+        let footer = DFParquetMetadata::new(store.as_ref(), &meta).fetch_metadata().await?;
+        rows.insert(key, u64::try_from(footer.file_metadata().num_rows()).unwrap_or(0));
+    }
+    plan.transform_up(|node| {
+        let Some(bound) = node.downcast_ref::<UnitBoundExec>() else { return Ok(Transformed::no(node)) };
+        let most = most_rows(bound.children()[0], &rows);
+        Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most)) as Arc<dyn ExecutionPlan>))
+    })
+    .map(|t| t.data)
+}
+
+/// The Parquet files a scan reads (each once, however its byte ranges are spread over
+/// partitions), with their store; None for any other node.
+fn parquet_files(node: &Arc<dyn ExecutionPlan>) -> Option<(ObjectStoreUrl, Vec<ObjectMeta>)> {
+    let scan = node.downcast_ref::<DataSourceExec>()?;
+    let config = scan.data_source().downcast_ref::<FileScanConfig>()?;
+    if config.file_source().file_type() != "parquet" {
+        return None;
+    }
+    let mut metas: Vec<ObjectMeta> = Vec::new();
+    for file in config.file_groups.iter().flat_map(|g| g.iter()) {
+        if !metas.iter().any(|m| m.location == file.object_meta.location) {
+            metas.push(file.object_meta.clone());
+        }
+    }
+    Some((config.object_store_url.clone(), metas))
+}
+
+/// The most rows `node` can produce: its files' rows for a Parquet scan, its inputs' together
+/// for an operator of [`NO_MORE_ROWS`], unknown otherwise.
+fn most_rows(node: &Arc<dyn ExecutionPlan>, rows: &HashMap<FileKey, u64>) -> Option<u64> {
+    if let Some((url, metas)) = parquet_files(node) {
+        return metas.iter().try_fold(0u64, |sum, m| {
+            let n = rows.get(&(url.as_str().to_string(), m.location.to_string()))?;
+            sum.checked_add(*n)
+        });
+    }
+    if !NO_MORE_ROWS.contains(&node.name()) {
+        return None;
+    }
+    node.children().into_iter().try_fold(0u64, |sum, child| sum.checked_add(most_rows(child, rows)?))
+}
