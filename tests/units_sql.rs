@@ -134,6 +134,12 @@ impl Fixture {
 const KDE: &str = "private_kde(x, 0.02, 1.0, 1e-6, points => 101, mechanism => 'gaussian')";
 const MEAN: &str = "private_mean_curve(load, 1.0, 1e-6, points => 8, clip => 10)";
 
+/// The bytes the plan's unit bound may hold, from its `EXPLAIN` line.
+fn memory_share_of(plan: &str) -> u64 {
+    let at = plan.find("memory <= ").unwrap_or_else(|| panic!("no memory share in\n{plan}")) + "memory <= ".len();
+    plan[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
 fn one_f64(b: &[RecordBatch]) -> f64 {
     b[0].column(0).as_primitive::<Float64Type>().value(0)
 }
@@ -534,6 +540,15 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
             let plan = s.physical_plan_for_tests(&sql).await.unwrap();
             let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
             assert!(text.contains(&format!("input rows <= {units}")), "{t}: the footer's rows\n{text}");
+            // Its memory: what the call's planned memory leaves of the limit, at least half; a
+            // second, larger call leaves it less.
+            let share = memory_share_of(&text);
+            assert!(share >= limit / 2 && share < limit, "{t} under {limit} bytes: share {share}");
+            let two = format!("SELECT {KDE}['mass'], private_kde(x, 0.01, 1.0, 1e-6, points => 2001)['mass'] FROM {t}");
+            let plan = s.physical_plan_for_tests(&two).await.unwrap();
+            let smaller =
+                memory_share_of(&datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string());
+            assert!(smaller >= limit / 2 && smaller < share, "{t} under {limit} bytes: {smaller} vs {share}");
             let id = if t == "by_id" { "id" } else { "name" };
             let without = format!(
                 "SELECT {KDE}['mass'] FROM {t} WHERE {id} <> {}",

@@ -40,12 +40,24 @@ pub struct Checking<'a> {
     pub slots: Vec<Arc<PermitSlot>>,
     /// Partition selections the gate runs first.
     pub stages: Vec<SelectionStage>,
+    /// Bytes of the memory limit the privacy-unit bounds of one plan may hold together: what
+    /// the private calls' planned memory leaves (None: no limit, or no unit).
+    pub unit_memory: Option<u64>,
 }
 
 impl<'a> Checking<'a> {
     /// Nothing found yet in `plan`.
     pub fn new(plan: LogicalPlan, view: &'a PolicyView, limits: Limits) -> Self {
-        Self { plan, view, limits, calls: Vec::new(), charges: Vec::new(), slots: Vec::new(), stages: Vec::new() }
+        Self {
+            plan,
+            view,
+            limits,
+            calls: Vec::new(),
+            charges: Vec::new(),
+            slots: Vec::new(),
+            stages: Vec::new(),
+            unit_memory: None,
+        }
     }
 
     /// Replaces the plan by `f(plan)`.

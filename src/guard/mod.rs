@@ -34,7 +34,7 @@ pub use exec::gate::{BudgetGateExec, ScopedReleases};
 use exec::known_keys_partial::known_keys_partials;
 use exec::parameters::bind_parameters;
 use exec::prefetch::prefetch_releases;
-use exec::public_rows::with_public_rows;
+use exec::public_facts::with_public_facts;
 use exec::selection_stage::SelectionStage;
 use exec::unit_phase::single_phase_unit_bounds;
 pub use passes::limits::MAX_PRIVATE_CALLS;
@@ -90,6 +90,8 @@ pub struct Checked {
     pub slots: Vec<Arc<PermitSlot>>,
     /// Partition selections (GROUP BY over private keys).
     pub stages: Vec<SelectionStage>,
+    /// Bytes the privacy-unit bounds of one plan may hold together (None: no limit, or no unit).
+    pub unit_memory: Option<u64>,
 }
 
 /// A `QueryPlanner` that fills policy defaults, runs the guard on the optimized plan,
@@ -135,7 +137,7 @@ impl PrivacyPlanner {
         for (_, pass) in passes {
             pass(&mut cx)?;
         }
-        let Checking { plan, charges, slots, stages, .. } = cx;
+        let Checking { plan, charges, slots, stages, unit_memory, .. } = cx;
         if self.ledger.is_some() {
             let calls = charges.iter().filter(|c| c.function != SELECTION_CHARGE).count();
             if slots.len() != calls || stages.len() != charges.len() - calls {
@@ -148,7 +150,7 @@ impl PrivacyPlanner {
                 );
             }
         }
-        Ok(Checked { plan, charges, slots, stages })
+        Ok(Checked { plan, charges, slots, stages, unit_memory })
     }
 }
 
@@ -160,7 +162,7 @@ impl QueryPlanner for PrivacyPlanner {
         session: &dyn datafusion::catalog::Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = session.config().target_partitions();
-        let Checked { plan, charges, slots, mut stages } = self.check(logical_plan, partitions)?;
+        let Checked { plan, charges, slots, mut stages, unit_memory } = self.check(logical_plan, partitions)?;
         let planner = DefaultPhysicalPlanner::default();
         let physical = planner.create_physical_plan(&plan, session).await?;
         for stage in &mut stages {
@@ -186,11 +188,11 @@ impl QueryPlanner for PrivacyPlanner {
             None => {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
-                        let p = with_public_rows(single_phase_unit_bounds(p)?, session).await?;
+                        let p = with_public_facts(single_phase_unit_bounds(p)?, session, unit_memory).await?;
                         stage.physical = Some(bind_parameters(p)?);
                     }
                 }
-                bind_parameters(with_public_rows(single_phase_unit_bounds(physical)?, session).await?)?
+                bind_parameters(with_public_facts(single_phase_unit_bounds(physical)?, session, unit_memory).await?)?
             }
         };
         // Grouped private aggregates release every public group once, reached by rows or not,

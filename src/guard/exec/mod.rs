@@ -9,7 +9,7 @@ pub mod known_keys_partial;
 pub(crate) mod node;
 pub mod parameters;
 pub mod prefetch;
-pub mod public_rows;
+pub mod public_facts;
 pub mod selection_stage;
 pub mod unit_bound_exec;
 pub mod unit_phase;

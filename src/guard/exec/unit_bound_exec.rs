@@ -15,10 +15,10 @@
 //! depend on the rows: spilling when the units no longer fit would make the running time jump at
 //! a unit count, which an analyst who filters units with WHERE could bisect for. So the
 //! [`Layout`] is chosen from public facts only — the most rows the input can have (the row counts
-//! in the Parquet footers of the files it scans, [`super::public_rows`]), the most bytes a row can
+//! in the Parquet footers of the files it scans, [`super::public_facts`]), the most bytes a row can
 //! add to the state ([`UnitBound::most_bytes_per_row`], [`UnitTable::most_bytes_per_unit`]), the
-//! session's memory limit (the bound takes half, [`unit_bound::memory_share`]) and the number of
-//! partitions:
+//! bytes of the session's memory limit the private calls above leave it (planned from their public
+//! parameters; at least half, [`unit_bound::memory_share`]) and the number of partitions:
 //! * **in memory** when every row of the input could be a unit and still fit: nothing is written;
 //! * **spilled** otherwise: every `window` rows a partition reads, its units' samples (the
 //!   accumulator's state) are written to files chosen by a keyed hash of the unit, and the table
@@ -34,7 +34,7 @@
 //! moved by one row) and on the units written (each a bounded cost), never on a threshold of units
 //! or memory; the pool's accounting is infallible, so no data-dependent failure either. The kept
 //! rows do not depend on the layout (merging samples keeps exactly what one pass keeps). Kept
-//! columns of variable width (a mean curve's lists) have no public bound on their bytes: a window
+//! columns of variable width (strings, a mean curve's lists) have no public bound on their bytes: a window
 //! then holds what its rows hold, bounded by the files' sizes only.
 
 use std::collections::VecDeque;
@@ -44,8 +44,9 @@ use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::take_arrays;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, ListArray, RecordBatch, UInt32Array};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
@@ -78,6 +79,9 @@ pub struct UnitBoundExec {
     properties: Arc<PlanProperties>,
     /// The most rows the input can have, from public facts (None: unknown, so spilled).
     rows: Option<u64>,
+    /// The bytes of the memory limit this bound may hold, planned from public parameters (None:
+    /// [`unit_bound::memory_share`] of the pool's limit).
+    share: Option<u64>,
     /// `spill_count`: times the samples were written out; `partition_splits`: spill files split
     /// by the next level's bits; `peak_bytes`: the most the table and the samples held.
     metrics: ExecutionPlanMetricsSet,
@@ -110,6 +114,7 @@ impl UnitBoundExec {
             schema: agg.schema(),
             properties: Arc::clone(agg.properties()),
             rows: None,
+            share: None,
             metrics: ExecutionPlanMetricsSet::new(),
         }))
     }
@@ -122,6 +127,11 @@ impl UnitBoundExec {
     /// The input's public row bound.
     pub fn rows(&self) -> Option<u64> {
         self.rows
+    }
+
+    /// The same operator holding at most `share` bytes of the memory limit (all partitions).
+    pub fn with_share(self, share: Option<u64>) -> Self {
+        Self { share, ..self }
     }
 
     /// The schema of a spill file: the unit, then the bound's state.
@@ -150,6 +160,10 @@ impl DisplayAs for UnitBoundExec {
         match self.rows {
             Some(rows) => write!(f, ", input rows <= {rows}"),
             None => write!(f, ", input rows unknown"),
+        }?;
+        match self.share {
+            Some(bytes) => write!(f, ", memory <= {bytes}"),
+            None => Ok(()),
         }
     }
 }
@@ -193,7 +207,9 @@ impl ExecutionPlan for UnitBoundExec {
         let (per_row, exact) = self.bytes_per_row(&table)?;
         let batch = context.session_config().batch_size().max(1);
         let limit = match context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(unit_bound::memory_share(bytes)),
+            MemoryLimit::Finite(bytes) => Some(self.share.map_or(unit_bound::memory_share(bytes), |share| {
+                usize::try_from(share).unwrap_or(usize::MAX).min(bytes)
+            })),
             _ => None,
         };
         let layout = Layout::of(&Facts {
@@ -401,7 +417,7 @@ impl Run {
         let parts = self.table.group_partitions(partitions.level, partitions.bits);
         let mut columns = vec![self.table.keys()?];
         columns.extend(self.bound.state(EmitTo::All)?);
-        self.table.reset();
+        self.table.clear();
         partitions.write(&RecordBatch::try_new(Arc::clone(&self.spill_schema), columns)?, &parts)?;
         self.charge();
         Ok(())
@@ -501,7 +517,8 @@ impl Partitions {
             rows[p].push(i as u32);
         }
         for ((_, writer), rows) in self.files.iter_mut().zip(rows) {
-            let columns = take_arrays(batch.columns(), &UInt32Array::from(rows), None)?;
+            let rows = UInt32Array::from(rows);
+            let columns = batch.columns().iter().map(|c| take_rows(c, &rows)).collect::<Result<Vec<_>>>()?;
             writer.write(&RecordBatch::try_new(Arc::clone(&self.schema), columns)?)?;
         }
         Ok(())
@@ -517,6 +534,30 @@ impl Partitions {
         }
         Ok(done)
     }
+}
+
+/// `column`'s rows at `rows`. A list (the samples) is taken through its entries: the list kernel
+/// extends entry by entry, which costs more than the rest of a spill; its entries' columns have
+/// kernels that copy a whole index array at once.
+fn take_rows(column: &ArrayRef, rows: &UInt32Array) -> Result<ArrayRef> {
+    let Some(list) = column.as_list_opt::<i32>() else { return Ok(take(column, rows, None)?) };
+    if list.null_count() > 0 {
+        return Ok(take(column, rows, None)?);
+    }
+    let offsets = list.value_offsets();
+    let mut entries = Vec::new();
+    let mut lengths = Vec::with_capacity(rows.len());
+    for &r in rows.values() {
+        let (from, to) = (offsets[r as usize] as u32, offsets[r as usize + 1] as u32);
+        entries.extend(from..to);
+        lengths.push((to - from) as usize);
+    }
+    let values = take(list.values(), &UInt32Array::from(entries), None)?;
+    let field = match list.data_type() {
+        DataType::List(field) => Arc::clone(field),
+        other => return Err(DataFusionError::Internal(format!("a list of type {other}"))),
+    };
+    Ok(Arc::new(ListArray::try_new(field, OffsetBuffer::from_lengths(lengths), values, None)?))
 }
 
 #[cfg(test)]
@@ -618,6 +659,20 @@ mod tests {
     /// The operator keeps what DataFusion's aggregate keeps, unit by unit — in memory, spilled, and
     /// spilled over two levels of files — and which of these it does follows from the public row
     /// bound and the memory limit.
+    #[test]
+    fn lists_are_taken_as_the_kernel_takes_them() {
+        use datafusion::arrow::array::ListArray;
+        let lists =
+            [Some(vec![Some(1), Some(2)]), Some(vec![]), Some(vec![Some(3)]), Some(vec![Some(4), None, Some(6)])];
+        let list = ListArray::from_iter_primitive::<Int64Type, _, _>(lists);
+        let rows = UInt32Array::from(vec![2, 0, 2, 1]);
+        for column in [Arc::new(list.clone()) as ArrayRef, Arc::new(list.slice(1, 3))] {
+            let taken = take_rows(&column, &rows).unwrap();
+            assert_eq!(*taken, *take(&column, &rows, None).unwrap());
+            assert_eq!(taken.as_list::<i32>().value_length(1), if column.len() == 4 { 2 } else { 0 });
+        }
+    }
+
     #[tokio::test]
     async fn keeps_what_the_aggregate_keeps_in_memory_and_spilled() {
         let agg = aggregate(12_000);

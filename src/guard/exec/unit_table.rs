@@ -244,6 +244,16 @@ impl UnitTable {
         if self.width <= 8 { size_of::<Narrow>() } else { size_of::<Wide>() }
     }
 
+    /// Forgets every unit and keeps the table's room (the next window's units fill it again).
+    pub fn clear(&mut self) {
+        match &mut self.slots {
+            Slots::Narrow(v) => v.fill(Narrow::FREE),
+            Slots::Wide(v) => v.fill(Wide::FREE),
+        }
+        self.keys.clear();
+        self.null = None;
+    }
+
     /// Forgets every unit and frees the table.
     pub fn reset(&mut self) {
         self.slots = Slots::new(self.width);
@@ -405,11 +415,17 @@ mod tests {
         assert_eq!(got, want, "{}", array.data_type());
         // Seen again: the same groups, no new unit.
         t.groups_of(&array, &mut second).unwrap();
-        assert_eq!((second, t.len()), (want, firsts.len()));
+        assert_eq!((&second, t.len()), (&want, firsts.len()));
         let keys = t.keys().unwrap();
         let rebuilt: Vec<ScalarValue> =
             (0..keys.len()).map(|g| ScalarValue::try_from_array(&keys, g).unwrap()).collect();
         assert_eq!(rebuilt, firsts, "{}", array.data_type());
+        // Cleared: no unit left, the room kept, the groups numbered from scratch again.
+        let room = t.slots.bytes();
+        t.clear();
+        assert_eq!((t.len(), t.slots.bytes()), (0, room));
+        t.groups_of(&array, &mut second).unwrap();
+        assert_eq!((second, t.len()), (want, firsts.len()), "{} after clear", array.data_type());
     }
 
     #[test]

@@ -27,15 +27,18 @@ pub fn run(cx: &mut Checking<'_>) -> Result<()> {
         );
     }
     let Some(limit) = cx.limits.memory else { return Ok(()) };
-    // Over a table with a privacy unit, the unit bound takes its share of the limit first.
-    let (limit, of) = match reads_units(&cx.plan, &cx.view.units) {
-        true => (
-            limit - memory_share(limit as usize) as u64,
-            "the half of this session's memory limit a query over a privacy unit leaves them",
-        ),
-        false => (limit, "this session's memory limit"),
-    };
-    check_memory(&cx.calls, &group_counts(&cx.plan, &cx.view.keys)?, cx.limits.partitions, (limit, of))
+    let groups = group_counts(&cx.plan, &cx.view.keys)?;
+    // Over a table with a privacy unit, the calls get at most half the limit and the unit bound
+    // what they leave (at least the other half).
+    if !reads_units(&cx.plan, &cx.view.units) {
+        check_memory(&cx.calls, &groups, cx.limits.partitions, (limit, "this session's memory limit"))?;
+        return Ok(());
+    }
+    let half = limit - memory_share(limit as usize) as u64;
+    let of = "the half of this session's memory limit a query over a privacy unit leaves them";
+    let need = check_memory(&cx.calls, &groups, cx.limits.partitions, (half, of))?;
+    cx.unit_memory = Some(limit - need);
+    Ok(())
 }
 
 /// Whether a private aggregate of `plan` reads a table with a privacy unit (and so runs above
@@ -67,9 +70,9 @@ fn group_counts(plan: &LogicalPlan, keys: &KeysMap) -> Result<Vec<u64>> {
     Ok(counts)
 }
 
-/// Refuses calls whose states (per group, per accumulator) and release work exceed `limit` bytes
-/// (`of` says what that limit is).
-fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, (limit, of): (u64, &str)) -> Result<()> {
+/// The bytes the calls' states (per group, per accumulator) and release work need; refuses them
+/// when that exceeds `limit` bytes (`of` says what that limit is).
+fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, (limit, of): (u64, &str)) -> Result<u64> {
     // States are per group: a grouped aggregate holds one per declared group (SPEC §7).
     let most_groups = groups.iter().copied().max().unwrap_or(1).max(1);
     // A grouped call draws several groups' releases at once, each with its own work.
@@ -97,7 +100,7 @@ fn check_memory(calls: &[PrivateCall], groups: &[u64], partitions: usize, (limit
             mib(limit)
         );
     }
-    Ok(())
+    Ok(need)
 }
 
 #[cfg(test)]
@@ -117,7 +120,7 @@ mod tests {
         let at_once = releases_at_once(100) as u64;
         // Exactly what 100 groups over 2 partitions need passes; a byte less is refused.
         let need = states + (8 << 20) * at_once;
-        assert!(check_memory(std::slice::from_ref(&call), &[100], 2, (need, "")).is_ok());
+        assert_eq!(check_memory(std::slice::from_ref(&call), &[100], 2, (need, "")).unwrap(), need);
         let e = check_memory(std::slice::from_ref(&call), &[100], 2, (need - 1, "")).unwrap_err().to_string();
         assert!(e.contains(&format!("release × {at_once} at once")), "{e}");
         // One release's work alone is too little wherever two releases run at once.

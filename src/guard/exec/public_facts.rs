@@ -1,11 +1,13 @@
-//! The most rows the privacy-unit bound's input can have, from public facts only: the row counts
-//! in the footers of the Parquet files it scans (SPEC §0 counts the files' sizes as public; the
-//! footer's row count is read, never its statistics of values). [`UnitBoundExec`] chooses from it,
-//! before any row, whether it holds its units in memory or spills them (its module docs).
-//!
-//! The bound holds for an input that only scans, filters, projects, repartitions or unions: none
-//! of these makes more rows than the files have. Any other operator below the bound (a join, an
-//! unnest) leaves the bound unknown, and the bound then spills as for an input too large.
+//! The public facts a privacy-unit bound plans its memory from ([`UnitBoundExec`] chooses from them,
+//! before any row, whether it holds its units in memory or spills them; its module docs):
+//! * the most rows its input can have: the row counts in the footers of the Parquet files it scans
+//!   (SPEC §0 counts the files' sizes as public; the footer's row count is read, never its
+//!   statistics of values). The bound holds for an input that only scans, filters, projects,
+//!   repartitions or unions: none of these makes more rows than the files have. Any other operator
+//!   below the bound (a join, an unnest) leaves it unknown, and the bound then spills as for an
+//!   input too large;
+//! * the bytes it may hold: what the private calls' planned memory leaves of the session's limit
+//!   (`passes::limits`), shared equally by the plan's bounds (they may run at once).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,12 +39,23 @@ const NO_MORE_ROWS: &[&str] = &[
 /// A file by its store and location.
 type FileKey = (String, String);
 
-/// Every [`UnitBoundExec`] in `plan` with its input's public row bound (module docs). Reads the
-/// footers of the Parquet files below the bounds, once each; other plans are returned unchanged.
-pub async fn with_public_rows(plan: Arc<dyn ExecutionPlan>, session: &dyn Session) -> Result<Arc<dyn ExecutionPlan>> {
-    if !plan.exists(|n| Ok(n.downcast_ref::<UnitBoundExec>().is_some()))? {
+/// Every [`UnitBoundExec`] in `plan` with its input's public row bound and its part of `memory`
+/// bytes (module docs). Reads the footers of the Parquet files below the bounds, once each; other
+/// plans are returned unchanged.
+pub async fn with_public_facts(
+    plan: Arc<dyn ExecutionPlan>,
+    session: &dyn Session,
+    memory: Option<u64>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut bounds = 0u64;
+    plan.apply(|n| {
+        bounds += u64::from(n.downcast_ref::<UnitBoundExec>().is_some());
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if bounds == 0 {
         return Ok(plan);
     }
+    let share = memory.map(|m| m / bounds);
     let mut files: Vec<(ObjectStoreUrl, ObjectMeta)> = Vec::new();
     plan.apply(|node| {
         if let Some(bound) = node.downcast_ref::<UnitBoundExec>() {
@@ -68,7 +81,7 @@ pub async fn with_public_rows(plan: Arc<dyn ExecutionPlan>, session: &dyn Sessio
     plan.transform_up(|node| {
         let Some(bound) = node.downcast_ref::<UnitBoundExec>() else { return Ok(Transformed::no(node)) };
         let most = most_rows(bound.children()[0], &rows);
-        Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most)) as Arc<dyn ExecutionPlan>))
+        Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most).with_share(share)) as Arc<dyn ExecutionPlan>))
     })
     .map(|t| t.data)
 }
