@@ -667,9 +667,17 @@ impl GroupsAccumulator for UnitBoundGroups {
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        let emitted = emit_to.take_needed(&mut self.samples);
+        let state = match emit_to {
+            // Every sample: the vector keeps its room for the units that follow (a spill window's).
+            EmitTo::All => {
+                let state = self.bound.state(&self.samples)?;
+                self.samples.clear();
+                state
+            }
+            EmitTo::First(_) => self.bound.state(&emit_to.take_needed(&mut self.samples))?,
+        };
         self.recount();
-        Ok(vec![Arc::new(self.bound.state(&emitted)?)])
+        Ok(vec![Arc::new(state)])
     }
 
     fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
