@@ -112,6 +112,10 @@ fn queries() -> Vec<String> {
         "SELECT region, count(*) AS n, min(x) AS lo, max(person) AS hi FROM open \
          GROUP BY region ORDER BY region"
             .into(),
+        // Partition selection over privacy units: its counting pass bounds the units too.
+        "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian', \
+         select_epsilon => 1, select_delta => 1e-6) AS kde FROM u GROUP BY city ORDER BY city"
+            .into(),
     ]
 }
 
@@ -178,6 +182,41 @@ async fn noiseless_releases_on_the_cluster_equal_a_single_process_bit_for_bit() 
     let fewer_local = local.query(&fewer_sql).await.unwrap();
     assert_same(&fewer, &fewer_local, &fewer_sql);
     assert!(ipc_bytes(&fewer) != ipc_bytes(&all), "dropping a few rows changes the statistic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executors_bound_each_unit_once_with_memory_planned_from_public_facts() {
+    let f = fixture("cluster-units").await;
+    let cluster = Cluster::start(1);
+    let remote = f.session(NoiseSource::Off, 4, Some(cluster.url())).await;
+    // Ungrouped and grouped: the executors run the bound's own operator over rows shuffled by
+    // unit, its row bound the files' (4 × 1 500 rows) and its memory planned here; DataFusion's
+    // two phases (a partial sample per file, merged in a hash aggregate that spills when the
+    // units no longer fit: a threshold of units) are gone.
+    for sql in [&queries()[4], &queries()[5]] {
+        let plan = remote.physical_plan_for_tests(sql).await.unwrap();
+        let plan = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        let remote_part = plan.split_once("ClusterExec").unwrap_or_else(|| panic!("no cluster in\n{plan}")).1;
+        let bound = remote_part.find("PlannedAggregateExec: key=__dpcurve_unit_id").unwrap_or_else(|| panic!("{plan}"));
+        let shuffle = remote_part.find("RepartitionExec: partitioning=Hash([__dpcurve_unit_id").expect("a shuffle");
+        assert!(bound < shuffle, "the bound reads the shuffled rows\n{plan}");
+        assert!(remote_part.contains("input rows <= 6000, memory <= "), "{plan}");
+        assert!(!plan.contains("dpcurve_unit_bound("), "no aggregate of DataFusion's runs the bound\n{plan}");
+        assert!(!plan.contains("UnitExchangeExec"), "the in-process exchange stays in process\n{plan}");
+    }
+    // A partition selection's first pass (with a unit, and without): its count is planned the same
+    // way and runs on the executors.
+    let (p_selection, u_selection) = (&queries()[6], queries().last().cloned().unwrap());
+    for (sql, planned) in [(p_selection, 1), (&u_selection, 2)] {
+        let plan = remote.physical_plan_for_tests(sql).await.unwrap();
+        let gate = plan.downcast_ref::<dpcurve::guard::BudgetGateExec>().expect("the gate at the root");
+        let [first] = &gate.selection_plans()[..] else { panic!("one selection") };
+        let text = datafusion::physical_plan::displayable(first.as_ref()).indent(false).to_string();
+        let remote_part = text.split_once("ClusterExec").unwrap_or_else(|| panic!("no cluster in\n{text}")).1;
+        assert!(remote_part.contains("aggr=[count], input rows <= 6000, memory <= "), "{text}");
+        assert_eq!(remote_part.matches("PlannedAggregateExec").count(), planned, "{text}");
+        assert!(!text.contains("AggregateExec: mode="), "no aggregate of DataFusion's\n{text}");
+    }
 }
 
 /// Sends `signal` to every executor.

@@ -132,6 +132,34 @@ async fn with_a_unit_the_selection_counts_people_not_rows() {
     assert!(rows.contains(&"spam".to_string()));
 }
 
+/// The first pass's count (and, with a unit, its bound) is the planned operator, whose memory and
+/// spills follow from the file's footer and the memory limit, never from how many candidate groups
+/// the rows have (DataFusion's aggregate spilled when they no longer fit: one more group could make
+/// the query spill and run visibly longer) — over one partition too, where DataFusion plans one
+/// phase of its own.
+#[tokio::test]
+async fn the_first_pass_counts_with_memory_planned_from_public_facts() {
+    let f = fixture("sel-planned").await;
+    for partitions in [1, 2] {
+        let opts =
+            SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
+        let s = AnalystSession::open(&f.dir.path("catalog.db"), opts).await.unwrap();
+        for (t, planned) in [("rows", 1), ("people", 2)] {
+            let sql = format!("SELECT city, {}['mass'] FROM {t} GROUP BY city", kde(SELECT));
+            let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+            let gate = plan.downcast_ref::<dpcurve::guard::BudgetGateExec>().expect("the gate at the root");
+            let [first] = &gate.selection_plans()[..] else { panic!("one selection") };
+            let text = datafusion::physical_plan::displayable(first.as_ref()).indent(false).to_string();
+            assert!(text.contains("aggr=[count], input rows <= 1804, memory <= "), "{t}, {partitions}:\n{text}");
+            assert_eq!(text.matches("PlannedAggregateExec").count(), planned, "{t}, {partitions}:\n{text}");
+            assert!(!text.contains("AggregateExec: mode="), "{t}, {partitions}: no aggregate of DataFusion's\n{text}");
+            // The release's own bound too.
+            let main = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+            assert!(t == "rows" || main.contains("aggr=[dpcurve_unit_bound], input rows <= 1804"), "{main}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn unselected_keys_appear_nowhere_and_rare_groups_stay_hidden_with_noise() {
     let f = fixture("sel-hidden").await;

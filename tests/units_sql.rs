@@ -368,7 +368,7 @@ async fn the_bound_runs_in_one_phase_over_rows_repartitioned_by_unit() {
         let bounds: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains("dpcurve_unit_bound")).collect();
         assert_eq!(bounds.len(), 1, "{table}: one bound in\n{text}");
         let at = bounds[0];
-        assert!(lines[at].contains("UnitBoundExec: unit=__dpcurve_unit_id"), "{table}: {}\n{text}", lines[at]);
+        assert!(lines[at].contains("PlannedAggregateExec: key=__dpcurve_unit_id"), "{table}: {}\n{text}", lines[at]);
         assert!(
             lines[at + 1].contains("UnitExchangeExec: partitioning=Hash([__dpcurve_unit_id"),
             "{table}: rows repartitioned by the unit below the bound\n{text}"
@@ -470,7 +470,7 @@ async fn mass_and_spills(s: &AnalystSession, sql: &str) -> datafusion::common::R
     let batches = datafusion::physical_plan::collect(Arc::clone(&plan), s.task_ctx_for_tests()).await?;
     let mut spills = 0;
     plan.apply(|node| {
-        if node.name() == "UnitBoundExec" {
+        if node.name() == "PlannedAggregateExec" {
             spills += node.metrics().and_then(|m| m.spill_count()).unwrap_or(0);
         }
         Ok(TreeNodeRecursion::Continue)

@@ -19,8 +19,9 @@
 //! The client plans the query exactly as in a single process (guard, pricing, permits,
 //! contribution bounding, partition selection), then [`distribute`] replaces every partial
 //! aggregate that reads files — `AggregateExec(Partial)` and everything below it: scans,
-//! filters, the privacy-unit windows (a hash shuffle by unit, so a unit's rows meet on one
-//! executor whatever the file layout) — with a [`ClusterExec`] leaf that submits that subtree
+//! filters, the privacy-unit bound (a hash shuffle of the rows by unit, so a unit's rows meet on
+//! one executor whatever the file layout, then the bound's own operator with its memory planned
+//! by the client from public facts) — with a [`ClusterExec`] leaf that submits that subtree
 //! to the scheduler when it is first polled (after the debit), and streams back the partial
 //! states. Fixed-point states merge by integer addition, so the client's final aggregate
 //! computes bit for bit the statistic a single process computes, under any partitioning.

@@ -17,13 +17,14 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties, SendableRecordBatchStream, displayable,
 };
 use datafusion_proto::protobuf::PhysicalPlanNode;
 use futures::{StreamExt, TryStreamExt};
 
 use super::address::Cluster;
 use super::codec::DpCodec;
+use crate::guard::exec::planned_aggregate::PlannedAggregateExec;
 
 /// Whether a plan sends work to a cluster.
 pub fn uses_cluster(plan: &Arc<dyn ExecutionPlan>) -> bool {
@@ -52,6 +53,12 @@ fn contains(plan: &Arc<dyn ExecutionPlan>, name: &str) -> bool {
 /// the client.
 pub fn distribute(plan: Arc<dyn ExecutionPlan>, cluster: &Cluster) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_down(|node| {
+        // A one-phase aggregate with its memory planned (a partition selection's count), under
+        // no aggregate that would take it along: sent whole, with its public facts.
+        if node.downcast_ref::<PlannedAggregateExec>().is_some() && reads_files(&node) {
+            let remote: Arc<dyn ExecutionPlan> = Arc::new(ClusterExec::new(node, cluster.clone()));
+            return Ok(Transformed::new(remote, true, TreeNodeRecursion::Jump));
+        }
         let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
         if !reads_files(agg.input()) {
             return Ok(Transformed::no(node));
@@ -108,8 +115,16 @@ impl ClusterExec {
 }
 
 impl DisplayAs for ClusterExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ClusterExec: {}", self.cluster)
+    /// The cluster, then (except in the tree rendering) the plan its executors run, one operator
+    /// after the other from the top, on one line.
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterExec: {}", self.cluster)?;
+        if matches!(t, DisplayFormatType::TreeRender) {
+            return Ok(());
+        }
+        let remote = displayable(self.remote.as_ref()).indent(matches!(t, DisplayFormatType::Verbose)).to_string();
+        let operators: Vec<&str> = remote.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        write!(f, ", runs [{}]", operators.join("; "))
     }
 }
 

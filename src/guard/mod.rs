@@ -36,7 +36,7 @@ use exec::parameters::bind_parameters;
 use exec::prefetch::prefetch_releases;
 use exec::public_facts::with_public_facts;
 use exec::selection_stage::SelectionStage;
-use exec::unit_phase::single_phase_unit_bounds;
+use exec::unit_phase::{Exchange, single_phase_aggregates};
 pub use passes::limits::MAX_PRIVATE_CALLS;
 use view::{PolicyView, SELECTION_CHARGE};
 
@@ -168,15 +168,19 @@ impl QueryPlanner for PrivacyPlanner {
         for stage in &mut stages {
             stage.physical = Some(planner.create_physical_plan(&stage.plan, session).await?);
         }
-        // Partial aggregation elsewhere (a cluster's executors), merge and release here.
+        // Partial aggregation elsewhere (a cluster's executors), merge and release here. Each
+        // privacy unit is bounded once there too, by the bound's own operator over rows the
+        // cluster shuffles by unit, its memory planned here from public facts.
         let physical = match &self.distributor {
             Some(d) => {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
-                        stage.physical = Some(d.distribute(p)?);
+                        let p = with_public_facts(single_phase_aggregates(p, Exchange::Shuffle)?, session, unit_memory);
+                        stage.physical = Some(d.distribute(p.await?)?);
                     }
                 }
-                let physical = d.distribute(physical)?;
+                let physical = single_phase_aggregates(physical, Exchange::Shuffle)?;
+                let physical = d.distribute(with_public_facts(physical, session, unit_memory).await?)?;
                 let stage_uses = stages.iter().any(|s| s.physical.as_ref().is_some_and(|p| d.is_used_by(p)));
                 if stage_uses || d.is_used_by(&physical) {
                     d.check_reachable().await?;
@@ -188,11 +192,12 @@ impl QueryPlanner for PrivacyPlanner {
             None => {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
-                        let p = with_public_facts(single_phase_unit_bounds(p)?, session, unit_memory).await?;
-                        stage.physical = Some(bind_parameters(p)?);
+                        let p = single_phase_aggregates(p, Exchange::InProcess)?;
+                        stage.physical = Some(bind_parameters(with_public_facts(p, session, unit_memory).await?)?);
                     }
                 }
-                bind_parameters(with_public_facts(single_phase_unit_bounds(physical)?, session, unit_memory).await?)?
+                let physical = single_phase_aggregates(physical, Exchange::InProcess)?;
+                bind_parameters(with_public_facts(physical, session, unit_memory).await?)?
             }
         };
         // Grouped private aggregates release every public group once, reached by rows or not,

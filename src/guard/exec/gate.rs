@@ -115,6 +115,11 @@ impl BudgetGateExec {
         Self { stages: Arc::new(stages), ..self }
     }
 
+    /// The physical plans of its partition selections' first passes (their counts).
+    pub fn selection_plans(&self) -> Vec<Arc<dyn ExecutionPlan>> {
+        self.stages.iter().filter_map(|s| s.physical.clone()).collect()
+    }
+
     /// What one execution debits.
     pub fn charges(&self) -> &[Charge] {
         &self.charges

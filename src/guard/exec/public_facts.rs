@@ -1,13 +1,14 @@
-//! The public facts a privacy-unit bound plans its memory from ([`UnitBoundExec`] chooses from them,
-//! before any row, whether it holds its units in memory or spills them; its module docs):
+//! The public facts a planned aggregate — the privacy-unit bound, a partition selection's count —
+//! plans its memory from ([`PlannedAggregateExec`] chooses from them, before any row, whether it
+//! holds its keys in memory or spills them; its module docs):
 //! * the most rows its input can have: the row counts in the footers of the Parquet files it scans
 //!   (SPEC §0 counts the files' sizes as public; the footer's row count is read, never its
 //!   statistics of values). The bound holds for an input that only scans, filters, projects,
-//!   repartitions or unions: none of these makes more rows than the files have. Any other operator
-//!   below the bound (a join, an unnest) leaves it unknown, and the bound then spills as for an
-//!   input too large;
+//!   repartitions or unions — none of these makes more rows than the files have — or unnests a
+//!   unit bound's kept rows (each one of its input's rows). Any other operator below (a join, an
+//!   unnest of a column) leaves it unknown, and the operator then spills as for an input too large;
 //! * the bytes it may hold: what the private calls' planned memory leaves of the session's limit
-//!   (`passes::limits`), shared equally by the plan's bounds (they may run at once).
+//!   (`passes::limits`), shared equally by the plan's planned aggregates (they may run at once).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,11 +19,13 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::object_store::ObjectMeta;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::unit_bound_exec::UnitBoundExec;
+use super::planned_aggregate::PlannedAggregateExec;
+use crate::guard::ops::unit_bound;
 
 /// Operators whose output has at most the rows of their inputs together.
 const NO_MORE_ROWS: &[&str] = &[
@@ -39,8 +42,8 @@ const NO_MORE_ROWS: &[&str] = &[
 /// A file by its store and location.
 type FileKey = (String, String);
 
-/// Every [`UnitBoundExec`] in `plan` with its input's public row bound and its part of `memory`
-/// bytes (module docs). Reads the footers of the Parquet files below the bounds, once each; other
+/// Every [`PlannedAggregateExec`] in `plan` with its input's public row bound and its part of `memory`
+/// bytes (module docs; None: the default share of the session's limit, [`unit_bound::memory_share`]). Reads the footers of the Parquet files below the bounds, once each; other
 /// plans are returned unchanged.
 pub async fn with_public_facts(
     plan: Arc<dyn ExecutionPlan>,
@@ -49,16 +52,22 @@ pub async fn with_public_facts(
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let mut bounds = 0u64;
     plan.apply(|n| {
-        bounds += u64::from(n.downcast_ref::<UnitBoundExec>().is_some());
+        bounds += u64::from(n.downcast_ref::<PlannedAggregateExec>().is_some());
         Ok(TreeNodeRecursion::Continue)
     })?;
     if bounds == 0 {
         return Ok(plan);
     }
+    // Without a plan for the private calls' memory (no privacy unit), the default share of the
+    // session's limit.
+    let memory = memory.or(match session.runtime_env().memory_pool.memory_limit() {
+        MemoryLimit::Finite(bytes) => Some(unit_bound::memory_share(bytes) as u64),
+        _ => None,
+    });
     let share = memory.map(|m| m / bounds);
     let mut files: Vec<(ObjectStoreUrl, ObjectMeta)> = Vec::new();
     plan.apply(|node| {
-        if let Some(bound) = node.downcast_ref::<UnitBoundExec>() {
+        if let Some(bound) = node.downcast_ref::<PlannedAggregateExec>() {
             bound.children()[0].apply(|n| {
                 if let Some((url, scanned)) = parquet_files(n) {
                     files.extend(scanned.into_iter().map(|m| (url.clone(), m)));
@@ -79,7 +88,7 @@ pub async fn with_public_facts(
         rows.insert(key, u64::try_from(footer.file_metadata().num_rows()).unwrap_or(0));
     }
     plan.transform_up(|node| {
-        let Some(bound) = node.downcast_ref::<UnitBoundExec>() else { return Ok(Transformed::no(node)) };
+        let Some(bound) = node.downcast_ref::<PlannedAggregateExec>() else { return Ok(Transformed::no(node)) };
         let most = most_rows(bound.children()[0], &rows);
         Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most).with_share(share)) as Arc<dyn ExecutionPlan>))
     })
@@ -104,13 +113,24 @@ fn parquet_files(node: &Arc<dyn ExecutionPlan>) -> Option<(ObjectStoreUrl, Vec<O
 }
 
 /// The most rows `node` can produce: its files' rows for a Parquet scan, its inputs' together
-/// for an operator of [`NO_MORE_ROWS`], unknown otherwise.
+/// for an operator of [`NO_MORE_ROWS`] or a planned aggregate (one row per key, at most one per
+/// row), its input's for the unnested kept rows of a unit bound (each one of its input's rows),
+/// unknown otherwise.
 fn most_rows(node: &Arc<dyn ExecutionPlan>, rows: &HashMap<FileKey, u64>) -> Option<u64> {
     if let Some((url, metas)) = parquet_files(node) {
         return metas.iter().try_fold(0u64, |sum, m| {
             let n = rows.get(&(url.as_str().to_string(), m.location.to_string()))?;
             sum.checked_add(*n)
         });
+    }
+    if node.name() == "UnnestExec"
+        && let [bound] = node.children()[..]
+        && bound.downcast_ref::<PlannedAggregateExec>().is_some_and(PlannedAggregateExec::is_unit_bound)
+    {
+        return most_rows(bound.children()[0], rows);
+    }
+    if node.downcast_ref::<PlannedAggregateExec>().is_some() {
+        return most_rows(node.children()[0], rows);
     }
     if !NO_MORE_ROWS.contains(&node.name()) {
         return None;

@@ -5,11 +5,22 @@
 //! file partition, merged after a repartition of the samples. Each phase offers rows to the
 //! unit's sample (most of the bound's cost: a unit's `L` smallest group orders change about
 //! `L·ln(rows/L)` times), so with P partitions a unit is sampled P + 1 times. In one process
-//! [`single_phase_unit_bounds`] plans it once instead: the rows go to the partition of their unit
+//! [`single_phase_aggregates`] plans it once instead: the rows go to the partition of their unit
 //! ([`UnitExchangeExec`]) and one aggregate per partition bounds each unit it receives (DataFusion's
-//! `SinglePartitioned` mode, run by [`UnitBoundExec`] when the unit is of a fixed-width type — the
+//! `SinglePartitioned` mode, run by [`PlannedAggregateExec`] when the unit is of a fixed-width type — the
 //! unit's value or its hash, always). The kept rows are the same (the bound does not depend on batches or
 //! partitions).
+//!
+//! A partition selection's first pass, a count grouped by the candidate key, is planned the same
+//! way (rows exchanged by key, one count per partition by [`PlannedAggregateExec`]): DataFusion's
+//! count would spill when the candidate groups no longer fit. Over one partition DataFusion plans
+//! either aggregate in one phase of its own (`Single`), which the operator replaces too.
+//!
+//! On a cluster the same one phase runs on the executors, over rows the cluster shuffles by unit
+//! ([`Exchange::Shuffle`]). DataFusion's two phases would merge the samples in its hash aggregate,
+//! which spills (or, on an executor without a memory limit, grows) when the units no longer fit:
+//! a threshold of units, observable in the running time (SPEC §0). [`PlannedAggregateExec`] plans its
+//! memory from public facts wherever it runs.
 //!
 //! The exchange has **bounded** queues. DataFusion's `RepartitionExec` lets a queue grow while
 //! another is empty (to avoid deadlocks between consumers that wait on each other); routed by
@@ -40,42 +51,72 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::node::{apply_each, only_child};
-use super::unit_bound_exec::UnitBoundExec;
-use crate::guard::ops::unit_bound;
+use super::planned_aggregate::{self, PlannedAggregateExec};
 
 /// Batches a queue of the exchange holds before its senders wait.
 pub const QUEUE_BATCHES: usize = 2;
 
-/// Replaces every two-phase unit bound (partial → repartition of samples → final) by one phase
-/// over rows exchanged by unit (module docs). Other plans are returned unchanged.
-pub fn single_phase_unit_bounds(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+/// How the rows reach the partition of their unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exchange {
+    /// In this process: [`UnitExchangeExec`], with bounded queues (module docs).
+    InProcess,
+    /// On a cluster: DataFusion's hash `RepartitionExec`, which the cluster's planner cuts into a
+    /// shuffle stage (its writers spill every so many buffered bytes, its readers read files), so
+    /// a unit's rows meet on one executor whatever the file layout.
+    Shuffle,
+}
+
+/// Replaces every two-phase aggregate that [`PlannedAggregateExec`] runs — the unit bound and a
+/// partition selection's count (partial → repartition of states → final) — by one phase over rows
+/// sent by `exchange` to the partition of their key (module docs), run by that operator; and the
+/// same aggregate planned in one phase over one partition (`Single`) by that operator over it.
+/// Other plans are returned unchanged.
+pub fn single_phase_aggregates(plan: Arc<dyn ExecutionPlan>, exchange: Exchange) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let Some(last) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
-        if *last.mode() != AggregateMode::FinalPartitioned
-            || !last.aggr_expr().iter().any(|e| e.fun().name() == unit_bound::NAME)
-        {
+        if !last.aggr_expr().iter().any(|e| planned_aggregate::runs(e)) {
             return Ok(Transformed::no(node));
         }
-        let Some(samples) = last.input().downcast_ref::<RepartitionExec>() else { return Ok(Transformed::no(node)) };
-        let Partitioning::Hash(_, partitions) = samples.partitioning() else { return Ok(Transformed::no(node)) };
-        let Some(first) = samples.input().downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
-        if *first.mode() != AggregateMode::Partial {
-            return Ok(Transformed::no(node));
-        }
-        let units = first.group_expr().expr().iter().map(|(e, _)| Arc::clone(e)).collect();
-        let rows = UnitExchangeExec::new(Arc::clone(first.input()), units, *partitions);
-        let bound = AggregateExec::try_new(
+        let (input, first) = match last.mode() {
+            AggregateMode::Single if last.input().output_partitioning().partition_count() == 1 => {
+                (Arc::clone(last.input()), last)
+            }
+            AggregateMode::FinalPartitioned => {
+                let Some(states) = last.input().downcast_ref::<RepartitionExec>() else {
+                    return Ok(Transformed::no(node));
+                };
+                let Partitioning::Hash(_, partitions) = states.partitioning() else { return Ok(Transformed::no(node)) };
+                let Some(first) = states.input().downcast_ref::<AggregateExec>() else {
+                    return Ok(Transformed::no(node));
+                };
+                if *first.mode() != AggregateMode::Partial {
+                    return Ok(Transformed::no(node));
+                }
+                let keys = first.group_expr().expr().iter().map(|(e, _)| Arc::clone(e)).collect();
+                let input = Arc::clone(first.input());
+                let rows: Arc<dyn ExecutionPlan> = match exchange {
+                    Exchange::InProcess => Arc::new(UnitExchangeExec::new(input, keys, *partitions)),
+                    Exchange::Shuffle => {
+                        Arc::new(RepartitionExec::try_new(input, Partitioning::Hash(keys, *partitions))?)
+                    }
+                };
+                (rows, first)
+            }
+            _ => return Ok(Transformed::no(node)),
+        };
+        let one = AggregateExec::try_new(
             AggregateMode::SinglePartitioned,
             first.group_expr().clone(),
             first.aggr_expr().to_vec(),
             first.filter_expr().to_vec(),
-            Arc::new(rows),
+            input,
             first.input_schema(),
         )?;
-        // The same aggregate with the bound's own unit table and spill, when it can hold the unit.
-        Ok(Transformed::yes(match UnitBoundExec::try_new(&bound)? {
+        // The same aggregate with its own key table and planned spill, when it can hold the key.
+        Ok(Transformed::yes(match PlannedAggregateExec::try_new(&one)? {
             Some(own) => Arc::new(own) as Arc<dyn ExecutionPlan>,
-            None => Arc::new(bound),
+            None => Arc::new(one),
         }))
     })
     .map(|t| t.data)

@@ -2,7 +2,7 @@
 //! one fixed-width type (an integer-like value of at most 16 bytes, or the unit's 16-byte keyed
 //! hash) held inline as 128-bit words in an open-addressing table.
 //!
-//! It replaces DataFusion's group-value interning for the unit bound ([`super::unit_bound_exec`]),
+//! It replaces DataFusion's group-value interning for the unit bound ([`super::planned_aggregate`]),
 //! where the units' states (tens of bytes each, for 10⁵–10⁶ units) evict every table from the
 //! caches: DataFusion's interning then waits on two dependent cache misses per row (its hash
 //! table, then its values to compare). Here a slot holds the key itself, and a batch's keys are

@@ -16,6 +16,9 @@ use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl,
 
 use super::sample_order::{SampleOrder, canonical_rows};
 
+/// The name of a partition selection's count of each candidate group's units (its first pass).
+pub const COUNT_COLUMN: &str = "__dpcurve_units";
+
 /// The selected keys of one execution, shared by the gate (which fills it) and the membership
 /// filter (which reads it). Empty until the gate has run the selection: a plan run below the
 /// gate selects nothing.

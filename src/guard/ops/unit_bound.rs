@@ -25,9 +25,9 @@
 //! same memory as one of K·L rows (a window partition held all of them, and its sort failed under
 //! the memory limit only when that unit was present). Kept rows are stored in Arrow's row
 //! encoding (owned bytes, not slices that would pin whole input batches). The number of units is
-//! the aggregate's number of groups: in one process the bound's own aggregate
-//! (`guard::exec::unit_bound_exec`) holds them and spills them by hash partitions, elsewhere
-//! DataFusion's hash aggregate, which spills too.
+//! the aggregate's number of groups: the bound's own aggregate (`guard::exec::planned_aggregate`,
+//! in one process and on a cluster's executors) holds them and spills them by hash partitions on a
+//! schedule planned from public facts.
 
 use std::fmt;
 use std::mem::{size_of, size_of_val};

@@ -13,10 +13,11 @@
 //! Execution, after the gate's debit:
 //! 1. a first pass counts each candidate group's units (after the per-unit bound of L groups,
 //!    one row per unit and group; rows when the row is the unit), grouped by the key's keyed
-//!    128-bit hash, never its value — a plain count, which spills to disk like any aggregate
-//!    (when rows are units and every key is a fixed-width integer-like value, the count groups
-//!    by the value, which takes no more memory than its hash, and hashes each candidate once;
-//!    the membership filter then tests a row's key by its value, without hashing it);
+//!    128-bit hash, never its value — a count whose memory and spills are planned from public
+//!    facts, never from how many candidates there are (`exec::planned_aggregate`; when rows are
+//!    units and the key is one fixed-width integer-like column, the count groups by the value,
+//!    which takes no more memory than its hash, and hashes each candidate once; the membership
+//!    filter then tests a row's key by its value, without hashing it);
 //! 2. the gate adds exact discrete Laplace noise of scale `L/ε_sel` to each count and keeps
 //!    the groups reaching the threshold τ ([`PartitionSelection`]: a group of one unit passes
 //!    with probability ≤ δ_sel/L), then the `select_max_groups` highest noisy counts among them
@@ -43,13 +44,12 @@ use crate::guard::checking::Checking;
 use crate::guard::exec::selection_stage::SelectionStage;
 use crate::guard::ops::bounding::{bound_rows, integer_like};
 use crate::guard::ops::sample_order::SampleOrder;
-use crate::guard::ops::selected::{SelectedFilter, SelectedKeys};
+use crate::guard::ops::selected::{COUNT_COLUMN, SelectedFilter, SelectedKeys};
 use crate::guard::view::{UnitsMap, selection_args};
 use crate::guard::walk::{aggregate_call, private_aggregate, with_input};
 use crate::mechanism::Contribution;
 use crate::mechanism::selection::PartitionSelection;
 
-const COUNT_COLUMN: &str = "__dpcurve_units";
 const GROUP_KEY: &str = "__dpcurve_group_key";
 
 /// The pass: the partition selections, for the gate to run first.
@@ -115,9 +115,10 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
             let hash_key = order.key();
             let key_hash = ScalarUDF::from(order.clone()).call(agg.group_expr.clone());
             // First pass: units per candidate key hash (one kept row per unit and group: K = 1).
-            let first_pass = if unit.is_none() && integer_like(&agg.group_expr, agg.input.schema())? {
-                // Rows are units and keys fixed-width: count by the key's value (16 bytes or
-                // fewer per key, as its hash would be), then hash each candidate once.
+            let by_value = agg.group_expr.len() == 1 && integer_like(&agg.group_expr, agg.input.schema())?;
+            let first_pass = if unit.is_none() && by_value {
+                // Rows are units and the key is one fixed-width column: count by its value (16
+                // bytes or fewer, as its hash would be), then hash each candidate once.
                 let counted = LogicalPlanBuilder::from(agg.input.as_ref().clone())
                     .aggregate(agg.group_expr.clone(), vec![count(lit(1i64)).alias(COUNT_COLUMN)])?
                     .build()?;

@@ -1,39 +1,46 @@
-//! The privacy-unit bound's own aggregate: each partition's units found in a [`UnitTable`]
-//! instead of DataFusion's hash aggregate, their samples kept by the bound's accumulator, and —
-//! when the input's rows could hold more than the memory limit allows — spilled to disk in
-//! partitions of the units' hashes.
+//! An aggregate grouped by one key of a fixed width whose memory is planned from public facts:
+//! each partition's keys found in a [`UnitTable`] instead of DataFusion's hash aggregate, their
+//! states kept by the call's `GroupsAccumulator`, and — when the input's rows could hold more than
+//! the memory limit allows — spilled to disk in partitions of the keys' hashes, on a schedule fixed
+//! before the first row. It runs two calls, each the only one of its aggregate:
+//! * the privacy-unit bound (`dpcurve_unit_bound`, grouped by the unit: its value or its hash);
+//! * a partition selection's count of each candidate group (`count`, aliased
+//!   [`selected::COUNT_COLUMN`], grouped by the key's keyed hash or its integer value).
 //!
-//! [`super::unit_phase`] plans the bound in one phase: rows exchanged by unit, then one aggregate
-//! per partition grouped by the unit (DataFusion's `SinglePartitioned` mode) whose only call is
-//! `dpcurve_unit_bound`. That aggregate spends most of its time finding each row's unit — the
-//! units' samples evict DataFusion's interning table from the caches, and it waits on its misses
-//! one row at a time. [`UnitBoundExec`] replaces it with the same output (one row per unit: the
-//! unit and its kept rows) from the same accumulator (`GroupsAccumulator` of the bound, fed the
-//! same group indices in the same order), finding units with prefetches ([`UnitTable`]).
+//! [`super::unit_phase`] plans both in one phase: rows exchanged by key, then one aggregate per
+//! partition grouped by the key (DataFusion's `SinglePartitioned` mode). DataFusion's own aggregate
+//! would spend most of the bound's time finding each row's unit — the units' samples evict its
+//! interning table from the caches, and it waits on its misses one row at a time — and would spill
+//! when its groups no longer fit, a threshold the rows decide. [`PlannedAggregateExec`] computes the
+//! same output (one row per key: the key and the call's value) from the same accumulator, fed the
+//! same group indices in the same order, finding keys with prefetches ([`UnitTable`]).
 //!
-//! **Memory, decided before the first row (SPEC §0).** Whether and when the bound spills must not
-//! depend on the rows: spilling when the units no longer fit would make the running time jump at
-//! a unit count, which an analyst who filters units with WHERE could bisect for. So the
-//! [`Layout`] is chosen from public facts only — the most rows the input can have (the row counts
-//! in the Parquet footers of the files it scans, [`super::public_facts`]), the most bytes a row can
-//! add to the state ([`UnitBound::most_bytes_per_row`], [`UnitTable::most_bytes_per_unit`]), the
-//! bytes of the session's memory limit the private calls above leave it (planned from their public
-//! parameters; at least half, [`unit_bound::memory_share`]) and the number of partitions:
-//! * **in memory** when every row of the input could be a unit and still fit: nothing is written;
-//! * **spilled** otherwise: every `window` rows a partition reads, its units' samples (the
-//!   accumulator's state) are written to files chosen by a keyed hash of the unit, and the table
+//! **Memory, decided before the first row (SPEC §0).** Whether and when it spills must not
+//! depend on the rows: spilling when the keys no longer fit would make the running time jump at
+//! a count of units (or of candidate groups), which an analyst who filters rows with WHERE could
+//! bisect for. So the [`Layout`] is chosen from public facts only — the most rows the input can
+//! have (the row counts in the Parquet footers of the files it scans, [`super::public_facts`]), the
+//! most bytes a row can add to the state (a new key's table slot, [`UnitTable::most_bytes_per_unit`],
+//! and the call's growth: [`UnitBound::most_bytes_per_row`], or a count's 8 bytes in a vector at
+//! most doubled), the bytes of the session's memory limit it may hold (for the bound, what the
+//! private calls above leave it, planned from their public parameters; at least half,
+//! [`unit_bound::memory_share`]) and the number of partitions:
+//! * **in memory** when every row of the input could be a key of its own and still fit: nothing
+//!   is written;
+//! * **spilled** otherwise: every `window` rows a partition reads, its keys' states (the
+//!   accumulator's state) are written to files chosen by a keyed hash of the key, and the table
 //!   is emptied — so the memory held is at most a window's; at the end the rest is written too.
 //!   The files of each level are split again by the next level's bits until the last level, whose
-//!   files are each read back alone (on the blocking pool), merged per unit exactly as partial
+//!   files are each read back alone (on the blocking pool), merged per key exactly as partial
 //!   states merge, and emitted. The number of levels and their bits are chosen so that a last-level
 //!   file of a maximal input holds a quarter of the share on average: with the hash's key unknown,
 //!   one holding more than the share is as likely as a hash collision (its memory is then
 //!   charged beyond the limit, never a failure).
 //!
 //! Either way the work depends on the number of rows read (one row more, one window boundary
-//! moved by one row) and on the units written (each a bounded cost), never on a threshold of units
-//! or memory; the pool's accounting is infallible, so no data-dependent failure either. The kept
-//! rows do not depend on the layout (merging samples keeps exactly what one pass keeps). Kept
+//! moved by one row) and on the keys written (each a bounded cost), never on a threshold of keys
+//! or memory; the pool's accounting is infallible, so no data-dependent failure either. The
+//! output does not depend on the layout (merging states gives exactly what one pass gives). Kept
 //! columns of variable width (strings, a mean curve's lists) have no public bound on their bytes: a window
 //! then holds what its rows hold, bounded by the files' sizes only.
 
@@ -58,7 +65,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
@@ -66,57 +73,63 @@ use futures::StreamExt;
 
 use super::node::{apply_each, batch_as, groups_accumulators, only_child};
 use super::unit_table::{LEVEL_BITS, UnitTable, key_width};
+use crate::guard::ops::selected;
 use crate::guard::ops::unit_bound::{self, UnitBound};
 
-/// The bound's one-phase aggregate with its own unit table and spill (module docs).
+/// A one-phase aggregate with its own key table and planned spill (module docs).
 #[derive(Debug, Clone)]
-pub struct UnitBoundExec {
+pub struct PlannedAggregateExec {
     input: Arc<dyn ExecutionPlan>,
-    unit: Arc<dyn PhysicalExpr>,
-    bound: Arc<AggregateFunctionExpr>,
-    unit_type: DataType,
+    key: Arc<dyn PhysicalExpr>,
+    call: Arc<AggregateFunctionExpr>,
+    kind: Call,
+    key_type: DataType,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     /// The most rows the input can have, from public facts (None: unknown, so spilled).
     rows: Option<u64>,
-    /// The bytes of the memory limit this bound may hold, planned from public parameters (None:
+    /// The bytes of the memory limit it may hold, planned from public parameters (None:
     /// [`unit_bound::memory_share`] of the pool's limit).
     share: Option<u64>,
-    /// `spill_count`: times the samples were written out; `partition_splits`: spill files split
-    /// by the next level's bits; `peak_bytes`: the most the table and the samples held.
+    /// `spill_count`: times the states were written out; `partition_splits`: spill files split
+    /// by the next level's bits; `peak_bytes`: the most the table and the states held.
     metrics: ExecutionPlanMetricsSet,
 }
 
-impl UnitBoundExec {
-    /// The operator for `agg` when it is the bound's one-phase aggregate (`SinglePartitioned`,
-    /// grouped by one unit of a fixed-width type, one unfiltered `dpcurve_unit_bound` call);
-    /// None for any other aggregate. Its input's rows are unknown until [`Self::with_rows`].
+impl PlannedAggregateExec {
+    /// The operator for `agg` when it is the one-phase aggregate (`SinglePartitioned`, grouped by
+    /// one key of a fixed-width type) of one unfiltered call it runs (module docs); None for any
+    /// other aggregate. Its input's rows are unknown until [`Self::with_rows`].
     pub fn try_new(agg: &AggregateExec) -> Result<Option<Self>> {
         let groups = agg.group_expr();
-        let ([(unit, _)], [bound], [None]) = (groups.expr(), agg.aggr_expr(), agg.filter_expr()) else {
+        let ([(key, _)], [call], [None]) = (groups.expr(), agg.aggr_expr(), agg.filter_expr()) else {
             return Ok(None);
         };
-        if *agg.mode() != AggregateMode::SinglePartitioned
-            || !groups.is_single()
-            || bound.fun().inner().downcast_ref::<UnitBound>().is_none()
-        {
+        let Some(kind) = Call::of(call) else { return Ok(None) };
+        if *agg.mode() != AggregateMode::SinglePartitioned || !groups.is_single() {
             return Ok(None);
         }
-        let unit_type = unit.data_type(&agg.input_schema())?;
-        if key_width(&unit_type).is_none() {
+        let key_type = key.data_type(&agg.input_schema())?;
+        if key_width(&key_type).is_none() {
             return Ok(None);
         }
         Ok(Some(Self {
             input: Arc::clone(agg.input()),
-            unit: Arc::clone(unit),
-            bound: Arc::clone(bound),
-            unit_type,
+            key: Arc::clone(key),
+            call: Arc::clone(call),
+            kind,
+            key_type,
             schema: agg.schema(),
             properties: Arc::clone(agg.properties()),
             rows: None,
             share: None,
             metrics: ExecutionPlanMetricsSet::new(),
         }))
+    }
+
+    /// Whether it runs the privacy-unit bound (else a partition selection's count).
+    pub fn is_unit_bound(&self) -> bool {
+        self.kind == Call::UnitBound
     }
 
     /// The same operator over an input of at most `rows` rows, a public bound.
@@ -134,29 +147,89 @@ impl UnitBoundExec {
         Self { share, ..self }
     }
 
-    /// The schema of a spill file: the unit, then the bound's state.
+    /// The bytes of the memory limit it holds at most, as planned (None: not planned).
+    pub fn share(&self) -> Option<u64> {
+        self.share
+    }
+
+    /// The one-phase aggregate this operator computes, over `input` (of the same schema as its
+    /// own): what [`Self::try_new`] takes back. A cluster's codec sends the operator as that
+    /// aggregate over an empty input, with its public facts.
+    pub fn aggregate_over(&self, input: Arc<dyn ExecutionPlan>) -> Result<AggregateExec> {
+        let name = self.schema.field(0).name().clone();
+        let input_schema = self.input.schema();
+        AggregateExec::try_new(
+            AggregateMode::SinglePartitioned,
+            PhysicalGroupBy::new_single(vec![(Arc::clone(&self.key), name)]),
+            vec![Arc::clone(&self.call)],
+            vec![None],
+            input,
+            input_schema,
+        )
+    }
+
+    /// The schema of a spill file: the key, then the call's state.
     fn spill_schema(&self) -> Result<SchemaRef> {
-        let mut fields = vec![Arc::new(Field::new("unit", self.unit_type.clone(), true))];
-        fields.extend(self.bound.state_fields()?);
+        let mut fields = vec![Arc::new(Field::new("key", self.key_type.clone(), true))];
+        fields.extend(self.call.state_fields()?);
         Ok(Arc::new(Schema::new(fields)))
     }
 
-    /// The most bytes one row adds (a unit's entry and its sample's growth) and whether that is a
+    /// The most bytes one row adds (a key's entry and the call's growth) and whether that is a
     /// bound (kept columns of fixed width).
     fn bytes_per_row(&self, table: &UnitTable) -> Result<(usize, bool)> {
-        let Some(udf) = self.bound.fun().inner().downcast_ref::<UnitBound>() else {
-            return Err(DataFusionError::Internal(format!("{} is not the unit bound", self.bound.fun().name())));
+        let (row, exact) = match self.kind {
+            Call::UnitBound => {
+                let Some(udf) = self.call.fun().inner().downcast_ref::<UnitBound>() else {
+                    return Err(DataFusionError::Internal(format!("{} is not the unit bound", self.call.fun().name())));
+                };
+                let schema = self.input.schema();
+                let types = self.call.expressions().iter().map(|e| e.data_type(&schema)).collect::<Result<Vec<_>>>()?;
+                udf.most_bytes_per_row(&types)?
+            }
+            // One count per key, in a vector at most doubled.
+            Call::Count => (2 * size_of::<i64>(), true),
         };
-        let schema = self.input.schema();
-        let types = self.bound.expressions().iter().map(|e| e.data_type(&schema)).collect::<Result<Vec<_>>>()?;
-        let (row, exact) = udf.most_bytes_per_row(&types)?;
         Ok((row + table.most_bytes_per_unit(), exact))
     }
 }
 
-impl DisplayAs for UnitBoundExec {
+/// Whether `call` is one the operator runs (when it is its aggregate's only call, grouped by one
+/// key of a fixed width).
+pub fn runs(call: &AggregateFunctionExpr) -> bool {
+    Call::of(call).is_some()
+}
+
+/// The calls the operator runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// `dpcurve_unit_bound`, grouped by the unit.
+    UnitBound,
+    /// A partition selection's `count` of candidate groups ([`selected::COUNT_COLUMN`]), grouped
+    /// by the group's key.
+    Count,
+}
+
+impl Call {
+    fn of(call: &AggregateFunctionExpr) -> Option<Self> {
+        if call.fun().inner().downcast_ref::<UnitBound>().is_some() {
+            return Some(Self::UnitBound);
+        }
+        let counts = call.fun().name() == "count" && call.name() == selected::COUNT_COLUMN && !call.is_distinct();
+        counts.then_some(Self::Count)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::UnitBound => unit_bound::NAME,
+            Self::Count => "count",
+        }
+    }
+}
+
+impl DisplayAs for PlannedAggregateExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "UnitBoundExec: unit={}, aggr=[{}]", self.unit, unit_bound::NAME)?;
+        write!(f, "PlannedAggregateExec: key={}, aggr=[{}]", self.key, self.kind.name())?;
         match self.rows {
             Some(rows) => write!(f, ", input rows <= {rows}"),
             None => write!(f, ", input rows unknown"),
@@ -168,9 +241,9 @@ impl DisplayAs for UnitBoundExec {
     }
 }
 
-impl ExecutionPlan for UnitBoundExec {
+impl ExecutionPlan for PlannedAggregateExec {
     fn name(&self) -> &str {
-        "UnitBoundExec"
+        "PlannedAggregateExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -185,11 +258,11 @@ impl ExecutionPlan for UnitBoundExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        apply_each(std::iter::once(&self.unit).chain(self.bound.expressions().iter()), f)
+        apply_each(std::iter::once(&self.key).chain(self.call.expressions().iter()), f)
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "UnitBoundExec")?;
+        let input = only_child(children, "PlannedAggregateExec")?;
         Ok(Arc::new(Self { input, metrics: ExecutionPlanMetricsSet::new(), ..self.as_ref().clone() }))
     }
 
@@ -199,33 +272,35 @@ impl ExecutionPlan for UnitBoundExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, Arc::clone(&context))?;
-        let reservation = MemoryConsumer::new(format!("UnitBoundExec[{partition}]"))
+        let reservation = MemoryConsumer::new(format!("PlannedAggregateExec[{partition}]"))
             .with_can_spill(true)
             .register(context.memory_pool());
-        let table = UnitTable::new(&self.unit_type)?;
-        let bound = groups_accumulators(std::slice::from_ref(&self.bound))?.remove(0);
+        let table = UnitTable::new(&self.key_type)?;
+        let accumulator = groups_accumulators(std::slice::from_ref(&self.call))?.remove(0);
         let (per_row, exact) = self.bytes_per_row(&table)?;
         let batch = context.session_config().batch_size().max(1);
-        let limit = match context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(self.share.map_or(unit_bound::memory_share(bytes), |share| {
-                usize::try_from(share).unwrap_or(usize::MAX).min(bytes)
-            })),
-            _ => None,
+        // The planned share, within the pool's limit if it has one (an executor's pool may not:
+        // the share planned by the client still holds there).
+        let planned = self.share.map(|share| usize::try_from(share).unwrap_or(usize::MAX));
+        let limit = match (context.memory_pool().memory_limit(), planned) {
+            (MemoryLimit::Finite(bytes), Some(share)) => Some(share.min(bytes)),
+            (MemoryLimit::Finite(bytes), None) => Some(unit_bound::memory_share(bytes)),
+            (_, planned) => planned,
         };
         let layout = Layout::of(&Facts {
             rows: self.rows,
             per_row,
             exact,
-            fixed: table.most_fixed_bytes(batch) + bound.size(),
+            fixed: table.most_fixed_bytes(batch) + accumulator.size(),
             share: limit,
             partitions: self.properties.partitioning.partition_count().max(1),
         });
         let run = Run {
             input: Some(input),
-            unit: Arc::clone(&self.unit),
-            arguments: self.bound.expressions(),
+            key: Arc::clone(&self.key),
+            arguments: self.call.expressions(),
             table,
-            bound,
+            accumulator,
             groups: Vec::new(),
             reservation,
             context,
@@ -256,7 +331,7 @@ struct Facts {
     exact: bool,
     /// The most bytes a partition holds besides its rows' (empty table and accumulator).
     fixed: usize,
-    /// The bound's share of the memory limit, for all partitions (None: no limit).
+    /// The operator's share of the memory limit, for all partitions (None: no limit).
     share: Option<usize>,
     partitions: usize,
 }
@@ -264,7 +339,7 @@ struct Facts {
 /// How a partition holds its units, fixed before its first row (module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Layout {
-    /// Every unit in memory.
+    /// Every key in memory.
     InMemory,
     /// Samples written every `window` rows to files of `bits[0]` bits; a file of level `l` split
     /// by `bits[l + 1]` more while there is a next level, then merged.
@@ -307,10 +382,10 @@ impl Layout {
 struct Run {
     /// The rows, until all are read.
     input: Option<SendableRecordBatchStream>,
-    unit: Arc<dyn PhysicalExpr>,
+    key: Arc<dyn PhysicalExpr>,
     arguments: Vec<Arc<dyn PhysicalExpr>>,
     table: UnitTable,
-    bound: Box<dyn GroupsAccumulator>,
+    accumulator: Box<dyn GroupsAccumulator>,
     /// Scratch: one batch's group indices.
     groups: Vec<usize>,
     reservation: MemoryReservation,
@@ -368,7 +443,7 @@ impl Run {
     }
 
     fn size(&self) -> usize {
-        self.table.size() + self.bound.size()
+        self.table.size() + self.accumulator.size()
     }
 
     /// Charges what is held now to the pool, infallibly: the layout bounded it before any row.
@@ -402,30 +477,30 @@ impl Run {
 
     fn add(&mut self, batch: &RecordBatch) -> Result<()> {
         let n = batch.num_rows();
-        let unit = self.unit.evaluate(batch)?.into_array(n)?;
+        let key = self.key.evaluate(batch)?.into_array(n)?;
         let arguments =
             self.arguments.iter().map(|e| e.evaluate(batch)?.into_array(n)).collect::<Result<Vec<ArrayRef>>>()?;
-        self.table.groups_of(unit.as_ref(), &mut self.groups)?;
-        self.bound.update_batch(&arguments, &self.groups, None, self.table.len())?;
+        self.table.groups_of(key.as_ref(), &mut self.groups)?;
+        self.accumulator.update_batch(&arguments, &self.groups, None, self.table.len())?;
         self.charge();
         Ok(())
     }
 
-    /// Writes every unit's sample to its partition's file and empties the table.
+    /// Writes every key's state to its partition's file and empties the table.
     fn spill_into(&mut self, partitions: &mut Partitions) -> Result<()> {
         self.spills.add(1);
         let parts = self.table.group_partitions(partitions.level, partitions.bits);
         let mut columns = vec![self.table.keys()?];
-        columns.extend(self.bound.state(EmitTo::All)?);
+        columns.extend(self.accumulator.state(EmitTo::All)?);
         self.table.clear();
         partitions.write(&RecordBatch::try_new(Arc::clone(&self.spill_schema), columns)?, &parts)?;
         self.charge();
         Ok(())
     }
 
-    /// Every unit's kept rows, in batches of the session's size; empties the table.
+    /// Every key's value, in batches of the session's size; empties the table.
     fn emit(&mut self) -> Result<()> {
-        let kept = self.bound.evaluate(EmitTo::All)?;
+        let kept = self.accumulator.evaluate(EmitTo::All)?;
         let units = self.table.keys()?;
         self.table.reset();
         let batch = batch_as(Arc::clone(&self.schema), vec![units, kept])?;
@@ -452,13 +527,13 @@ impl Run {
         Ok(())
     }
 
-    /// Merges one last-level spill file's samples per unit and emits them.
+    /// Merges one last-level spill file's states per key and emits them.
     async fn merge(&mut self, file: &Arc<dyn SpillFile>) -> Result<()> {
         let mut batches = read_spill(spill_path(file)?, Arc::clone(&self.spill_schema));
         while let Some(batch) = batches.next().await {
             let batch = batch?;
             self.table.groups_of(batch.column(0).as_ref(), &mut self.groups)?;
-            self.bound.merge_batch(&batch.columns()[1..], &self.groups, self.table.len())?;
+            self.accumulator.merge_batch(&batch.columns()[1..], &self.groups, self.table.len())?;
             self.charge();
         }
         self.emit()
@@ -489,7 +564,7 @@ fn read_spill(path: PathBuf, schema: SchemaRef) -> SendableRecordBatchStream {
 type Writer = StreamWriter<BufWriter<Box<dyn SpillWriter>>>;
 
 /// The spill files of one level, `2^bits` of them, all opened at once and each written at every
-/// spill (an empty batch when no unit falls in it): how many files are opened and written
+/// spill (an empty batch when no key falls in it): how many files are opened and written
 /// depends on the layout and the spills, not on which partitions the units fall in.
 struct Partitions {
     level: u32,
@@ -502,7 +577,7 @@ impl Partitions {
     fn new(level: u32, bits: u32, schema: SchemaRef, context: &TaskContext) -> Result<Self> {
         let files = (0..1usize << bits)
             .map(|_| {
-                let file = context.runtime_env().disk_manager.create_tmp_file("dpcurve unit bound")?;
+                let file = context.runtime_env().disk_manager.create_tmp_file("dpcurve planned aggregate")?;
                 let writer = StreamWriter::try_new(BufWriter::new(file.open_writer()?), &schema)?;
                 Ok((file, writer))
             })
@@ -560,35 +635,56 @@ fn take_rows(column: &ArrayRef, rows: &UInt32Array) -> Result<ArrayRef> {
     Ok(Arc::new(ListArray::try_new(field, OffsetBuffer::from_lengths(lengths), values, None)?))
 }
 
+/// The bound's one-phase aggregate over rows built in memory, for tests here and of the codecs
+/// that send the operator elsewhere.
 #[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
+pub(crate) mod testing {
+    use std::sync::Arc;
 
-    use datafusion::arrow::array::{Array, AsArray, Float64Array, Int64Array};
-    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+    use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::datasource::memory::MemorySourceConfig;
-    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::functions_aggregate::count::count_udaf;
     use datafusion::logical_expr::AggregateUDF;
     use datafusion::physical_expr::aggregate::AggregateExprBuilder;
-    use datafusion::physical_expr::expressions::col;
-    use datafusion::physical_plan::aggregates::PhysicalGroupBy;
-    use datafusion::physical_plan::collect;
-    use datafusion::prelude::SessionConfig;
+    use datafusion::physical_expr::expressions::{col, lit};
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 
-    use super::*;
     use crate::guard::ops::sample_order::SampleOrder;
+    use crate::guard::ops::selected::COUNT_COLUMN;
     use crate::guard::ops::unit_bound::{UnitArg, UnitBound};
 
     /// `units` units (every 50th row's unit NULL) of 1–13 rows over 7 groups, in batches of 500
     /// rows: the bound's one-phase aggregate as DataFusion plans it.
-    fn aggregate(units: i64) -> AggregateExec {
+    pub fn aggregate(units: i64) -> AggregateExec {
         let rows = units * 7;
         aggregate_of((0..rows).map(|i| (i % 50 != 0).then_some((i * 7919) % units)).collect())
     }
 
+    /// A partition selection's one-phase count over rows of keys `k` (every other column as in
+    /// [`aggregate_of`]), grouped by the key.
+    pub fn count_of(k: Vec<Option<i64>>) -> AggregateExec {
+        let unit = aggregate_of(k);
+        let schema = unit.input_schema();
+        let count = AggregateExprBuilder::new(count_udaf(), vec![lit(1i64)])
+            .schema(Arc::clone(&schema))
+            .alias(COUNT_COLUMN)
+            .build()
+            .unwrap();
+        AggregateExec::try_new(
+            AggregateMode::SinglePartitioned,
+            unit.group_expr().clone(),
+            vec![Arc::new(count)],
+            vec![None],
+            Arc::clone(unit.input()),
+            schema,
+        )
+        .unwrap()
+    }
+
     /// The bound's one-phase aggregate over rows of units `u` (row `i` in group `i·31 mod 7`, of
     /// value `i·13 mod 1009`), in batches of 500 rows.
-    fn aggregate_of(u: Vec<Option<i64>>) -> AggregateExec {
+    pub fn aggregate_of(u: Vec<Option<i64>>) -> AggregateExec {
         let schema = Arc::new(Schema::new(vec![
             Field::new("u", DataType::Int64, true),
             Field::new("g", DataType::Int64, false),
@@ -621,9 +717,23 @@ mod tests {
         )
         .unwrap()
     }
+}
 
-    /// Each unit's kept values (NULL unit: None), in the order kept.
-    async fn kept(plan: Arc<dyn ExecutionPlan>, memory: Option<usize>) -> HashMap<Option<i64>, Vec<f64>> {
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::SessionConfig;
+
+    use super::testing::{aggregate, aggregate_of, count_of};
+    use super::*;
+
+    /// A task under a memory limit of `memory` bytes (None: no limit), in batches of 300 rows.
+    fn context(memory: Option<usize>) -> Arc<TaskContext> {
         let mut runtime = RuntimeEnvBuilder::new();
         if let Some(bytes) = memory {
             runtime = runtime.with_memory_limit(bytes, 1.0);
@@ -631,8 +741,27 @@ mod tests {
         let context = TaskContext::default()
             .with_session_config(SessionConfig::new().with_batch_size(300))
             .with_runtime(runtime.build_arc().unwrap());
+        Arc::new(context)
+    }
+
+    /// Each key's count (NULL key: None).
+    async fn counted(plan: Arc<dyn ExecutionPlan>, memory: Option<usize>) -> HashMap<Option<i64>, i64> {
         let mut out = HashMap::new();
-        for batch in collect(plan, Arc::new(context)).await.unwrap() {
+        for batch in collect(plan, context(memory)).await.unwrap() {
+            let (keys, counts) =
+                (batch.column(0).as_primitive::<Int64Type>(), batch.column(1).as_primitive::<Int64Type>());
+            for i in 0..batch.num_rows() {
+                let key = keys.is_valid(i).then(|| keys.value(i));
+                assert!(out.insert(key, counts.value(i)).is_none(), "key {key:?} emitted twice");
+            }
+        }
+        out
+    }
+
+    /// Each unit's kept values (NULL unit: None), in the order kept.
+    async fn kept(plan: Arc<dyn ExecutionPlan>, memory: Option<usize>) -> HashMap<Option<i64>, Vec<f64>> {
+        let mut out = HashMap::new();
+        for batch in collect(plan, context(memory)).await.unwrap() {
             let units = batch.column(0).as_primitive::<Int64Type>();
             let lists = batch.column(1).as_list::<i32>();
             for i in 0..batch.num_rows() {
@@ -646,14 +775,14 @@ mod tests {
     }
 
     /// (spills, splits, peak bytes) of a run.
-    fn counts(exec: &UnitBoundExec) -> (usize, usize, usize) {
+    fn counts(exec: &PlannedAggregateExec) -> (usize, usize, usize) {
         let m = exec.metrics().unwrap();
         let get = |name| m.sum_by_name(name).map_or(0, |v| v.as_usize());
         (m.spill_count().unwrap_or(0), get("partition_splits"), get("peak_bytes"))
     }
 
-    fn exec(agg: &AggregateExec, rows: Option<u64>) -> Arc<UnitBoundExec> {
-        Arc::new(UnitBoundExec::try_new(agg).unwrap().expect("a unit of a fixed-width type").with_rows(rows))
+    fn exec(agg: &AggregateExec, rows: Option<u64>) -> Arc<PlannedAggregateExec> {
+        Arc::new(PlannedAggregateExec::try_new(agg).unwrap().expect("a unit of a fixed-width type").with_rows(rows))
     }
 
     /// The operator keeps what DataFusion's aggregate keeps, unit by unit — in memory, spilled, and
@@ -680,21 +809,27 @@ mod tests {
         let want = kept(Arc::new(agg.clone()), None).await;
         assert!(want.len() > 11_000 && want.contains_key(&None), "units and the NULL unit: {}", want.len());
         assert!(want.values().all(|x| !x.is_empty() && x.len() <= 6));
-        for (memory, rows, spilled, split) in [
-            (None, rows, false, false),
-            (Some(1 << 30), rows, false, false),
-            (Some(1 << 30), None, true, false),
-            (Some(64 << 20), rows, true, false),
-            (Some(1 << 20), rows, true, true),
+        // (the pool's limit, the planned share, the input's row bound): spilled, split.
+        for (memory, share, rows, spilled, split) in [
+            (None, None, rows, false, false),
+            (Some(1 << 30), None, rows, false, false),
+            (Some(1 << 30), None, None, true, false),
+            (Some(64 << 20), None, rows, true, false),
+            (Some(1 << 20), None, rows, true, true),
+            // A planned share holds in a pool without a limit (a cluster's executor) and within
+            // a pool's smaller limit.
+            (None, Some(32 << 20), rows, true, false),
+            (None, Some(1 << 30), rows, false, false),
+            (Some(1 << 20), Some(1 << 30), rows, true, false),
         ] {
-            let exec = exec(&agg, rows);
+            let exec = Arc::new(exec(&agg, rows).as_ref().clone().with_share(share));
             let got = kept(Arc::clone(&exec) as Arc<dyn ExecutionPlan>, memory).await;
-            assert!(got == want, "under {memory:?} bytes, {rows:?} rows");
+            assert!(got == want, "under {memory:?} bytes, a share of {share:?}, {rows:?} rows");
             let (spills, splits, _) = counts(&exec);
             assert_eq!(
                 (spills > 0, splits > 0),
                 (spilled, split),
-                "under {memory:?} bytes, {rows:?} rows: {spills} spills, {splits} splits"
+                "under {memory:?} bytes, a share of {share:?}, {rows:?} rows: {spills} spills, {splits} splits"
             );
         }
     }
@@ -732,6 +867,67 @@ mod tests {
             kept(Arc::clone(&e1) as Arc<dyn ExecutionPlan>, Some(limit)).await,
         );
         assert_eq!((got.len() + 1, got1.len()), (768, 768));
+        let ((spills, splits, _), (spills1, splits1, _)) = (counts(&e), counts(&e1));
+        assert_eq!((spills, splits), (spills1, splits1), "under {limit} bytes");
+        assert!(spills > 0, "the limit is below what the input's rows could hold");
+    }
+
+    /// A partition selection's count: the counts DataFusion's aggregate gives, in memory and
+    /// spilled; its bytes per row bound what it holds; and neighbouring inputs whose candidate
+    /// groups straddle the limit spill alike (one more group used to make the count spill).
+    #[tokio::test]
+    async fn counts_as_the_aggregate_does_and_neighbours_spill_alike() {
+        let keys = |n: i64| (0..n * 6).map(|i| (i % 97 != 0).then_some((i * 7919) % n)).collect::<Vec<_>>();
+        let (d, file_rows) = (count_of(keys(20_000)), Some(120_000));
+        let want = counted(Arc::new(d.clone()), None).await;
+        assert!(want.len() == 20_001 && want.values().sum::<i64>() == 120_000, "{}", want.len());
+        for (memory, rows, spilled) in
+            [(None, file_rows, false), (Some(64 << 20), file_rows, false), (Some(1 << 20), file_rows, true)]
+        {
+            let e = exec(&d, rows);
+            assert!(counted(Arc::clone(&e) as Arc<dyn ExecutionPlan>, memory).await == want, "under {memory:?} bytes");
+            assert_eq!(counts(&e).0 > 0, spilled, "under {memory:?} bytes");
+        }
+        // Every row a key of its own: what it holds stays within the rows' bound.
+        let distinct = count_of((0..50_000).map(Some).collect());
+        let e = exec(&distinct, Some(50_000));
+        counted(Arc::clone(&e) as Arc<dyn ExecutionPlan>, None).await;
+        let table = UnitTable::new(&DataType::Int64).unwrap();
+        let (per_row, exact) = e.bytes_per_row(&table).unwrap();
+        let fixed = table.most_fixed_bytes(300) + 64;
+        let peak = counts(&e).2;
+        assert!(exact && peak <= 50_000 * per_row + fixed, "{peak} > 50 000 × {per_row} + {fixed}");
+        assert!(peak * 4 > 50_000 * per_row, "control: the bound is not loose ({peak} vs {per_row} per row)");
+        // Neighbours: one more candidate group, the limit between what each holds. What a count
+        // holds steps up where its vectors double: find the first key count past a step.
+        let peak = |agg: AggregateExec, rows: u64| async move {
+            let e = exec(&agg, Some(rows));
+            counted(Arc::clone(&e) as Arc<dyn ExecutionPlan>, None).await;
+            counts(&e).2
+        };
+        let (mut lo, mut hi) = (600i64, 1300i64);
+        let below = peak(count_of(keys(lo)), 0).await;
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if peak(count_of(keys(mid)), 0).await > below { hi = mid } else { lo = mid }
+        }
+        // The same rows but six: an existing group's or a new one's (so the rows read are equal
+        // and only the groups differ).
+        let (mut without, mut with) = (keys(lo), keys(lo));
+        without.extend([Some(0); 6]);
+        with.extend([Some(10_000_000); 6]);
+        let (d, d1) = (count_of(without), count_of(with));
+        let rows = lo as u64 * 6 + 6;
+        let file_rows = Some(rows);
+        let peaks = [peak(d.clone(), rows).await, peak(d1.clone(), rows).await];
+        assert!(peaks[1] > peaks[0], "control: {peaks:?} bytes");
+        let limit = (peaks[0] + peaks[1]) / 2;
+        let (e, e1) = (exec(&d, file_rows), exec(&d1, file_rows));
+        let (got, got1) = (
+            counted(Arc::clone(&e) as Arc<dyn ExecutionPlan>, Some(limit)).await,
+            counted(Arc::clone(&e1) as Arc<dyn ExecutionPlan>, Some(limit)).await,
+        );
+        assert_eq!((got.len() + 1, got1.len()), (lo as usize + 2, lo as usize + 2));
         let ((spills, splits, _), (spills1, splits1, _)) = (counts(&e), counts(&e1));
         assert_eq!((spills, splits), (spills1, splits1), "under {limit} bytes");
         assert!(spills > 0, "the limit is below what the input's rows could hold");
