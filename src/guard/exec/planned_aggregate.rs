@@ -178,19 +178,19 @@ impl PlannedAggregateExec {
     /// The most bytes one row adds (a key's entry and the call's growth) and whether that is a
     /// bound (kept columns of fixed width).
     fn bytes_per_row(&self, table: &UnitTable) -> Result<(usize, bool)> {
-        let (row, exact) = match self.kind {
+        let per_key = table.most_bytes_per_unit();
+        match self.kind {
             Call::UnitBound => {
                 let Some(udf) = self.call.fun().inner().downcast_ref::<UnitBound>() else {
                     return Err(DataFusionError::Internal(format!("{} is not the unit bound", self.call.fun().name())));
                 };
                 let schema = self.input.schema();
                 let types = self.call.expressions().iter().map(|e| e.data_type(&schema)).collect::<Result<Vec<_>>>()?;
-                udf.most_bytes_per_row(&types)?
+                udf.most_bytes_per_row(&types, per_key)
             }
             // One count per key, in a vector at most doubled.
-            Call::Count => (2 * size_of::<i64>(), true),
-        };
-        Ok((row + table.most_bytes_per_unit(), exact))
+            Call::Count => Ok((per_key + 2 * size_of::<i64>(), true)),
+        }
     }
 }
 
@@ -814,11 +814,11 @@ mod tests {
             (None, None, rows, false, false),
             (Some(1 << 30), None, rows, false, false),
             (Some(1 << 30), None, None, true, false),
-            (Some(64 << 20), None, rows, true, false),
-            (Some(1 << 20), None, rows, true, true),
+            (Some(16 << 20), None, rows, true, false),
+            (Some(1 << 18), None, rows, true, true),
             // A planned share holds in a pool without a limit (a cluster's executor) and within
             // a pool's smaller limit.
-            (None, Some(32 << 20), rows, true, false),
+            (None, Some(8 << 20), rows, true, false),
             (None, Some(1 << 30), rows, false, false),
             (Some(1 << 20), Some(1 << 30), rows, true, false),
         ] {

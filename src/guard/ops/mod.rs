@@ -10,3 +10,4 @@ pub mod sample_order;
 pub mod selected;
 pub mod total_div;
 pub mod unit_bound;
+mod unit_sample;
