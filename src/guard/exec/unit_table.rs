@@ -19,6 +19,7 @@ use datafusion::arrow::buffer::{MutableBuffer, NullBuffer};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Result, internal_err};
 
+use crate::guard::ops::chunked::Chunked;
 use crate::guard::ops::prefetch_hint::prefetch;
 
 /// Rows between a slot's prefetch and its probe: a probe takes a few nanoseconds, a miss to
@@ -95,6 +96,9 @@ impl Slot for Wide {
 
 const EMPTY: u32 = u32::MAX;
 
+/// Each group's key, in chunks (never room for twice the units).
+type Keys = Chunked<u128, 1024>;
+
 /// The slots, of the width the units need.
 enum Slots {
     Narrow(Vec<Narrow>),
@@ -139,7 +143,7 @@ struct Batch<'a> {
     words: &'a [u128],
     hashes: &'a [u64],
     nulls: Option<NullBuffer>,
-    keys: &'a mut Vec<u128>,
+    keys: &'a mut Keys,
     null: &'a mut Option<u32>,
 }
 
@@ -183,7 +187,7 @@ pub struct UnitTable {
     width: usize,
     slots: Slots,
     /// Each group's key.
-    keys: Vec<u128>,
+    keys: Keys,
     /// The group of the NULL unit, once seen.
     null: Option<u32>,
     hasher: foldhash::fast::RandomState,
@@ -206,7 +210,7 @@ impl UnitTable {
             data_type: data_type.clone(),
             width,
             slots: Slots::new(width),
-            keys: Vec::new(),
+            keys: Keys::new(),
             null: None,
             hasher: foldhash::fast::RandomState::default(),
             partitioner: foldhash::quality::RandomState::default(),
@@ -223,21 +227,22 @@ impl UnitTable {
     /// Bytes held.
     pub fn size(&self) -> usize {
         self.slots.bytes()
-            + (self.keys.capacity() + self.words.capacity()) * size_of::<u128>()
+            + self.keys.size()
+            + self.words.capacity() * size_of::<u128>()
             + self.hashes.capacity() * size_of::<u64>()
     }
 
     /// The most bytes one more unit adds to [`Self::size`]: at most 8/3 slots (at most 3/4 of a
-    /// power of two in use) and two keys (a vector at most doubles). Besides these, a table holds
-    /// at most [`Self::most_fixed_bytes`].
+    /// power of two in use) and its key (in chunks, with their pointers). Besides these, a table
+    /// holds at most [`Self::most_fixed_bytes`].
     pub fn most_bytes_per_unit(&self) -> usize {
-        3 * self.slot_bytes() + 2 * size_of::<u128>()
+        3 * self.slot_bytes() + size_of::<u128>() + Keys::POINTER_BYTES_PER_ITEM
     }
 
-    /// The most bytes a table holds besides its units': its smallest slots and a batch's scratch
-    /// (`batch` rows).
+    /// The most bytes a table holds besides its units': its smallest slots, a batch's scratch
+    /// (`batch` rows) and one chunk of keys.
     pub fn most_fixed_bytes(&self, batch: usize) -> usize {
-        2 * MIN_SLOTS * self.slot_bytes() + 4 * size_of::<u128>() + 2 * batch * (size_of::<u128>() + size_of::<u64>())
+        2 * MIN_SLOTS * self.slot_bytes() + Keys::CHUNK_BYTES + 2 * batch * (size_of::<u128>() + size_of::<u64>())
     }
 
     fn slot_bytes(&self) -> usize {
@@ -257,7 +262,7 @@ impl UnitTable {
     /// Forgets every unit and frees the table.
     pub fn reset(&mut self) {
         self.slots = Slots::new(self.width);
-        self.keys = Vec::new();
+        self.keys.free();
         self.null = None;
         self.words = Vec::new();
         self.hashes = Vec::new();
@@ -358,7 +363,7 @@ impl UnitTable {
             return Ok(Arc::new(BooleanArray::new(values.values().clone(), nulls)));
         }
         let mut values = MutableBuffer::new(self.keys.len() * self.width);
-        for k in &self.keys {
+        for k in self.keys.iter() {
             values.extend_from_slice(&k.to_le_bytes()[..self.width]);
         }
         let data =
@@ -390,6 +395,8 @@ mod tests {
         assert_eq!((narrow.len(), wide.len()), (5000, 5000));
         assert!(matches!(narrow.slots, Slots::Narrow(_)) && matches!(wide.slots, Slots::Wide(_)));
         assert_eq!(narrow.slots.bytes() * 2, wide.slots.bytes());
+        // What the memory plan counts per unit (docs/groups-and-units.md): 8/3 slots and a key.
+        assert_eq!((narrow.most_bytes_per_unit(), wide.most_bytes_per_unit()), (65, 113));
     }
 
     /// Groups numbered in order of first appearance, NULL one group, keys rebuilt exactly.

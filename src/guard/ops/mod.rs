@@ -4,6 +4,7 @@
 //! above them in `guard/`.
 
 pub mod bounding;
+pub(crate) mod chunked;
 pub mod eager;
 pub(crate) mod prefetch_hint;
 pub mod sample_order;

@@ -472,7 +472,7 @@ fn passes(filter: Option<&BooleanArray>, i: usize) -> bool {
 
 impl UnitBoundGroups {
     fn new(bound: Bound) -> Self {
-        Self { bound, samples: Samples::default(), bytes: 0 }
+        Self { bound, samples: Samples::with_first_chunk(), bytes: 0 }
     }
 
     fn recount(&mut self) {

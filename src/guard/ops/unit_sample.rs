@@ -11,9 +11,10 @@
 //!   of samples doubles) nor copies them when it grows.
 
 use std::mem::size_of;
-use std::ops::{Index, IndexMut};
 
 use smallvec::SmallVec;
+
+use super::chunked::Chunked;
 
 /// A 128-bit order as two words, high first: it compares as the `u128` does, with 8-byte
 /// alignment (a `u128` aligns to 16 and padded every kept row).
@@ -125,7 +126,7 @@ impl Sample {
     /// groups holds at most `S + K·m + 2E·(r − m)` (with `S`, `K`, `E` the sizes of a sample, a
     /// group, a row entry), at most `r` times this.
     pub(super) fn most_bytes_per_row(per_unit: usize, row: usize) -> usize {
-        let unit = per_unit + size_of::<Self>() + Samples::POINTER_BYTES_PER_UNIT;
+        let unit = per_unit + size_of::<Self>() + Samples::POINTER_BYTES_PER_ITEM;
         let two_groups = (unit + 2 * size_of::<Kept>()).div_ceil(2);
         unit.max(two_groups).max(2 * size_of::<Entry>()) + row
     }
@@ -212,95 +213,12 @@ impl Sample {
     }
 }
 
-/// A partition's samples, indexed by the unit's group index, in chunks of [`Samples::CHUNK`]
-/// (the first allocated up front): room for at most one chunk more than its units, and growing
-/// moves no sample.
-pub(super) struct Samples {
-    chunks: Vec<Box<[Sample]>>,
-    len: usize,
-}
+/// A partition's samples, indexed by the unit's group index, in chunks (the first allocated up
+/// front): room for at most one chunk more than its units, and growing moves no sample.
+pub(super) type Samples = Chunked<Sample, SAMPLES_PER_CHUNK>;
 
-impl Default for Samples {
-    fn default() -> Self {
-        Self { chunks: vec![Self::chunk()], len: 0 }
-    }
-}
-
-impl Samples {
-    /// Samples per chunk.
-    pub(super) const CHUNK: usize = 512;
-    const SHIFT: u32 = Self::CHUNK.trailing_zeros();
-    /// The chunks' pointers, per unit: a vector of them at most doubles (two pointers per
-    /// chunk), rounded up.
-    const POINTER_BYTES_PER_UNIT: usize = (2 * size_of::<Box<[Sample]>>()).div_ceil(Self::CHUNK);
-
-    fn chunk() -> Box<[Sample]> {
-        (0..Self::CHUNK).map(|_| Sample::default()).collect()
-    }
-
-    /// Units held.
-    pub(super) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Room for `len` units (new ones empty); never shrinks.
-    pub(super) fn resize(&mut self, len: usize) {
-        while self.chunks.len() * Self::CHUNK < len {
-            self.chunks.push(Self::chunk());
-        }
-        self.len = self.len.max(len);
-    }
-
-    /// Bytes held by the store itself (the samples' heap bytes are each sample's).
-    pub(super) fn size(&self) -> usize {
-        self.chunks.capacity() * size_of::<Box<[Sample]>>() + self.chunks.len() * Self::CHUNK * size_of::<Sample>()
-    }
-
-    /// The samples, by index.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Sample> + Clone {
-        self.chunks.iter().flat_map(|c| c.iter()).take(self.len)
-    }
-
-    /// Empties every sample and forgets them, keeping the chunks for the units that follow.
-    pub(super) fn clear(&mut self) {
-        for c in &mut self.chunks {
-            for s in c.iter_mut().filter(|s| s.unit_hash != Order::MAX || !s.kept.is_empty()) {
-                *s = Sample::default();
-            }
-        }
-        self.len = 0;
-    }
-
-    /// Takes out the first `n` samples; the others move down by `n`.
-    pub(super) fn take_first(&mut self, n: usize) -> Vec<Sample> {
-        let n = n.min(self.len);
-        let taken = (0..n).map(|i| std::mem::take(&mut self[i])).collect();
-        for i in n..self.len {
-            let moved = std::mem::take(&mut self[i]);
-            self[i - n] = moved;
-        }
-        self.len -= n;
-        taken
-    }
-}
-
-impl Index<usize> for Samples {
-    type Output = Sample;
-
-    #[inline]
-    fn index(&self, i: usize) -> &Sample {
-        debug_assert!(i < self.len);
-        &self.chunks[i >> Self::SHIFT][i & (Self::CHUNK - 1)]
-    }
-}
-
-impl IndexMut<usize> for Samples {
-    #[inline]
-    fn index_mut(&mut self, i: usize) -> &mut Sample {
-        debug_assert!(i < self.len);
-        &mut self.chunks[i >> Self::SHIFT][i & (Self::CHUNK - 1)]
-    }
-}
+/// Samples per chunk of [`Samples`].
+const SAMPLES_PER_CHUNK: usize = 512;
 
 #[cfg(test)]
 mod tests {
@@ -312,6 +230,8 @@ mod tests {
         assert_eq!(size_of::<Entry>(), 40);
         assert_eq!(size_of::<Kept>(), 64);
         assert_eq!(size_of::<Sample>(), 104);
+        // With an integer unit's 65 bytes in the table: a new unit is the worst row.
+        assert_eq!(Sample::most_bytes_per_row(65, 0), 170);
         let mut s = Sample::default();
         assert_eq!(s.offer((3, 10), 5, 7, &[1; INLINE]), 0, "held inline");
         assert_eq!(s.heap(), 0);
@@ -326,26 +246,5 @@ mod tests {
         let dropped = s.offer((3, 10), 1, 7, &[1; 9]);
         assert_eq!(dropped, -long);
         assert_eq!(s.rows().map(|(g, ..)| g).collect::<Vec<_>>(), [1, 4, 5]);
-    }
-
-    #[test]
-    fn the_store_indexes_across_chunks_and_moves_down_what_is_left() {
-        let mut s = Samples::default();
-        let one = s.size();
-        assert_eq!(one, size_of::<Box<[Sample]>>() + Samples::CHUNK * size_of::<Sample>());
-        let n = 3 * Samples::CHUNK + 5;
-        s.resize(n);
-        assert_eq!(s.chunks.len(), 4);
-        for i in 0..n {
-            s[i].set_unit_hash(i as u128);
-        }
-        assert!(s.iter().enumerate().all(|(i, x)| x.unit_hash() == Some(i as u128)));
-        let first = s.take_first(700);
-        assert_eq!(first.len(), 700);
-        assert_eq!((s.len(), s[0].unit_hash()), (n - 700, Some(700)));
-        assert_eq!(s[n - 701].unit_hash(), Some(n as u128 - 1));
-        s.clear();
-        s.resize(2);
-        assert_eq!((s.len(), s[1].unit_hash(), s.chunks.len()), (2, None, 4), "emptied, room kept");
     }
 }
