@@ -67,6 +67,11 @@ impl<T: Default, const N: usize> Chunked<T, N> {
         self.chunks.iter().flat_map(|c| c.iter()).take(self.len)
     }
 
+    /// The items, by index, mutably.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.chunks.iter_mut().flat_map(|c| c.iter_mut()).take(self.len)
+    }
+
     /// Resets every item to the default and forgets them, keeping the chunks.
     pub(crate) fn clear(&mut self) {
         for i in 0..self.len {

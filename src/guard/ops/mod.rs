@@ -6,6 +6,7 @@
 pub mod bounding;
 pub(crate) mod chunked;
 pub mod eager;
+mod max_heap;
 pub(crate) mod prefetch_hint;
 pub mod sample_order;
 pub mod selected;

@@ -124,7 +124,7 @@ impl UnitBound {
     pub fn most_bytes_per_row(&self, types: &[DataType], per_unit: usize) -> Result<(usize, bool)> {
         let (width, fixed) = row_width(self.columns(types)?);
         let row = if width <= INLINE && fixed { 0 } else { width };
-        Ok((Sample::most_bytes_per_row(per_unit, row), fixed))
+        Ok((Sample::most_bytes_per_row(per_unit, row, usize::try_from(self.groups).unwrap_or(usize::MAX)), fixed))
     }
 
     fn columns<'a, T>(&self, args: &'a [T]) -> Result<&'a [T]> {
@@ -444,11 +444,13 @@ impl Accumulator for UnitBoundAccumulator {
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.sample.sort();
         let state = self.bound.state(std::iter::once(&self.sample))?;
         Ok(vec![ScalarValue::List(Arc::new(state))])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
+        self.sample.sort();
         Ok(ScalarValue::List(Arc::new(self.bound.evaluate(std::iter::once(&self.sample))?)))
     }
 
@@ -464,6 +466,12 @@ struct UnitBoundGroups {
     samples: Samples,
     /// Sum of the samples' heap bytes.
     bytes: usize,
+}
+
+/// `samples`, each sorted for emission.
+fn sorted(mut samples: Vec<Sample>) -> Vec<Sample> {
+    samples.iter_mut().for_each(Sample::sort);
+    samples
 }
 
 fn passes(filter: Option<&BooleanArray>, i: usize) -> bool {
@@ -505,11 +513,12 @@ impl GroupsAccumulator for UnitBoundGroups {
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
         let out = match emit_to {
             EmitTo::All => {
+                self.samples.iter_mut().for_each(Sample::sort);
                 let out = self.bound.evaluate(self.samples.iter())?;
                 self.samples.clear();
                 out
             }
-            EmitTo::First(n) => self.bound.evaluate(self.samples.take_first(n).iter())?,
+            EmitTo::First(n) => self.bound.evaluate(sorted(self.samples.take_first(n)).iter())?,
         };
         self.recount();
         Ok(Arc::new(out))
@@ -519,11 +528,12 @@ impl GroupsAccumulator for UnitBoundGroups {
         let state = match emit_to {
             // Every sample: the store keeps its room for the units that follow (a spill window's).
             EmitTo::All => {
+                self.samples.iter_mut().for_each(Sample::sort);
                 let state = self.bound.state(self.samples.iter())?;
                 self.samples.clear();
                 state
             }
-            EmitTo::First(n) => self.bound.state(self.samples.take_first(n).iter())?,
+            EmitTo::First(n) => self.bound.state(sorted(self.samples.take_first(n)).iter())?,
         };
         self.recount();
         Ok(vec![Arc::new(state)])
@@ -533,7 +543,7 @@ impl GroupsAccumulator for UnitBoundGroups {
         // Each row its own unit: a list of its one entry (none when filtered out).
         let mut samples: Vec<Sample> = (0..values[0].len()).map(|_| Sample::default()).collect();
         self.bound.update(samples.as_mut_slice(), values, |i| passes(opt_filter, i).then_some(i))?;
-        Ok(vec![Arc::new(self.bound.state(samples.iter())?)])
+        Ok(vec![Arc::new(self.bound.state(sorted(samples).iter())?)])
     }
 
     fn size(&self) -> usize {
@@ -625,7 +635,7 @@ mod tests {
     fn keeps_what_the_definition_keeps_whatever_the_batches() {
         let (gs, xs) = rows();
         for arg in [UnitArg::Hash, UnitArg::Value] {
-            for (l, k) in [(1, 1), (2, 3), (5, 2), (40, 20), (3, 1000)] {
+            for (l, k) in [(1, 1), (2, 3), (5, 2), (17, 5), (25, 4), (40, 20), (3, 1000)] {
                 let want = definition(42, &gs, &xs, l, k);
                 if k == 1000 {
                     // Every row of the kept groups: 400 rows over 37 groups, 10 or 11 each.
@@ -675,22 +685,25 @@ mod tests {
     #[test]
     fn state_round_trips_and_merging_equals_one_pass() {
         let (gs, xs) = rows();
-        for arg in [UnitArg::Hash, UnitArg::Value] {
-            let cols = batch(arg, &[9; 400], &gs, &xs);
-            let want = definition(9, &gs, &xs, 4, 3);
-            let (mut a, mut b) = (accumulator(arg, 4, 3), accumulator(arg, 4, 3));
-            let part = |from, len| cols.iter().map(|c| c.slice(from, len)).collect::<Vec<_>>();
-            a.update_batch(&part(0, 150)).unwrap();
-            b.update_batch(&part(150, 250)).unwrap();
-            let state = b.state().unwrap().remove(0).to_array().unwrap();
-            a.merge_batch(&[state]).unwrap();
-            assert_eq!(kept_values(&mut a), want, "{arg:?}");
-            // Each row as its own state, merged: the same sample again.
-            let groups = UnitBoundGroups::new(bound(arg, 4, 3));
-            let states = groups.convert_to_state(&cols, None).unwrap();
-            let mut merged = accumulator(arg, 4, 3);
-            merged.merge_batch(&states).unwrap();
-            assert_eq!(kept_values(&mut merged), want, "{arg:?}");
+        // A few groups (a sorted vector), and more than a sorted vector holds (an indexed heap).
+        for (l, k) in [(4, 3), (20, 6)] {
+            for arg in [UnitArg::Hash, UnitArg::Value] {
+                let cols = batch(arg, &[9; 400], &gs, &xs);
+                let want = definition(9, &gs, &xs, l, k);
+                let (mut a, mut b) = (accumulator(arg, l, k), accumulator(arg, l, k));
+                let part = |from, len| cols.iter().map(|c| c.slice(from, len)).collect::<Vec<_>>();
+                a.update_batch(&part(0, 150)).unwrap();
+                b.update_batch(&part(150, 250)).unwrap();
+                let state = b.state().unwrap().remove(0).to_array().unwrap();
+                a.merge_batch(&[state]).unwrap();
+                assert_eq!(kept_values(&mut a), want, "{arg:?}, L = {l}");
+                // Each row as its own state, merged: the same sample again.
+                let groups = UnitBoundGroups::new(bound(arg, l, k));
+                let states = groups.convert_to_state(&cols, None).unwrap();
+                let mut merged = accumulator(arg, l, k);
+                merged.merge_batch(&states).unwrap();
+                assert_eq!(kept_values(&mut merged), want, "{arg:?}, L = {l}");
+            }
         }
     }
 
@@ -732,41 +745,46 @@ mod tests {
     /// smaller fails there).
     #[test]
     fn a_rows_bytes_stay_within_the_bound() {
-        let (l, k) = (3, 10);
-        let udf = UnitBound::new(l, k, order(), 1, UnitArg::Value);
         let narrow = [DataType::Int64, DataType::Int64, DataType::Float64];
         let wide = [DataType::Int64, DataType::Int64, DataType::Float64, DataType::Float64, DataType::Float64];
         let n = 60_000usize;
         let distinct: Vec<i64> = (0..n as i64).collect();
         let few: Vec<i64> = (0..n as i64).map(|i| i % 97).collect();
         let pairs: Vec<i64> = (0..n as i64).map(|i| i / 2).collect();
+        // Units of 17 rows in 17 groups: just past what a sorted vector of groups holds.
+        let seventeen: Vec<i64> = (0..n as i64).map(|i| i / 17).collect();
         let groups: Vec<i64> = (0..n as i64).map(|i| i % 41).collect();
         let xs: Vec<f64> = (0..n).map(|i| (n - i) as f64).collect();
-        let mut tightest = f64::INFINITY;
-        for types in [&narrow[..], &wide[..]] {
-            for units in [&distinct, &pairs, &few] {
-                let (per_row, fixed) = udf.most_bytes_per_row(types, 0).unwrap();
-                assert!(fixed);
-                let columns = types.len() - 2;
-                let mut acc = UnitBoundGroups::new(Bound::new(&udf, &types[0], &types[1..2], &types[2..]).unwrap());
-                let base = acc.size();
-                for from in (0..n).step_by(1000) {
-                    let to = from + 1000;
-                    let mut values =
-                        vec![ints(units[from..to].iter().copied()), ints(groups[from..to].iter().copied())];
-                    for _ in 0..columns {
-                        values.push(Arc::new(Float64Array::from(xs[from..to].to_vec())));
+        // Up to 3 groups a unit, within 5 %; up to 100 (an indexed heap of groups), within 7 %.
+        for (l, within) in [(3, 1.05), (100, 1.07)] {
+            let udf = UnitBound::new(l, 10, order(), 1, UnitArg::Value);
+            let mut tightest = f64::INFINITY;
+            for types in [&narrow[..], &wide[..]] {
+                for units in [&distinct, &pairs, &few, &seventeen] {
+                    let (per_row, fixed) = udf.most_bytes_per_row(types, 0).unwrap();
+                    assert!(fixed);
+                    let columns = types.len() - 2;
+                    let mut acc = UnitBoundGroups::new(Bound::new(&udf, &types[0], &types[1..2], &types[2..]).unwrap());
+                    let base = acc.size();
+                    for from in (0..n).step_by(1000) {
+                        let to = from + 1000;
+                        let mut values =
+                            vec![ints(units[from..to].iter().copied()), ints(groups[from..to].iter().copied())];
+                        for _ in 0..columns {
+                            values.push(Arc::new(Float64Array::from(xs[from..to].to_vec())));
+                        }
+                        let indices: Vec<usize> = units[from..to].iter().map(|&u| u as usize).collect();
+                        let total = units[..to].iter().max().map_or(0, |&u| u as usize + 1);
+                        acc.update_batch(&values, &indices, None, total).unwrap();
+                        let grown = acc.size() - base;
+                        let most = to * per_row;
+                        assert!(grown <= most, "L = {l}, {types:?}: {grown} bytes after {to} rows, bound {most}");
+                        tightest = tightest.min(most as f64 / grown as f64);
                     }
-                    let indices: Vec<usize> = units[from..to].iter().map(|&u| u as usize).collect();
-                    let total = units[..to].iter().max().map_or(0, |&u| u as usize + 1);
-                    acc.update_batch(&values, &indices, None, total).unwrap();
-                    let grown = acc.size() - base;
-                    assert!(grown <= to * per_row, "{types:?}: {grown} bytes after {to} rows, bound {}", to * per_row);
-                    tightest = tightest.min((to * per_row) as f64 / grown as f64);
                 }
             }
+            assert!(tightest < within, "L = {l}: the bound is {tightest}× the most any input held");
+            assert!(!udf.most_bytes_per_row(&[DataType::Int64, DataType::Int64, DataType::Utf8], 0).unwrap().1);
         }
-        assert!(tightest < 1.05, "the bound is {tightest}× the most any input held");
-        assert!(!udf.most_bytes_per_row(&[DataType::Int64, DataType::Int64, DataType::Utf8], 0).unwrap().1);
     }
 }

@@ -15,28 +15,7 @@ use std::mem::size_of;
 use smallvec::SmallVec;
 
 use super::chunked::Chunked;
-
-/// A 128-bit order as two words, high first: it compares as the `u128` does, with 8-byte
-/// alignment (a `u128` aligns to 16 and padded every kept row).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Order([u64; 2]);
-
-impl Order {
-    pub(super) const MAX: Self = Self([u64::MAX; 2]);
-
-    pub(super) fn new(v: u128) -> Self {
-        Self([(v >> 64) as u64, v as u64])
-    }
-
-    pub(super) fn get(self) -> u128 {
-        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
-    }
-
-    /// The low word (a cheap value to touch a cache line with).
-    pub(super) fn low(self) -> u64 {
-        self.0[1]
-    }
-}
+use super::max_heap::{self, IndexedHeap, Keyed, Order};
 
 /// One kept row's encoding: inline when short (most rows of a few numeric columns), so that
 /// keeping and dropping rows does not allocate.
@@ -79,18 +58,55 @@ impl RowBytes {
 type Entry = (Order, RowBytes);
 type Rows1 = SmallVec<[Entry; 1]>;
 
-/// One kept group: its order and its kept rows by ascending row order (in Arrow's row encoding);
-/// a group of one row allocates nothing.
+impl Keyed for Entry {
+    fn key(&self) -> Order {
+        self.0
+    }
+}
+
+/// One kept group: its order and its kept rows, a max-heap by row order (in Arrow's row
+/// encoding); a group of one row allocates nothing.
 #[derive(Debug)]
 struct Kept {
     group: Order,
     rows: Rows1,
 }
 
+impl Keyed for Kept {
+    fn key(&self) -> Order {
+        self.group
+    }
+}
+
 impl Kept {
+    fn new(group: Order) -> Self {
+        Self { group, rows: SmallVec::new() }
+    }
+
     /// Heap bytes held by the group's rows.
     fn heap(&self) -> usize {
         spilled_bytes(&self.rows) + self.rows.iter().map(|(_, r)| r.heap()).sum::<usize>()
+    }
+
+    /// Offers a row under a bound of `rows` rows; returns the change in heap bytes.
+    fn offer(&mut self, rows: usize, order: Order, row: &[u8]) -> isize {
+        let full = self.rows.len() >= rows;
+        if full && self.rows.first().is_some_and(|(largest, _)| order >= *largest) {
+            return 0;
+        }
+        let (before, row) = (spilled_bytes(&self.rows), RowBytes::new(row));
+        let mut change = row.heap() as isize;
+        if full {
+            // The largest kept row leaves: the vector never grows past the bound.
+            let (_, dropped) = std::mem::replace(&mut self.rows[0], (order, row));
+            change -= dropped.heap() as isize;
+            max_heap::sift_down(&mut self.rows, 0, |_, _, _| {});
+        } else {
+            self.rows.push((order, row));
+            let last = self.rows.len() - 1;
+            max_heap::sift_up(&mut self.rows, last, |_, _, _| {});
+        }
+        change + spilled_bytes(&self.rows) as isize - before as isize
     }
 }
 
@@ -99,7 +115,121 @@ fn spilled_bytes<A: smallvec::Array>(v: &SmallVec<A>) -> usize {
     if v.spilled() { v.capacity() * size_of::<A::Item>() } else { 0 }
 }
 
-/// One unit's kept groups, by ascending group order.
+/// Groups a unit keeps in a sorted vector (inserting one shifts at most this many); beyond, an
+/// indexed heap.
+const FEW: usize = 16;
+
+/// A unit's kept groups.
+#[derive(Debug, Default)]
+enum Groups {
+    #[default]
+    None,
+    /// One group, inline (a unit of one row allocates nothing).
+    One(Kept),
+    /// Up to [`FEW`] groups by descending group order, grown one group at a time (it never
+    /// shrinks, so it is reallocated at most `FEW − 1` times over the unit's life).
+    Few(Vec<Kept>),
+    /// More than [`FEW`] groups (only when the bound admits more).
+    Many(Box<IndexedHeap<Kept>>),
+}
+
+impl Groups {
+    fn slice(&self) -> &[Kept] {
+        match self {
+            Self::None => &[],
+            Self::One(k) => std::slice::from_ref(k),
+            Self::Few(v) => v,
+            Self::Many(h) => h.items(),
+        }
+    }
+
+    fn slice_mut(&mut self) -> &mut [Kept] {
+        match self {
+            Self::None => &mut [],
+            Self::One(k) => std::slice::from_mut(k),
+            Self::Few(v) => v,
+            Self::Many(h) => h.items_mut(),
+        }
+    }
+
+    /// Heap bytes of the container (not of the groups' rows).
+    fn spine(&self) -> usize {
+        match self {
+            Self::None | Self::One(_) => 0,
+            Self::Few(v) => v.capacity() * size_of::<Kept>(),
+            Self::Many(h) => size_of::<IndexedHeap<Kept>>() + h.heap(),
+        }
+    }
+
+    /// The largest group's order.
+    fn largest(&self) -> Option<Order> {
+        self.slice().first().map(|k| k.group)
+    }
+
+    /// Finds the group of order `group`, or adds it under a bound of `limit` groups (dropping the
+    /// largest when full); returns its position and the bytes of the rows dropped with a group,
+    /// or `None` when it cannot be kept.
+    fn place(&mut self, limit: usize, group: Order) -> Option<(usize, usize)> {
+        match self {
+            Self::None => {
+                *self = Self::One(Kept::new(group));
+                Some((0, 0))
+            }
+            Self::One(k) if k.group == group => Some((0, 0)),
+            Self::One(k) if limit == 1 => {
+                if group > k.group {
+                    return None;
+                }
+                Some((0, std::mem::replace(k, Kept::new(group)).heap()))
+            }
+            Self::One(_) => {
+                let Self::One(k) = std::mem::take(self) else { unreachable!() };
+                let mut v = Vec::with_capacity(2);
+                v.push(k);
+                *self = Self::Few(v);
+                self.place(limit, group)
+            }
+            Self::Few(v) => match v.binary_search_by(|k| group.cmp(&k.group)) {
+                Ok(at) => Some((at, 0)),
+                Err(0) if v.len() == limit => None,
+                Err(mut at) => {
+                    let mut dropped = 0;
+                    if v.len() == limit {
+                        // The largest kept group leaves first, so the vector never grows past
+                        // the bound and a full sample never reallocates.
+                        dropped = v.remove(0).heap();
+                        max_heap::moved(v.len());
+                        at -= 1;
+                    } else if v.len() == FEW {
+                        *self = Self::Many(Box::new(IndexedHeap::new(std::mem::take(v))));
+                        return self.place(limit, group);
+                    }
+                    if v.len() == v.capacity() {
+                        v.reserve_exact(1);
+                    }
+                    max_heap::moved(v.len() - at);
+                    v.insert(at, Kept::new(group));
+                    Some((at, dropped))
+                }
+            },
+            Self::Many(h) => {
+                if let Some(at) = h.find(group) {
+                    return Some((at, 0));
+                }
+                if h.len() < limit {
+                    return Some((h.push(Kept::new(group)), 0));
+                }
+                if h.top().is_some_and(|k| group > k.group) {
+                    return None;
+                }
+                let (dropped, at) = h.replace_top(Kept::new(group));
+                Some((at, dropped.heap()))
+            }
+        }
+    }
+}
+
+/// One unit's kept groups.
 #[derive(Debug)]
 pub(super) struct Sample {
     /// A row can be kept only if its group order is at most this: the `L`-th kept group's order
@@ -108,27 +238,34 @@ pub(super) struct Sample {
     /// The unit's hash; `Order::MAX` until known (a unit whose hash is `MAX` has it computed
     /// again each time, which gives the same value).
     unit_hash: Order,
-    kept: SmallVec<[Kept; 1]>,
+    groups: Groups,
 }
 
 impl Default for Sample {
     fn default() -> Self {
-        Self { threshold: Order::MAX, unit_hash: Order::MAX, kept: SmallVec::new() }
+        Self { threshold: Order::MAX, unit_hash: Order::MAX, groups: Groups::None }
     }
 }
 
 impl Sample {
     /// The most bytes one row can add to a store of samples: a new unit's sample (with its first
     /// group and row inline), half of a unit's first two rows when the second adds a group (its
-    /// vector of groups then leaves the sample: two groups), or a kept row in a group's vector,
+    /// groups then leave the sample: two groups), a unit's share of its indexed heap over more
+    /// than [`FEW`] groups (each at most `2K + 16` bytes), or a kept row in a group's vector,
     /// which at most doubles — plus `per_unit` bytes held elsewhere for each unit (its key) and
     /// `row` bytes of a row encoding too long to hold inline. A unit of `r` rows over `m ≥ 2`
     /// groups holds at most `S + K·m + 2E·(r − m)` (with `S`, `K`, `E` the sizes of a sample, a
-    /// group, a row entry), at most `r` times this.
-    pub(super) fn most_bytes_per_row(per_unit: usize, row: usize) -> usize {
+    /// group, a row entry), or `S + H + (2K + 16)·m + 2E·(r − m)` past [`FEW`] groups (`H` the
+    /// heap's header), at most `r` times this.
+    pub(super) fn most_bytes_per_row(per_unit: usize, row: usize, groups: usize) -> usize {
         let unit = per_unit + size_of::<Self>() + Samples::POINTER_BYTES_PER_ITEM;
         let two_groups = (unit + 2 * size_of::<Kept>()).div_ceil(2);
-        unit.max(two_groups).max(2 * size_of::<Entry>()) + row
+        let many = if groups > FEW {
+            (unit + size_of::<IndexedHeap<Kept>>()).div_ceil(FEW + 1) + IndexedHeap::<Kept>::MOST_BYTES_PER_ITEM
+        } else {
+            0
+        };
+        unit.max(two_groups).max(many).max(2 * size_of::<Entry>()) + row
     }
 
     /// The unit's hash, if known.
@@ -147,7 +284,7 @@ impl Sample {
 
     /// Reads the kept groups' first, middle and last orders (to bring them into the caches).
     pub(super) fn touch(&self) -> u64 {
-        let kept = &self.kept;
+        let kept = self.groups.slice();
         [0, kept.len() / 2, kept.len().saturating_sub(1)]
             .iter()
             .fold(0, |t, &at| t ^ kept.get(at).map_or(0, |k| k.group.low()))
@@ -155,61 +292,43 @@ impl Sample {
 
     /// Heap bytes held.
     pub(super) fn heap(&self) -> usize {
-        spilled_bytes(&self.kept) + self.kept.iter().map(Kept::heap).sum::<usize>()
+        self.groups.spine() + self.groups.slice().iter().map(Kept::heap).sum::<usize>()
     }
 
     /// Offers one row (stored only if it is kept) under a bound of `groups` groups and `rows`
     /// rows; returns the change in heap bytes.
     pub(super) fn offer(&mut self, (groups, rows): (usize, usize), group: u128, order: u128, row: &[u8]) -> isize {
-        let (group, order) = (Order::new(group), Order::new(order));
-        let mut change = 0isize;
-        let at = match self.kept.binary_search_by(|k| k.group.cmp(&group)) {
-            Ok(at) => at,
-            Err(at) if at >= groups => return 0,
-            Err(at) => {
-                // The largest kept group leaves first (at < groups), so the vector never grows
-                // past the bound and a full sample never reallocates.
-                if self.kept.len() == groups {
-                    if let Some(dropped) = self.kept.pop() {
-                        change -= dropped.heap() as isize;
-                    }
-                }
-                let before = spilled_bytes(&self.kept);
-                if self.kept.len() == self.kept.capacity() {
-                    self.kept.reserve_exact(1);
-                }
-                self.kept.insert(at, Kept { group, rows: SmallVec::new() });
-                if self.kept.len() == groups {
-                    self.threshold = self.kept.last().map_or(Order::MAX, |k| k.group);
-                }
-                change += spilled_bytes(&self.kept) as isize - before as isize;
-                at
-            }
-        };
-        let kept = &mut self.kept[at];
-        if kept.rows.len() >= rows && kept.rows.last().is_some_and(|(last, _)| order >= *last) {
-            return change;
+        let spine = self.groups.spine();
+        let Some((at, dropped)) = self.groups.place(groups, Order::new(group)) else { return 0 };
+        if self.groups.slice().len() == groups {
+            self.threshold = self.groups.largest().unwrap_or(Order::MAX);
         }
-        let (before, row) = (spilled_bytes(&kept.rows), RowBytes::new(row));
-        change += row.heap() as isize;
-        let pos = kept.rows.partition_point(|(o, _)| *o <= order);
-        kept.rows.insert(pos, (order, row));
-        if kept.rows.len() > rows {
-            if let Some((_, dropped)) = kept.rows.pop() {
-                change -= dropped.heap() as isize;
-            }
-        }
-        change + spilled_bytes(&kept.rows) as isize - before as isize
+        let change = self.groups.spine() as isize - spine as isize - dropped as isize;
+        change + self.groups.slice_mut()[at].offer(rows, Order::new(order), row)
     }
 
-    /// The kept rows: (group order, row order, encoded row), by group order, then row order.
+    /// Puts the kept groups and rows in order (before [`Self::rows`]).
+    pub(super) fn sort(&mut self) {
+        for kept in self.groups.slice_mut() {
+            max_heap::sort_descending(&mut kept.rows);
+        }
+        if let Groups::Many(h) = &mut self.groups {
+            h.sort();
+        }
+    }
+
+    /// The kept rows once sorted ([`Self::sort`]): (group order, row order, encoded row), by
+    /// group order, then row order.
     pub(super) fn rows(&self) -> impl Iterator<Item = (u128, u128, &[u8])> {
-        self.kept.iter().flat_map(|k| k.rows.iter().map(move |(o, r)| (k.group.get(), o.get(), r.as_bytes())))
+        self.groups.slice().iter().rev().flat_map(|k| {
+            debug_assert!(k.rows.is_sorted_by(|a, b| a.0 >= b.0), "sorted before emitted");
+            k.rows.iter().rev().map(move |(o, r)| (k.group.get(), o.get(), r.as_bytes()))
+        })
     }
 
     /// Rows kept.
     pub(super) fn len(&self) -> usize {
-        self.kept.iter().map(|k| k.rows.len()).sum()
+        self.groups.slice().iter().map(|k| k.rows.len()).sum()
     }
 }
 
@@ -229,9 +348,12 @@ mod tests {
     fn a_unit_of_one_row_is_one_small_sample() {
         assert_eq!(size_of::<Entry>(), 40);
         assert_eq!(size_of::<Kept>(), 64);
+        assert_eq!(size_of::<Groups>(), 72);
         assert_eq!(size_of::<Sample>(), 104);
         // With an integer unit's 65 bytes in the table: a new unit is the worst row.
-        assert_eq!(Sample::most_bytes_per_row(65, 0), 170);
+        assert_eq!(Sample::most_bytes_per_row(65, 0, 3), 170);
+        assert_eq!(Sample::most_bytes_per_row(65, 0, 10_000), 170, "a unit's share of many groups is less");
+        assert_eq!(Sample::most_bytes_per_row(0, 0, 10_000), 153);
         let mut s = Sample::default();
         assert_eq!(s.offer((3, 10), 5, 7, &[1; INLINE]), 0, "held inline");
         assert_eq!(s.heap(), 0);
@@ -245,6 +367,118 @@ mod tests {
         // A smaller fourth group drops the largest with its rows.
         let dropped = s.offer((3, 10), 1, 7, &[1; 9]);
         assert_eq!(dropped, -long);
+        s.sort();
         assert_eq!(s.rows().map(|(g, ..)| g).collect::<Vec<_>>(), [1, 4, 5]);
+    }
+
+    /// A 128-bit order from `i`: a splitmix64 low word (the table's hash), `high` above.
+    fn order(high: u64, i: u64) -> u128 {
+        let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (u128::from(high) << 64) | u128::from(z ^ (z >> 31))
+    }
+
+    /// Items moved while `f` runs.
+    fn moves(f: impl FnOnce()) -> u64 {
+        max_heap::MOVES.with(|m| m.set(0));
+        f();
+        max_heap::MOVES.with(|m| m.get())
+    }
+
+    /// SPEC §0: one privacy unit's rows must not cost more than `O(log)` each, or a person with
+    /// many rows in one group, or many groups (the owner may allow 10⁵), takes time quadratic in
+    /// their own rows — visible in the query's time. Orders ascending, descending and random.
+    #[test]
+    fn one_heavy_unit_costs_log_moves_a_row() {
+        let n: u64 = 1 << 17;
+        let bound = 3 * n * (u64::from(n.ilog2()) + 1);
+        let keys: [(&str, Box<dyn Fn(u64) -> u128>); 3] = [
+            ("ascending", Box::new(|i| order(i, i))),
+            ("descending", Box::new(move |i| order(2 * n - i, i))),
+            ("random", Box::new(|i| order(i.wrapping_mul(0x2545_f491_4f6c_dd1d), i))),
+        ];
+        for (name, key) in &keys {
+            let limit = n as usize;
+            // `n` groups kept, then `n` more that may replace them.
+            let groups = moves(|| {
+                let mut s = Sample::default();
+                for i in 0..2 * n {
+                    s.offer((limit, 1), key(i), 0, &[1]);
+                }
+                assert_eq!(s.len(), limit);
+            });
+            assert!(groups <= bound, "{name}: {groups} moves for {n} groups, bound {bound}");
+            // One group: `n` rows kept, then `n` more.
+            let rows = moves(|| {
+                let mut s = Sample::default();
+                for i in 0..2 * n {
+                    s.offer((1, limit), 0, key(i), &[1]);
+                }
+                assert_eq!(s.len(), limit);
+            });
+            assert!(rows <= bound, "{name}: {rows} moves for {n} rows, bound {bound}");
+        }
+        // Control: the same count over a sorted vector (what kept groups and rows were) breaks
+        // the bound already at 4096 random orders.
+        let n = 4096u64;
+        let shifted = moves(|| {
+            let mut v: Vec<u128> = Vec::new();
+            for i in 0..n {
+                let at = v.partition_point(|&o| o <= order(i.wrapping_mul(0x2545_f491_4f6c_dd1d), i));
+                max_heap::moved(v.len() - at);
+                v.insert(at, order(i.wrapping_mul(0x2545_f491_4f6c_dd1d), i));
+            }
+        });
+        assert!(shifted > 3 * n * (u64::from(n.ilog2()) + 1), "{shifted}");
+    }
+
+    /// Whatever the arrival, a sample keeps each of its `L` smallest groups' `K` smallest rows
+    /// (repeats included), its reported byte changes add up to what it holds, and what it holds
+    /// stays within the per-row bound after every row.
+    #[test]
+    fn keeps_the_bottom_k_of_the_bottom_l_and_counts_its_bytes() {
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state.wrapping_add(1);
+            order(0, state) as u64
+        };
+
+        for (groups, limit_g, limit_r, n) in [
+            (3, 1, 1, 200),
+            (40, 2, 3, 500),
+            (40, 16, 2, 900),
+            (40, 17, 7, 900),
+            (300, 50, 2, 3000),
+            (300, 400, 1, 3000),
+        ] {
+            let per_row = Sample::most_bytes_per_row(0, 24, limit_g);
+            let mut s = Sample::default();
+            let (mut rows, mut held) = (Vec::new(), 0isize);
+            for r in 1..=n {
+                let g = order(5, next() % groups);
+                // Rows repeat (equal rows, equal orders), and some are too long to hold inline.
+                let v = next() % 50;
+                let bytes = vec![v as u8; 4 + (v as usize % 3) * 10];
+                let o = order(v, v);
+                held += s.offer((limit_g, limit_r), g, o, &bytes);
+                assert_eq!(held, s.heap() as isize, "L = {limit_g}, K = {limit_r}, row {r}");
+                assert!(size_of::<Sample>() + s.heap() <= r * per_row, "row {r}: {} bytes", s.heap());
+                rows.push((g, o, bytes));
+            }
+            let mut distinct: Vec<u128> = rows.iter().map(|r| r.0).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let mut want = Vec::new();
+            for &g in distinct.iter().take(limit_g) {
+                let mut of: Vec<_> = rows.iter().filter(|r| r.0 == g).map(|r| (r.0, r.1, r.2.clone())).collect();
+                of.sort_by_key(|r| r.1);
+                want.extend(of.into_iter().take(limit_r));
+            }
+            s.sort();
+            let got: Vec<_> = s.rows().map(|(g, o, r)| (g, o, r.to_vec())).collect();
+            assert_eq!(got, want, "L = {limit_g}, K = {limit_r}");
+            assert_eq!(s.len(), want.len());
+        }
     }
 }
