@@ -287,6 +287,9 @@ impl ExecutionPlan for PlannedAggregateExec {
             (MemoryLimit::Finite(bytes), None) => Some(unit_bound::memory_share(bytes)),
             (_, planned) => planned,
         };
+        // The most units a partition holds at once: all the input's rows, or what its share holds.
+        let most_units = [self.rows, limit.map(|l| (l / per_row.max(1)) as u64)].into_iter().flatten().min();
+        let table = table.sized_for(most_units);
         let layout = Layout::of(&Facts {
             rows: self.rows,
             per_row,
@@ -899,28 +902,34 @@ mod tests {
         assert!(exact && peak <= 50_000 * per_row + fixed, "{peak} > 50 000 × {per_row} + {fixed}");
         assert!(peak * 4 > 50_000 * per_row, "control: the bound is not loose ({peak} vs {per_row} per row)");
         // Neighbours: one more candidate group, the limit between what each holds. What a count
-        // holds steps up where its vectors double: find the first key count past a step.
+        // holds steps up where its vectors double or the new key's shard of the table grows:
+        // find a key count where one more key steps up.
         let peak = |agg: AggregateExec, rows: u64| async move {
             let e = exec(&agg, Some(rows));
             counted(Arc::clone(&e) as Arc<dyn ExecutionPlan>, None).await;
             counts(&e).2
         };
-        let (mut lo, mut hi) = (600i64, 1300i64);
-        let below = peak(count_of(keys(lo)), 0).await;
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if peak(count_of(keys(mid)), 0).await > below { hi = mid } else { lo = mid }
-        }
         // The same rows but six: an existing group's or a new one's (so the rows read are equal
-        // and only the groups differ).
-        let (mut without, mut with) = (keys(lo), keys(lo));
-        without.extend([Some(0); 6]);
-        with.extend([Some(10_000_000); 6]);
-        let (d, d1) = (count_of(without), count_of(with));
-        let rows = lo as u64 * 6 + 6;
+        // and only the groups differ), under the same bound on the rows.
+        let pair = |lo: i64| {
+            let (mut without, mut with) = (keys(lo), keys(lo));
+            without.extend([Some(0); 6]);
+            with.extend([Some(10_000_000); 6]);
+            (count_of(without), count_of(with))
+        };
+        let rows = 1100 * 6 + 6;
         let file_rows = Some(rows);
-        let peaks = [peak(d.clone(), rows).await, peak(d1.clone(), rows).await];
-        assert!(peaks[1] > peaks[0], "control: {peaks:?} bytes");
+        let mut found = None;
+        for lo in 1010..1040 {
+            let (d, d1) = pair(lo);
+            let peaks = [peak(d.clone(), rows).await, peak(d1.clone(), rows).await];
+            assert!(peaks[1] >= peaks[0], "{peaks:?} bytes");
+            if peaks[1] > peaks[0] {
+                found = Some((lo, d, d1, peaks));
+                break;
+            }
+        }
+        let (lo, d, d1, peaks) = found.expect("control: one more key steps up what the count holds");
         let limit = (peaks[0] + peaks[1]) / 2;
         let (e, e1) = (exec(&d, file_rows), exec(&d1, file_rows));
         let (got, got1) = (

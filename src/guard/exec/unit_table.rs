@@ -25,8 +25,6 @@ use crate::guard::ops::prefetch_hint::prefetch;
 /// Rows between a slot's prefetch and its probe: a probe takes a few nanoseconds, a miss to
 /// memory a hundred or more.
 const AHEAD: usize = 64;
-/// The fewest slots a table starts with.
-const MIN_SLOTS: usize = 1024;
 /// The most bits of a hash that choose a spill partition at one level (256 files).
 pub const LEVEL_BITS: u32 = 8;
 
@@ -99,41 +97,118 @@ const EMPTY: u32 = u32::MAX;
 /// Each group's key, in chunks (never room for twice the units).
 type Keys = Chunked<u128, 1024>;
 
+/// Units a shard holds when a partition holds the most units it can: the most one more unit can
+/// make the table rehash.
+pub const SHARD_UNITS: u64 = 256;
+/// The most shards a table has (16 MiB of directory).
+const MOST_SHARDS: usize = 1 << 20;
+/// Shards of a table whose most units are unknown.
+const DEFAULT_SHARDS: usize = 1 << 12;
+
+/// The number of shards for a partition that holds at most `most_units` units at once: enough
+/// that each holds about [`SHARD_UNITS`] then (a power of two).
+pub fn shards_for(most_units: Option<u64>) -> usize {
+    match most_units {
+        None => DEFAULT_SHARDS,
+        Some(u) => usize::try_from(u.div_ceil(SHARD_UNITS)).unwrap_or(MOST_SHARDS).next_power_of_two().min(MOST_SHARDS),
+    }
+}
+
+/// The slots, split into shards chosen by a hash's top bits, each an open-addressing table that
+/// doubles alone (at most 3/4 full): one more unit rehashes at most its shard's units, never the
+/// table's. One table that doubled rehashed every unit when one more crossed 3/4 of a power of
+/// two — a step of `O(units)` time an analyst filtering units with WHERE could time for a count
+/// (SPEC §0). The number of shards comes from public facts ([`UnitTable::sized_for`]).
+struct Sharded<S> {
+    shards: Vec<Box<[S]>>,
+    /// Units in each shard.
+    used: Vec<u32>,
+    /// log₂ of the number of shards.
+    bits: u32,
+    /// Slots in all shards.
+    slots: usize,
+}
+
+impl<S: Slot> Sharded<S> {
+    fn new(shards: usize) -> Self {
+        debug_assert!(shards.is_power_of_two());
+        Self {
+            shards: (0..shards).map(|_| Box::default()).collect(),
+            used: vec![0; shards],
+            bits: shards.trailing_zeros(),
+            slots: 0,
+        }
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> usize {
+        if self.bits == 0 { 0 } else { (hash >> (64 - self.bits)) as usize }
+    }
+
+    fn bytes(&self) -> usize {
+        self.slots * size_of::<S>() + Self::directory_bytes(self.shards.len())
+    }
+
+    fn directory_bytes(shards: usize) -> usize {
+        shards * (size_of::<Box<[S]>>() + size_of::<u32>())
+    }
+
+    /// Empties every shard, keeping its room.
+    fn clear(&mut self) {
+        for shard in &mut self.shards {
+            shard.fill(S::FREE);
+        }
+        self.used.fill(0);
+    }
+
+    /// Doubles shard `s` (at least 2 slots), placing its units again.
+    fn grow(&mut self, s: usize, hash: &impl Fn(u128) -> u64) {
+        let size = (2 * self.shards[s].len()).max(2);
+        let old = std::mem::replace(&mut self.shards[s], vec![S::FREE; size].into_boxed_slice());
+        self.slots += size - old.len();
+        let (slots, mask) = (&mut self.shards[s], size - 1);
+        #[cfg(test)]
+        tests::REHASHED.with(|r| r.borrow_mut().push(self.used[s]));
+        for slot in old.iter().filter(|slot| slot.group() != EMPTY) {
+            let mut at = hash(slot.key()) as usize & mask;
+            while slots[at].group() != EMPTY {
+                at = (at + 1) & mask;
+            }
+            slots[at] = *slot;
+        }
+    }
+}
+
 /// The slots, of the width the units need.
 enum Slots {
-    Narrow(Vec<Narrow>),
-    Wide(Vec<Wide>),
+    Narrow(Sharded<Narrow>),
+    Wide(Sharded<Wide>),
 }
 
 impl Slots {
-    fn new(width: usize) -> Self {
-        if width <= 8 { Self::Narrow(Vec::new()) } else { Self::Wide(Vec::new()) }
+    fn new(width: usize, shards: usize) -> Self {
+        if width <= 8 { Self::Narrow(Sharded::new(shards)) } else { Self::Wide(Sharded::new(shards)) }
     }
 
     fn bytes(&self) -> usize {
         match self {
-            Self::Narrow(v) => v.capacity() * size_of::<Narrow>(),
-            Self::Wide(v) => v.capacity() * size_of::<Wide>(),
+            Self::Narrow(t) => t.bytes(),
+            Self::Wide(t) => t.bytes(),
         }
     }
-}
 
-/// Makes room in `slots` for `len` units without moving them during a batch (so prefetched
-/// slots stay where they were): at most 3/4 of the slots used.
-fn reserve<S: Slot>(slots: &mut Vec<S>, len: usize, hash: impl Fn(u128) -> u64) {
-    let need = len.saturating_mul(4) / 3 + 1;
-    if need <= slots.len() {
-        return;
-    }
-    let size = need.next_power_of_two().max(MIN_SLOTS);
-    let old = std::mem::replace(slots, vec![S::FREE; size]);
-    let mask = size - 1;
-    for s in old.into_iter().filter(|s| s.group() != EMPTY) {
-        let mut at = hash(s.key()) as usize & mask;
-        while slots[at].group() != EMPTY {
-            at = (at + 1) & mask;
+    fn shards(&self) -> usize {
+        match self {
+            Self::Narrow(t) => t.shards.len(),
+            Self::Wide(t) => t.shards.len(),
         }
-        slots[at] = s;
+    }
+
+    fn clear(&mut self) {
+        match self {
+            Self::Narrow(t) => t.clear(),
+            Self::Wide(t) => t.clear(),
+        }
     }
 }
 
@@ -148,12 +223,17 @@ struct Batch<'a> {
 }
 
 /// Each row's group in `out`, adding the units not seen before; the slot of the row `AHEAD`
-/// rows on is prefetched while this row is probed.
-fn probe<S: Slot>(slots: &mut [S], b: Batch<'_>, out: &mut Vec<usize>) {
-    let mask = slots.len() - 1;
+/// rows on is prefetched while this row is probed (its shard's entry `AHEAD` rows before that).
+fn probe<S: Slot>(t: &mut Sharded<S>, b: Batch<'_>, out: &mut Vec<usize>, hash: impl Fn(u128) -> u64) {
     for (i, &word) in b.words.iter().enumerate() {
+        if let Some(&h) = b.hashes.get(i + 2 * AHEAD) {
+            prefetch(&t.shards[t.shard(h)]);
+        }
         if let Some(&h) = b.hashes.get(i + AHEAD) {
-            prefetch(&slots[h as usize & mask]);
+            let shard = &t.shards[t.shard(h)];
+            if !shard.is_empty() {
+                prefetch(&shard[h as usize & (shard.len() - 1)]);
+            }
         }
         if b.nulls.as_ref().is_some_and(|v| v.is_null(i)) {
             let group = *b.null.get_or_insert_with(|| {
@@ -163,19 +243,40 @@ fn probe<S: Slot>(slots: &mut [S], b: Batch<'_>, out: &mut Vec<usize>) {
             out.push(group as usize);
             continue;
         }
-        let mut at = b.hashes[i] as usize & mask;
-        let group = loop {
-            let slot = &mut slots[at];
-            if slot.group() == EMPTY {
+        let h = b.hashes[i];
+        let s = t.shard(h);
+        let found = {
+            let slots = &t.shards[s];
+            let mask = slots.len().wrapping_sub(1);
+            let mut at = h as usize & mask;
+            loop {
+                match slots.get(at) {
+                    Some(slot) if slot.group() == EMPTY => break None,
+                    Some(slot) if slot.key() == word => break Some(slot.group()),
+                    Some(_) => at = (at + 1) & mask,
+                    None => break None,
+                }
+            }
+        };
+        let group = match found {
+            Some(group) => group,
+            None => {
+                // A new unit: its shard stays at most 3/4 full.
+                if 4 * (t.used[s] as usize + 1) > 3 * t.shards[s].len() {
+                    t.grow(s, &hash);
+                }
+                let slots = &mut t.shards[s];
+                let mask = slots.len() - 1;
+                let mut at = h as usize & mask;
+                while slots[at].group() != EMPTY {
+                    at = (at + 1) & mask;
+                }
                 let group = b.keys.len() as u32;
-                *slot = S::new(word, group);
+                slots[at] = S::new(word, group);
+                t.used[s] += 1;
                 b.keys.push(word);
-                break group;
+                group
             }
-            if slot.key() == word {
-                break slot.group();
-            }
-            at = (at + 1) & mask;
         };
         out.push(group as usize);
     }
@@ -190,7 +291,10 @@ pub struct UnitTable {
     keys: Keys,
     /// The group of the NULL unit, once seen.
     null: Option<u32>,
-    hasher: foldhash::fast::RandomState,
+    /// The slots' hash: seeded at random per table, so that no units can be chosen to collide;
+    /// fixed in this crate's unit tests, so that runs over neighbouring inputs place their common
+    /// units alike and hold bytes in the same order as their units.
+    hasher: foldhash::fast::SeedableRandomState,
     /// Chooses spill partitions: a hash of (level, unit) with full avalanche, so each level's
     /// partitions are independent of the earlier levels' and split any file of them evenly.
     partitioner: foldhash::quality::RandomState,
@@ -209,14 +313,25 @@ impl UnitTable {
         Ok(Self {
             data_type: data_type.clone(),
             width,
-            slots: Slots::new(width),
+            slots: Slots::new(width, 1),
             keys: Keys::new(),
             null: None,
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: if cfg!(test) {
+                foldhash::fast::SeedableRandomState::fixed()
+            } else {
+                foldhash::fast::SeedableRandomState::random()
+            },
             partitioner: foldhash::quality::RandomState::default(),
             words: Vec::new(),
             hashes: Vec::new(),
         })
+    }
+
+    /// The same empty table, in as many shards as a partition that holds at most `most_units`
+    /// units at once needs ([`shards_for`]; a public bound: the rows its input can have, or
+    /// what its memory share holds).
+    pub fn sized_for(self, most_units: Option<u64>) -> Self {
+        Self { slots: Slots::new(self.width, shards_for(most_units)), ..self }
     }
 
     /// Units seen (groups numbered 0…len−1).
@@ -239,10 +354,14 @@ impl UnitTable {
         3 * self.slot_bytes() + size_of::<u128>() + Keys::POINTER_BYTES_PER_ITEM
     }
 
-    /// The most bytes a table holds besides its units': its smallest slots, a batch's scratch
+    /// The most bytes a table holds besides its units': its shards' directory, a batch's scratch
     /// (`batch` rows) and one chunk of keys.
     pub fn most_fixed_bytes(&self, batch: usize) -> usize {
-        2 * MIN_SLOTS * self.slot_bytes() + Keys::CHUNK_BYTES + 2 * batch * (size_of::<u128>() + size_of::<u64>())
+        let directory = match &self.slots {
+            Slots::Narrow(_) => Sharded::<Narrow>::directory_bytes(self.slots.shards()),
+            Slots::Wide(_) => Sharded::<Wide>::directory_bytes(self.slots.shards()),
+        };
+        directory + Keys::CHUNK_BYTES + 2 * batch * (size_of::<u128>() + size_of::<u64>())
     }
 
     fn slot_bytes(&self) -> usize {
@@ -251,17 +370,14 @@ impl UnitTable {
 
     /// Forgets every unit and keeps the table's room (the next window's units fill it again).
     pub fn clear(&mut self) {
-        match &mut self.slots {
-            Slots::Narrow(v) => v.fill(Narrow::FREE),
-            Slots::Wide(v) => v.fill(Wide::FREE),
-        }
+        self.slots.clear();
         self.keys.clear();
         self.null = None;
     }
 
     /// Forgets every unit and frees the table.
     pub fn reset(&mut self) {
-        self.slots = Slots::new(self.width);
+        self.slots = Slots::new(self.width, self.slots.shards());
         self.keys.free();
         self.null = None;
         self.words = Vec::new();
@@ -308,7 +424,6 @@ impl UnitTable {
     /// Each row's group in `out` (cleared first), adding the units not seen before.
     pub fn groups_of(&mut self, array: &dyn Array, out: &mut Vec<usize>) -> Result<()> {
         self.read(array)?;
-        let len = self.keys.len() + self.words.len();
         self.hashes.clear();
         let hasher = &self.hasher;
         self.hashes.extend(self.words.iter().map(|&k| hasher.hash_one(k)));
@@ -323,14 +438,8 @@ impl UnitTable {
         };
         let hash = |k: u128| hasher.hash_one(k);
         match &mut self.slots {
-            Slots::Narrow(slots) => {
-                reserve(slots, len, hash);
-                probe(slots, batch, out);
-            }
-            Slots::Wide(slots) => {
-                reserve(slots, len, hash);
-                probe(slots, batch, out);
-            }
+            Slots::Narrow(slots) => probe(slots, batch, out, hash),
+            Slots::Wide(slots) => probe(slots, batch, out, hash),
         }
         Ok(())
     }
@@ -393,8 +502,8 @@ mod tests {
         narrow.groups_of(&ints, &mut out).unwrap();
         wide.groups_of(&decimals, &mut out).unwrap();
         assert_eq!((narrow.len(), wide.len()), (5000, 5000));
-        assert!(matches!(narrow.slots, Slots::Narrow(_)) && matches!(wide.slots, Slots::Wide(_)));
-        assert_eq!(narrow.slots.bytes() * 2, wide.slots.bytes());
+        let (Slots::Narrow(n), Slots::Wide(w)) = (&narrow.slots, &wide.slots) else { panic!("slot widths") };
+        assert_eq!((n.slots * size_of::<Narrow>() * 2, n.slots), (w.slots * size_of::<Wide>(), w.slots));
         // What the memory plan counts per unit (docs/groups-and-units.md): 8/3 slots and a key.
         assert_eq!((narrow.most_bytes_per_unit(), wide.most_bytes_per_unit()), (65, 113));
     }
@@ -501,5 +610,44 @@ mod tests {
             }
             assert!(tightest < 4.0, "{t}: the bound is {tightest}× what the table held");
         }
+    }
+
+    thread_local! {
+        /// The units of each shard rehashed, in order (`Sharded::grow`).
+        pub(super) static REHASHED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// SPEC §0: one more unit must not make the table rehash every unit (a step of `O(units)`
+    /// time at a count of units, which WHERE could bisect for). Sized for 2·10⁵ units, a table
+    /// fed 2·10⁵ units one row at a time rehashes at most about a shard's units at once, and a
+    /// neighbour with one more unit rehashes as much in all give or take one shard.
+    #[test]
+    fn one_more_unit_rehashes_at_most_a_shard() {
+        let most = 200_000u64;
+        // Units `from..to`, one row at a time; the units of each shard rehashed meanwhile.
+        let feed = |t: &mut UnitTable, from: i64, to: i64| {
+            let mut out = Vec::new();
+            REHASHED.with(|r| r.borrow_mut().clear());
+            for u in from..to {
+                t.groups_of(&Int64Array::from_iter_values([u * 7919 + 13]), &mut out).unwrap();
+            }
+            assert_eq!(t.len(), to as usize);
+            REHASHED.with(|r| r.take())
+        };
+        let mut sized = table(&DataType::Int64).sized_for(Some(most));
+        let steps = feed(&mut sized, 0, most as i64);
+        let (largest, total) =
+            (steps.iter().max().copied().unwrap_or(0), steps.iter().map(|&u| u64::from(u)).sum::<u64>());
+        assert!(u64::from(largest) <= 2 * SHARD_UNITS, "{largest} units rehashed at once");
+        assert!(total <= 2 * most, "{total} rehashed in all");
+        // A shard's rehashing depends on its own units only, so a neighbour with one unit more
+        // rehashes at most one shard more: here, the next unit.
+        let next = feed(&mut sized, most as i64, most as i64 + 1);
+        assert!(next.iter().all(|&u| u64::from(u) <= 2 * SHARD_UNITS), "{next:?}");
+        // Control: one shard (a table not sized for its units) rehashes more than half of them at once.
+        let one = feed(&mut table(&DataType::Int64), 0, most as i64);
+        assert!(one.iter().any(|&u| u64::from(u) > most / 2), "{:?}", one.iter().max());
+        assert_eq!(shards_for(Some(most)), 1024);
+        assert_eq!((shards_for(None), shards_for(Some(u64::MAX))), (DEFAULT_SHARDS, MOST_SHARDS));
     }
 }
