@@ -9,6 +9,10 @@
 //! hashed first so that the slot of a row a few rows ahead is prefetched while this row is
 //! probed — the misses overlap instead of being paid one at a time. The group of a unit is the
 //! order in which it was first seen (as DataFusion numbers groups); NULL is one unit of its own.
+//!
+//! The slots are split into shards by the hash's top bits, each doubling alone ([`Sharded`]), so
+//! that one more unit never rehashes every unit: the time a table takes is a sum of bounded
+//! costs per unit, without a step at a count of units (SPEC §0).
 
 use std::hash::BuildHasher;
 use std::mem::size_of;
