@@ -12,8 +12,9 @@
 //! would spend most of the bound's time finding each row's unit — the units' samples evict its
 //! interning table from the caches, and it waits on its misses one row at a time — and would spill
 //! when its groups no longer fit, a threshold the rows decide. [`PlannedAggregateExec`] computes the
-//! same output (one row per key: the key and the call's value) from the same accumulator, fed the
-//! same group indices in the same order, finding keys with prefetches ([`UnitTable`]).
+//! same output (one row per key: the key and the call's value) from the same accumulator (for the
+//! count, [`ChunkedCount`]: DataFusion's count without a doubling vector), fed the same group
+//! indices in the same order, finding keys with prefetches ([`UnitTable`]).
 //!
 //! **Memory, decided before the first row (SPEC §0).** Whether and when it spills must not
 //! depend on the rows: spilling when the keys no longer fit would make the running time jump at
@@ -21,8 +22,8 @@
 //! bisect for. So the [`Layout`] is chosen from public facts only — the most rows the input can
 //! have (the row counts in the Parquet footers of the files it scans, [`super::public_facts`]), the
 //! most bytes a row can add to the state (a new key's table slot, [`UnitTable::most_bytes_per_unit`],
-//! and the call's growth: [`UnitBound::most_bytes_per_row`], or a count's 8 bytes in a vector at
-//! most doubled), the bytes of the session's memory limit it may hold (for the bound, what the
+//! and the call's growth: [`UnitBound::most_bytes_per_row`], or a count's 8 bytes in chunks,
+//! [`ChunkedCount`]), the bytes of the session's memory limit it may hold (for the bound, what the
 //! private calls above leave it, planned from their public parameters; at least half,
 //! [`unit_bound::memory_share`]) and the number of partitions:
 //! * **in memory** when every row of the input could be a key of its own and still fit: nothing
@@ -73,6 +74,7 @@ use futures::StreamExt;
 
 use super::node::{apply_each, batch_as, groups_accumulators, only_child};
 use super::unit_table::{LEVEL_BITS, UnitTable, key_width};
+use crate::guard::ops::chunked_count::ChunkedCount;
 use crate::guard::ops::selected;
 use crate::guard::ops::unit_bound::{self, UnitBound};
 
@@ -188,8 +190,8 @@ impl PlannedAggregateExec {
                 let types = self.call.expressions().iter().map(|e| e.data_type(&schema)).collect::<Result<Vec<_>>>()?;
                 udf.most_bytes_per_row(&types, per_key)
             }
-            // One count per key, in a vector at most doubled.
-            Call::Count => Ok((per_key + 2 * size_of::<i64>(), true)),
+            // One count per key, in chunks.
+            Call::Count => Ok((per_key + ChunkedCount::BYTES_PER_GROUP, true)),
         }
     }
 }
@@ -276,7 +278,10 @@ impl ExecutionPlan for PlannedAggregateExec {
             .with_can_spill(true)
             .register(context.memory_pool());
         let table = UnitTable::new(&self.key_type)?;
-        let accumulator = groups_accumulators(std::slice::from_ref(&self.call))?.remove(0);
+        let accumulator: Box<dyn GroupsAccumulator> = match self.kind {
+            Call::UnitBound => groups_accumulators(std::slice::from_ref(&self.call))?.remove(0),
+            Call::Count => Box::new(ChunkedCount::new()),
+        };
         let (per_row, exact) = self.bytes_per_row(&table)?;
         let batch = context.session_config().batch_size().max(1);
         // The planned share, within the pool's limit if it has one (an executor's pool may not:

@@ -5,6 +5,7 @@
 
 pub mod bounding;
 pub(crate) mod chunked;
+pub(crate) mod chunked_count;
 pub mod eager;
 mod max_heap;
 pub(crate) mod prefetch_hint;
