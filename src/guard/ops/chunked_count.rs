@@ -13,6 +13,7 @@ use datafusion::common::Result;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 
 use super::chunked::Chunked;
+use super::unit_bound::passes;
 
 /// Counts per chunk.
 const COUNTS_PER_CHUNK: usize = 4096;
@@ -50,10 +51,6 @@ impl std::fmt::Debug for ChunkedCount {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ChunkedCount {{ groups: {} }}", self.counts.len())
     }
-}
-
-fn passes(filter: Option<&BooleanArray>, i: usize) -> bool {
-    filter.is_none_or(|f| f.is_valid(i) && f.value(i))
 }
 
 impl GroupsAccumulator for ChunkedCount {

@@ -474,7 +474,8 @@ fn sorted(mut samples: Vec<Sample>) -> Vec<Sample> {
     samples
 }
 
-fn passes(filter: Option<&BooleanArray>, i: usize) -> bool {
+/// Whether row `i` passes an aggregate's filter (a NULL does not).
+pub(super) fn passes(filter: Option<&BooleanArray>, i: usize) -> bool {
     filter.is_none_or(|f| f.is_valid(i) && f.value(i))
 }
 
