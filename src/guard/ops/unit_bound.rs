@@ -392,6 +392,13 @@ impl Bound {
         Ok(change)
     }
 
+    fn emit<'a>(&self, samples: impl Iterator<Item = &'a Sample> + Clone, what: Emitted) -> Result<ListArray> {
+        match what {
+            Emitted::Values => self.evaluate(samples),
+            Emitted::State => self.state(samples),
+        }
+    }
+
     /// The kept rows of each sample, as one list of structs per sample (the unit hash, the
     /// row encoding's last column, dropped).
     fn evaluate<'a>(&self, samples: impl Iterator<Item = &'a Sample> + Clone) -> Result<ListArray> {
@@ -468,6 +475,13 @@ struct UnitBoundGroups {
     bytes: usize,
 }
 
+/// What a sample is emitted as: its kept rows, or its state.
+#[derive(Clone, Copy)]
+enum Emitted {
+    Values,
+    State,
+}
+
 /// `samples`, each sorted for emission.
 fn sorted(mut samples: Vec<Sample>) -> Vec<Sample> {
     samples.iter_mut().for_each(Sample::sort);
@@ -486,6 +500,22 @@ impl UnitBoundGroups {
 
     fn recount(&mut self) {
         self.bytes = self.samples.iter().map(Sample::heap).sum();
+    }
+
+    /// The first `n` samples or all of them, sorted, as values or states; emitting all keeps the
+    /// store's room for the units that follow (a spill window's).
+    fn emit(&mut self, emit_to: EmitTo, what: Emitted) -> Result<ListArray> {
+        let out = match emit_to {
+            EmitTo::All => {
+                self.samples.iter_mut().for_each(Sample::sort);
+                let out = self.bound.emit(self.samples.iter(), what)?;
+                self.samples.clear();
+                out
+            }
+            EmitTo::First(n) => self.bound.emit(sorted(self.samples.take_first(n)).iter(), what)?,
+        };
+        self.recount();
+        Ok(out)
     }
 }
 
@@ -512,32 +542,11 @@ impl GroupsAccumulator for UnitBoundGroups {
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        let out = match emit_to {
-            EmitTo::All => {
-                self.samples.iter_mut().for_each(Sample::sort);
-                let out = self.bound.evaluate(self.samples.iter())?;
-                self.samples.clear();
-                out
-            }
-            EmitTo::First(n) => self.bound.evaluate(sorted(self.samples.take_first(n)).iter())?,
-        };
-        self.recount();
-        Ok(Arc::new(out))
+        Ok(Arc::new(self.emit(emit_to, Emitted::Values)?))
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        let state = match emit_to {
-            // Every sample: the store keeps its room for the units that follow (a spill window's).
-            EmitTo::All => {
-                self.samples.iter_mut().for_each(Sample::sort);
-                let state = self.bound.state(self.samples.iter())?;
-                self.samples.clear();
-                state
-            }
-            EmitTo::First(n) => self.bound.state(sorted(self.samples.take_first(n)).iter())?,
-        };
-        self.recount();
-        Ok(vec![Arc::new(state)])
+        Ok(vec![Arc::new(self.emit(emit_to, Emitted::State)?)])
     }
 
     fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
