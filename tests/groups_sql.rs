@@ -50,13 +50,20 @@ struct Fixture {
 async fn fixture(tag: &str) -> Fixture {
     let dir = TempDir::new(tag);
     write_table(&dir.path("p.parquet"));
+    let admin = private_p(&dir).await;
+    Fixture { dir, admin }
+}
+
+/// A catalog in `dir` where `p.parquet` is the private table `p`: x in [0, 1], regions a–d and
+/// weekdays 0–6 declared.
+async fn private_p(dir: &TempDir) -> Admin {
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("p", &dir.str("p.parquet")).await.unwrap();
     admin.make_private("p", 100.0, 1e-3).unwrap();
     admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
     admin.set_keys("p", "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
     admin.set_keys("p", "weekday", &(0..7).map(|d| d.to_string()).collect::<Vec<_>>()).await.unwrap();
-    Fixture { dir, admin }
+    admin
 }
 
 impl Fixture {
@@ -271,12 +278,143 @@ async fn declared_integer_keys_are_looked_up_not_hashed() {
     };
     let want = [("-7", 0), ("0", alone(0).await), ("1000000000000", 0), ("5", alone(5).await)];
     assert_eq!(rows.iter().map(|(k, m)| (k.as_str(), m.to_bits())).collect::<Vec<_>>(), want);
-    // String keys keep DataFusion's hash table.
+    // Text keys are looked up by their row encoding.
     let s = f.session(NoiseSource::Off, 2).await;
     let plan =
         s.physical_plan_for_tests(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await.unwrap();
     let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-    assert!(!shown.contains("KnownKeysPartialExec") && shown.contains("mode=Partial"), "{shown}");
+    assert!(shown.contains("KnownKeysPartialExec: declared groups=") && shown.contains("(rows)"), "{shown}");
+    assert!(!shown.contains("mode=Partial"), "{shown}");
+}
+
+/// Rows per partition of the first phase of `plan` that groups raw rows (ours or DataFusion's:
+/// partial or single), run alone.
+async fn partial_rows(
+    plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    ctx: Arc<datafusion::execution::TaskContext>,
+) -> Vec<usize> {
+    use datafusion::physical_plan::ExecutionPlan;
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+    use dpcurve::guard::exec::known_keys_partial::KnownKeysPartialExec;
+    fn find(p: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        let partial = p.downcast_ref::<KnownKeysPartialExec>().is_some()
+            || p.downcast_ref::<AggregateExec>().is_some_and(|a| {
+                matches!(a.mode(), AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned)
+            });
+        if partial { Some(Arc::clone(p)) } else { p.children().into_iter().find_map(find) }
+    }
+    let partial = find(plan).expect("a partial phase");
+    let mut rows = Vec::new();
+    for i in 0..partial.properties().output_partitioning().partition_count() {
+        let stream = partial.execute(i, Arc::clone(&ctx)).unwrap();
+        let batches = datafusion::physical_plan::common::collect(stream).await.unwrap();
+        rows.push(batches.iter().map(|b| b.num_rows()).sum());
+    }
+    rows
+}
+
+/// Declared keys over several columns, or text: each row's group is found by its row encoding in
+/// a table of the declared tuples, so every declared group exists in every partition from the
+/// first row on. Each group is still exactly its filtered query (with an aggregate FILTER too,
+/// on 1 and 3 partitions). The attack: a neighbour whose one row is the first of a declared
+/// group (region 'd') must not change what the partial phase holds and emits (a group table
+/// that grows as rows reach groups steps at a count of groups: SPEC §0). Control: DataFusion's
+/// partial aggregate over the same two files emits one more group on the neighbour.
+#[tokio::test]
+async fn declared_keys_of_any_columns_hold_every_group_from_the_start() {
+    let plain = "private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian')";
+    let filtered = format!("{plain} FILTER (WHERE x > 0.3)");
+    let mut held = Vec::new();
+    let mut control = Vec::new();
+    for alice in [false, true] {
+        let dir = TempDir::new(&format!("groups-rows-{alice}"));
+        let n = 2000;
+        let mut region: Vec<&str> = (0..n).map(|i| ["a", "b", "c"][i % 3]).collect();
+        let mut weekday: Vec<i64> = (0..n).map(|i| (i % 7) as i64).collect();
+        let mut x: Vec<f64> = (0..n).map(|i| (i % 101) as f64 / 100.0).collect();
+        if alice {
+            region.insert(1234, "d");
+            weekday.insert(1234, 3);
+            x.insert(1234, 0.5);
+        }
+        common::write_columns(
+            &dir.path("p.parquet"),
+            vec![
+                ("region", Arc::new(StringArray::from(region)) as ArrayRef),
+                ("weekday", Arc::new(Int64Array::from(weekday))),
+                ("x", Arc::new(Float64Array::from(x))),
+            ],
+        );
+        private_p(&dir).await;
+        let mut seen = Vec::new();
+        for partitions in [1, 3] {
+            let opts =
+                SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
+            let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+            for (by, groups) in [("region", 4), ("region, weekday", 28)] {
+                for call in [plain.to_string(), filtered.clone()] {
+                    let sql = format!("SELECT {by}, {call}['mass'] FROM p GROUP BY {by}");
+                    let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+                    let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+                    assert!(
+                        shown.contains(&format!("KnownKeysPartialExec: declared groups={groups} (rows)")),
+                        "{shown}"
+                    );
+                    assert!(!shown.contains("mode=Partial"), "{shown}");
+                    let rows = partial_rows(&plan, s.task_ctx_for_tests()).await;
+                    assert!(rows.iter().all(|&r| r == groups), "every declared group in every partition: {rows:?}");
+                    seen.push((sql.clone(), partitions, rows));
+                    let out = s.query(&sql).await.unwrap();
+                    assert_eq!(out.iter().map(|b| b.num_rows()).sum::<usize>(), groups);
+                    // Each group is its filtered query.
+                    let where_ = if call.contains("FILTER") { " AND x > 0.3" } else { "" };
+                    for b in &out {
+                        for r in 0..b.num_rows() {
+                            let mut conditions = Vec::new();
+                            let keys = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+                            let region = keys.as_string::<i32>().value(r).to_string();
+                            conditions.push(format!("region = '{region}'"));
+                            if by.contains("weekday") {
+                                conditions
+                                    .push(format!("weekday = {}", b.column(1).as_primitive::<Int64Type>().value(r)));
+                            }
+                            let mass = b.column(b.num_columns() - 1).as_primitive::<Float64Type>().value(r);
+                            let one = s
+                                .query(&format!(
+                                    "SELECT {plain}['mass'] FROM p WHERE {}{where_}",
+                                    conditions.join(" AND ")
+                                ))
+                                .await
+                                .unwrap();
+                            let alone = one[0].column(0).as_primitive::<Float64Type>().value(0);
+                            assert_eq!(
+                                mass.to_bits(),
+                                alone.to_bits(),
+                                "{sql}: {conditions:?}, {partitions} partitions"
+                            );
+                            let hers = alice && (conditions.len() == 1 || conditions[1] == "weekday = 3");
+                            assert_eq!(mass > 0.0, region != "d" || hers, "{sql}: {conditions:?}: {mass}");
+                        }
+                    }
+                }
+            }
+            // Control: DataFusion's own partial aggregate over the same file interns only the groups
+            // that rows reach.
+            let ctx = datafusion::prelude::SessionContext::new_with_config(
+                datafusion::prelude::SessionConfig::new().with_target_partitions(partitions),
+            );
+            ctx.register_parquet("p", &dir.str("p.parquet"), Default::default()).await.unwrap();
+            let df = ctx
+                .sql("SELECT region, sum(x) FROM p WHERE region IN ('a', 'b', 'c', 'd') GROUP BY region")
+                .await
+                .unwrap();
+            let plan = df.create_physical_plan().await.unwrap();
+            control.push(partial_rows(&plan, ctx.task_ctx()).await.iter().sum::<usize>());
+        }
+        held.push(seen);
+    }
+    assert_eq!(held[0], held[1], "the partial phases of the neighbours differ");
+    assert_eq!(control, [3, 3, 4, 4], "control: DataFusion's partial phase holds her group only on her table");
 }
 
 #[tokio::test]
@@ -397,10 +535,16 @@ async fn private_calls_read_only_their_data_columns() {
     use datafusion::physical_plan::ExecutionPlan;
     use datafusion::physical_plan::aggregates::AggregateExec;
     fn row_readers(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<(String, usize)>) {
+        let mut read = |aggr: &[Arc<datafusion::physical_expr::aggregate::AggregateFunctionExpr>]| {
+            out.extend(aggr.iter().map(|e| (e.fun().name().to_string(), e.expressions().len())))
+        };
         if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
             if agg.mode().input_mode() == datafusion::physical_plan::aggregates::AggregateInputMode::Raw {
-                out.extend(agg.aggr_expr().iter().map(|e| (e.fun().name().to_string(), e.expressions().len())));
+                read(agg.aggr_expr());
             }
+        }
+        if let Some(partial) = plan.downcast_ref::<dpcurve::guard::exec::known_keys_partial::KnownKeysPartialExec>() {
+            read(partial.aggr_expr());
         }
         for c in plan.children() {
             row_readers(c, out);

@@ -284,7 +284,10 @@ async fn integer_keys_counted_by_value_select_exactly_what_hashed_keys_select() 
             "{plan}"
         );
         let plan = shown(by("name")).await;
-        assert!(!plan.contains("KnownKeysPartialExec") && plan.contains("dpcurve_selected(name"), "{plan}");
+        assert!(
+            plan.contains("KnownKeysPartialExec: selected keys (first seen)") && plan.contains("dpcurve_selected(name"),
+            "{plan}"
+        );
         // (A NULL key reads as "" here.)
         assert_eq!(codes.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(), want, "count ≥ τ = 15 exactly");
         assert_eq!(names.len(), codes.len());
@@ -342,7 +345,8 @@ async fn selection_over_edge_integer_types_shows_nothing_of_one_row() {
                     .map(|b| common::keyed_values(&b).into_iter().map(|(k, m)| (k, m.to_bits())).collect::<Vec<_>>());
                 let plan = s.physical_plan_for_tests(&sql).await.unwrap();
                 let plan = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-                assert_eq!(plan.contains("KnownKeysPartialExec: selected keys"), k == "small", "{plan}");
+                assert_eq!(plan.contains("KnownKeysPartialExec: selected keys,"), k == "small", "{plan}");
+                assert_eq!(plan.contains("KnownKeysPartialExec: selected keys (first seen)"), k == "big", "{plan}");
                 let out = out.map_err(|e| e.to_string());
                 let rows = out.as_ref().expect("no error").len();
                 assert_eq!(rows, 3, "{k}: the three keys of 30 rows (NULL included), her key never");

@@ -203,8 +203,8 @@ impl QueryPlanner for PrivacyPlanner {
         // Grouped private aggregates release every public group once, reached by rows or not,
         // in one canonical order (declared, or the selected keys sorted).
         let physical = canonical_final_phases(physical)?;
-        // In this process, their partial phases over known integer keys (declared or selected)
-        // find each row's group in a table of the keys instead of a hash table.
+        // In this process, their partial phases over known keys (declared or selected) find each
+        // row's group in a table sized by the keys before any row is read, not one that grows.
         let physical = match &self.distributor {
             Some(_) => physical,
             None => known_keys_partials(physical, known_groups_of)?,

@@ -104,7 +104,7 @@ fn public_groups(agg: &AggregateExec) -> Option<PublicGroups> {
 pub fn known_groups_of(agg: &AggregateExec) -> Option<KnownGroups> {
     Some(match public_groups(agg)? {
         PublicGroups::Declared(keys) => KnownGroups::Declared(keys),
-        PublicGroups::Selected(_) => KnownGroups::Selected,
+        PublicGroups::Selected(slot) => KnownGroups::Selected(slot),
     })
 }
 

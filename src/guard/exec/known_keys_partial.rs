@@ -1,37 +1,45 @@
-//! The partial phase of a private aggregate grouped by one integer column whose keys are known
-//! before its rows are read — declared, or chosen by the partition selection the gate ran first:
-//! each row's group found in a table of the keys, not by hashing.
+//! The partial phase of a private aggregate whose groups are known before its rows are read —
+//! declared keys, or the keys the gate's partition selection chose: each row's group found in a
+//! table whose size the public keys fix, never one that grows with the groups rows reach.
 //!
 //! DataFusion's partial hash aggregate interns every row's key in a hash table (hash, probe,
-//! compare) — for `SELECT g, private_kde(x, …) … GROUP BY g` the largest single cost after the
-//! binning, and the same as the whole of `SELECT g, sum(x) … GROUP BY g`. Here the public groups
-//! are known before any row is read (the declared keys, SPEC §7), so [`KnownKeysPartialExec`] maps
-//! a key to its group with one subtraction and one lookup in a dense table (or a small hash map
-//! when the keys are spread out), and feeds the same vectorised accumulators
-//! (`GroupsAccumulator`) with the same group indices DataFusion would. A row whose key is not
-//! declared (or is null) goes to one spare group whose state is never emitted — the same work
-//! as any row, and memory fixed by the declared keys whatever the data. Each partition emits one
-//! batch: every declared group's key and partial state, in declared order, as the replaced
-//! partial aggregate would (groups without rows carry an empty state, which merges as nothing).
+//! compare) that grows as rows reach new groups: one more row reaching one more group can
+//! rehash every group the partition holds, and the work of the statistics vectors behind it
+//! doubles at the same counts — a step in time at a count of groups, which one row can move
+//! (SPEC §0). It is also the largest single cost of `SELECT g, private_kde(x, …) … GROUP BY g`
+//! after the binning. Here [`KnownKeysPartialExec`] finds a row's group in a
+//! [`KeyTable`](super::key_table) built before the first row: one integer column with one
+//! subtraction and one lookup in a dense table (or a small hash map when the keys are spread
+//! out), any other key (several columns, text, dates) by its row encoding in a map of the
+//! declared keys. It feeds the same vectorised accumulators (`GroupsAccumulator`) with every
+//! group allocated from the first batch. A row whose key is not declared (or is null) goes to one
+//! spare group whose state is never emitted — the same work as any row, and memory fixed by the
+//! declared keys whatever the data. Each partition emits one batch: every declared group's key and
+//! partial state, in declared order (groups without rows carry an empty state, which merges as
+//! nothing).
 //!
 //! The guard filters a grouped call's rows to the declared keys (so that no undeclared key makes
 //! a group). Below this operator that filter has nothing left to do: every conjunct of the
-//! filter right below that reads the key column only, and holds for every declared key, is
+//! filter right below that reads the key columns only, and holds for every declared key, is
 //! dropped (rows it would have dropped have undeclared keys, which the spare group takes), and
 //! with it the filter when nothing else is left.
 //!
-//! Over private keys the keys are those the gate's partition selection chose, counted by value
-//! (one integer column, rows are units: `passes::selection`); the table is built from them when
+//! Over private keys the keys are those the gate's partition selection chose. Counted by value
+//! (one integer column, rows are units: `passes::selection`), the table is built from them when
 //! the partition starts, and the selection's membership filter below is dropped the same way (a
-//! row of an unselected key goes to the spare group). A selected NULL key is a group of its own.
+//! row of an unselected key goes to the spare group; a selected NULL key is a group of its own).
+//! Counted by hash (other keys, or privacy units), only the number selected is known when the
+//! partition starts: the groups are [`FirstSeen`](super::key_table::FirstSeen) — the membership
+//! filter stays below, and each selected key becomes a group when its first row arrives, in a
+//! table with room for all of them from the start; the partition emits the groups its rows reached.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, new_null_array};
 use datafusion::arrow::compute::{CastOptions, cast, cast_with_options};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, ScalarValue, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -48,31 +56,29 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
+use super::key_table::{FirstSeen, KeyTable};
 use super::node::{batch_as, groups_accumulators, only_child};
+use crate::functions::PermitSlot;
 use crate::guard::ops::selected::{IntegerSelection, SelectedFilter, SelectedKeys};
-
-/// Keys spanning at most this many values get a dense table (4 bytes per value in the span).
-const DENSE_SPAN: i64 = 1 << 16;
 
 /// The public groups of a grouped private aggregate, as this operator needs them.
 #[derive(Debug, Clone)]
 pub enum KnownGroups {
     /// Declared keys, one tuple per group, in declared order.
     Declared(Arc<Vec<Vec<ScalarValue>>>),
-    /// Keys a partition selection chooses (found in the membership filter below).
-    Selected,
+    /// Keys a partition selection chooses (the call's permit slot holds them once chosen).
+    Selected(Arc<PermitSlot>),
 }
 
-/// Replaces every partial phase of a private aggregate grouped by one integer column whose keys
-/// are known (`known_of`) with a [`KnownKeysPartialExec`]; other nodes are returned unchanged.
+/// Replaces every partial phase of a private aggregate whose keys are known (`known_of`) with a
+/// [`KnownKeysPartialExec`]; other nodes are returned unchanged.
 pub fn known_keys_partials(
     plan: Arc<dyn ExecutionPlan>,
     known_of: impl Fn(&AggregateExec) -> Option<KnownGroups>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
-        if *agg.mode() != AggregateMode::Partial || !agg.group_expr().is_single() || agg.group_expr().expr().len() != 1
-        {
+        if *agg.mode() != AggregateMode::Partial || !agg.group_expr().is_single() || agg.group_expr().is_empty() {
             return Ok(Transformed::no(node));
         }
         let Some(groups) = known_of(agg) else { return Ok(Transformed::no(node)) };
@@ -82,72 +88,23 @@ pub fn known_keys_partials(
     .map(|t| t.data)
 }
 
-/// Each declared key's group (module docs).
-#[derive(Debug, Clone)]
-enum KeyTable {
-    /// Group of key `min + i` at `i`; `spare` where no key is declared.
-    Dense {
-        min: i64,
-        groups: Vec<u32>,
-    },
-    Sparse(HashMap<i64, u32, foldhash::fast::RandomState>),
-}
-
-impl KeyTable {
-    fn new(keys: &[i64], spare: u32) -> Self {
-        let (min, max) = (keys.iter().min().copied().unwrap_or(0), keys.iter().max().copied().unwrap_or(0));
-        match max.checked_sub(min) {
-            Some(span) if span < DENSE_SPAN => {
-                let mut groups = vec![spare; span as usize + 1];
-                for (g, &k) in keys.iter().enumerate() {
-                    groups[(k - min) as usize] = g as u32;
-                }
-                KeyTable::Dense { min, groups }
-            }
-            _ => KeyTable::Sparse(keys.iter().enumerate().map(|(g, &k)| (k, g as u32)).collect()),
-        }
-    }
-
-    /// Each row's group (`spare` for an unknown key, `null` for a null one) into `out`.
-    fn groups_of(&self, keys: &dyn Array, spare: u32, null: u32, out: &mut Vec<usize>) -> Result<()> {
-        let options = CastOptions { safe: true, ..Default::default() };
-        // A key outside Int64 becomes null (only declared keys are looked up in UInt64 columns, and
-        // they have no NULL key: so it goes to the spare group).
-        let keys = cast_with_options(keys, &DataType::Int64, &options)?;
-        let keys = keys.as_primitive::<Int64Type>();
-        out.clear();
-        match self {
-            KeyTable::Dense { min, groups } => out.extend(keys.values().iter().map(|&k| {
-                let offset = k.wrapping_sub(*min) as u64;
-                (if offset < groups.len() as u64 { groups[offset as usize] } else { spare }) as usize
-            })),
-            KeyTable::Sparse(map) => {
-                out.extend(keys.values().iter().map(|k| map.get(k).copied().unwrap_or(spare) as usize))
-            }
-        }
-        if let Some(nulls) = keys.nulls().filter(|n| n.null_count() > 0) {
-            for i in nulls.iter().enumerate().filter(|(_, valid)| !valid).map(|(i, _)| i) {
-                out[i] = null as usize;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Where the keys come from.
 #[derive(Debug, Clone)]
 enum Keys {
-    /// The declared keys in declared order (the key column of the output) and their table.
-    Declared { keys: ArrayRef, table: KeyTable },
-    /// The keys the gate's selection chooses, read when a partition starts.
-    Selected(Arc<SelectedKeys>),
+    /// The declared keys in declared order (the key columns of the output) and their table.
+    Declared { columns: Vec<ArrayRef>, table: Arc<KeyTable> },
+    /// The values of one integer column the gate's selection chooses, read when a partition
+    /// starts.
+    SelectedIntegers(Arc<SelectedKeys>),
+    /// Keys the gate's selection chooses by hash: how many is read when a partition starts.
+    SelectedHashes(Arc<PermitSlot>),
 }
 
-/// The partial phase of a private aggregate over known integer keys (module docs).
+/// The partial phase of a private aggregate over known keys (module docs).
 #[derive(Debug, Clone)]
 pub struct KnownKeysPartialExec {
     input: Arc<dyn ExecutionPlan>,
-    key: Arc<dyn PhysicalExpr>,
+    key: Vec<Arc<dyn PhysicalExpr>>,
     aggr: Vec<Arc<AggregateFunctionExpr>>,
     filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
     keys: Keys,
@@ -156,44 +113,55 @@ pub struct KnownKeysPartialExec {
 }
 
 impl KnownKeysPartialExec {
-    /// The replacement of `agg` (a partial phase grouped by one column), or None when its key
-    /// is not an integer column, a declared key is not one of its values, or selected keys are
-    /// not found in a membership filter right below.
+    /// The replacement of `agg` (a partial phase grouped by plain expressions), or None when a
+    /// key's type has no row encoding or a declared key is not one of its column's values.
     fn try_new(agg: &AggregateExec, groups: KnownGroups) -> Result<Option<Self>> {
-        let (key, _) = &agg.group_expr().expr()[0];
-        let key_type = key.data_type(&agg.input_schema())?;
-        if !key_type.is_integer() {
+        let input_schema = agg.input_schema();
+        let key: Vec<Arc<dyn PhysicalExpr>> = agg.group_expr().expr().iter().map(|(e, _)| Arc::clone(e)).collect();
+        let types = key.iter().map(|e| e.data_type(&input_schema)).collect::<Result<Vec<_>>>()?;
+        if !RowConverter::supports_fields(&types.iter().map(|t| SortField::new(t.clone())).collect::<Vec<_>>()) {
             return Ok(None);
         }
+        let one_integer = matches!(&types[..], [t] if t.is_integer());
         let (input, keys) = match groups {
             KnownGroups::Declared(tuples) => {
-                if tuples.iter().any(|t| t.len() != 1) {
+                if tuples.iter().any(|t| t.len() != key.len()) {
                     return Ok(None);
                 }
-                let declared = ScalarValue::iter_to_array(tuples.iter().map(|t| t[0].clone()))?;
-                let options = CastOptions { safe: true, ..Default::default() };
-                let keys = cast_with_options(&declared, &key_type, &options)?;
-                let as_i64 = cast_with_options(&keys, &DataType::Int64, &options)?;
-                if keys.null_count() > 0 || as_i64.null_count() > 0 {
-                    return Ok(None);
-                }
-                let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
-                let input = without_key_filters(agg.input(), key, &keys)?;
-                let keys = cast(&keys, agg.schema().field(0).data_type())?;
-                (input, Keys::Declared { table: KeyTable::new(&values, values.len() as u32), keys })
+                let Some(columns) = declared_columns(&tuples, &types)? else { return Ok(None) };
+                let table = match one_integer {
+                    true => {
+                        let options = CastOptions { safe: true, ..Default::default() };
+                        let as_i64 = cast_with_options(&columns[0], &DataType::Int64, &options)?;
+                        if as_i64.null_count() > 0 {
+                            return Ok(None);
+                        }
+                        let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
+                        KeyTable::integers(&values, values.len() as u32)
+                    }
+                    false => KeyTable::rows(&columns, &types)?,
+                };
+                let input = without_key_filters(agg.input(), &key, &columns)?;
+                let outputs = agg.schema();
+                let columns = columns
+                    .iter()
+                    .zip(outputs.fields())
+                    .map(|(c, f)| cast(c, f.data_type()))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                (input, Keys::Declared { columns, table: Arc::new(table) })
             }
-            KnownGroups::Selected => {
+            KnownGroups::Selected(slot) => {
                 // The types the selection's filter compares by value (`integer_keys`).
-                if matches!(key_type, DataType::UInt64) {
-                    return Ok(None);
+                let by_value = one_integer && !matches!(types[0], DataType::UInt64);
+                match by_value.then(|| without_membership(agg.input(), &key[0])).transpose()?.flatten() {
+                    Some((input, selected)) => (input, Keys::SelectedIntegers(selected)),
+                    None => (Arc::clone(agg.input()), Keys::SelectedHashes(slot)),
                 }
-                let Some((input, selected)) = without_membership(agg.input(), key)? else { return Ok(None) };
-                (input, Keys::Selected(selected))
             }
         };
         Ok(Some(Self {
             input,
-            key: Arc::clone(key),
+            key,
             aggr: agg.aggr_expr().to_vec(),
             filters: agg.filter_expr().to_vec(),
             keys,
@@ -201,6 +169,29 @@ impl KnownKeysPartialExec {
             properties: Arc::clone(agg.properties()),
         }))
     }
+}
+
+impl KnownKeysPartialExec {
+    /// The aggregates it evaluates on its input's rows.
+    pub fn aggr_expr(&self) -> &[Arc<AggregateFunctionExpr>] {
+        &self.aggr
+    }
+}
+
+/// The declared tuples as one column per key of `types`, or None when a declared value is not
+/// one of its column's values.
+fn declared_columns(tuples: &[Vec<ScalarValue>], types: &[DataType]) -> Result<Option<Vec<ArrayRef>>> {
+    let options = CastOptions { safe: true, ..Default::default() };
+    let mut columns = Vec::with_capacity(types.len());
+    for (c, t) in types.iter().enumerate() {
+        let declared = ScalarValue::iter_to_array(tuples.iter().map(|tuple| tuple[c].clone()))?;
+        let column = cast_with_options(&declared, t, &options)?;
+        if column.null_count() > declared.null_count() || declared.null_count() > 0 {
+            return Ok(None);
+        }
+        columns.push(column);
+    }
+    Ok(Some(columns))
 }
 
 /// `input`, a filter holding the membership test of a partition selection on the `key` column,
@@ -234,32 +225,37 @@ fn without_membership(
 }
 
 /// `input` without the conjuncts of its filter (if it is one, without projection) that read only
-/// the `key` column and hold for each of the declared `keys` (module docs).
+/// the `key` columns and hold for each of the declared tuples (`keys`, one column per key)
+/// (module docs).
 fn without_key_filters(
     input: &Arc<dyn ExecutionPlan>,
-    key: &Arc<dyn PhysicalExpr>,
-    keys: &ArrayRef,
+    key: &[Arc<dyn PhysicalExpr>],
+    keys: &[ArrayRef],
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let Some(filter) = input.downcast_ref::<FilterExec>() else { return Ok(Arc::clone(input)) };
-    let Some(key) = key.downcast_ref::<Column>() else { return Ok(Arc::clone(input)) };
+    let Some(key) = key.iter().map(|k| k.downcast_ref::<Column>().map(Column::index)).collect::<Option<Vec<_>>>()
+    else {
+        return Ok(Arc::clone(input));
+    };
     if filter.projection().is_some() {
         return Ok(Arc::clone(input));
     }
-    // The declared keys in the key column, every other column null.
+    // The declared tuples in the key columns, every other column null.
     let schema = filter.input().schema();
+    let tuples = keys.first().map_or(0, |k| k.len());
     let columns = schema
         .fields()
         .iter()
         .enumerate()
-        .map(|(i, f)| match i == key.index() {
-            true => cast(keys, f.data_type()),
-            false => Ok(new_null_array(f.data_type(), keys.len())),
+        .map(|(i, f)| match key.iter().position(|&k| k == i) {
+            Some(c) => cast(&keys[c], f.data_type()),
+            None => Ok(new_null_array(f.data_type(), tuples)),
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let nullable: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect();
     let probe = RecordBatch::try_new(Arc::new(Schema::new(nullable)), columns)?;
     let holds = |c: &Arc<dyn PhysicalExpr>| {
-        collect_columns(c).iter().all(|col| col.index() == key.index())
+        collect_columns(c).iter().all(|col| key.contains(&col.index()))
             && deterministic(c)
             && c.evaluate(&probe)
                 .and_then(|v| v.into_array(probe.num_rows()))
@@ -296,19 +292,61 @@ fn deterministic(e: &Arc<dyn PhysicalExpr>) -> bool {
     only
 }
 
-/// The keys of a partition (the output's key column), their table, and the group of the NULL
-/// key when it is one.
-fn resolve(known: Keys, key_type: &DataType) -> Result<(ArrayRef, KeyTable, Option<u32>)> {
-    match known {
-        Keys::Declared { keys, table } => Ok((keys, table, None)),
-        Keys::Selected(selected) => {
-            let Some(IntegerSelection { keys, null }) = selected.integer_selection()? else {
-                return internal_err!("a partition selection over one integer key was not counted by value");
-            };
-            let table = KeyTable::new(&keys, (keys.len() + usize::from(null)) as u32);
-            let null_group = null.then_some(keys.len() as u32);
-            let column = Int64Array::from_iter(keys.iter().copied().map(Some).chain(null.then_some(None)));
-            Ok((cast(&column, key_type)?, table, null_group))
+/// How one partition finds its rows' groups.
+enum Lookup {
+    /// Every group known: the output's key columns, the table, and the group of the NULL key
+    /// when it is one (else the spare group's).
+    Known { columns: Vec<ArrayRef>, table: Arc<KeyTable>, null: Option<u32> },
+    /// Groups made by their first row, with room for every selected one.
+    FirstSeen(FirstSeen),
+}
+
+impl Lookup {
+    /// The lookup of a partition, once the gate has run any selection.
+    fn of(known: Keys, output_types: &[DataType], key_types: &[DataType]) -> Result<Self> {
+        Ok(match known {
+            Keys::Declared { columns, table } => Lookup::Known { columns, table, null: None },
+            Keys::SelectedIntegers(selected) => {
+                let Some(IntegerSelection { keys, null }) = selected.integer_selection()? else {
+                    return internal_err!("a partition selection over one integer key was not counted by value");
+                };
+                let table = KeyTable::integers(&keys, (keys.len() + usize::from(null)) as u32);
+                let column = Int64Array::from_iter(keys.iter().copied().map(Some).chain(null.then_some(None)));
+                let null = null.then_some(keys.len() as u32);
+                Lookup::Known { columns: vec![cast(&column, &output_types[0])?], table: Arc::new(table), null }
+            }
+            Keys::SelectedHashes(slot) => {
+                Lookup::FirstSeen(FirstSeen::new(key_types, slot.selected().map_or(0, |k| k.len()))?)
+            }
+        })
+    }
+
+    /// The groups the accumulators hold (every one from the first batch; a known table's spare
+    /// group last).
+    fn total(&self) -> usize {
+        match self {
+            Lookup::Known { columns, .. } => columns.first().map_or(0, |c| c.len()) + 1,
+            Lookup::FirstSeen(seen) => seen.total(),
+        }
+    }
+
+    /// Each row's group into `out`.
+    fn groups_of(&mut self, keys: &[ArrayRef], out: &mut Vec<usize>) -> Result<()> {
+        let spare = self.total().saturating_sub(1) as u32;
+        match self {
+            Lookup::Known { table, null, .. } => table.groups_of(keys, spare, null.unwrap_or(spare), out),
+            Lookup::FirstSeen(seen) => seen.groups_of(keys, out),
+        }
+    }
+
+    /// The emitted groups' key columns and how many (the first groups).
+    fn emitted(self) -> Result<(Vec<ArrayRef>, usize)> {
+        match self {
+            Lookup::Known { columns, .. } => {
+                let n = columns.first().map_or(0, |c| c.len());
+                Ok((columns, n))
+            }
+            Lookup::FirstSeen(seen) => Ok((seen.columns()?, seen.seen())),
         }
     }
 }
@@ -317,14 +355,14 @@ impl DisplayAs for KnownKeysPartialExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<&str> = self.aggr.iter().map(|a| a.name()).collect();
         match &self.keys {
-            Keys::Declared { keys, table } => {
-                let kind = match table {
-                    KeyTable::Dense { .. } => "dense",
-                    KeyTable::Sparse(_) => "sparse",
-                };
-                write!(f, "KnownKeysPartialExec: declared groups={} ({kind}), ", keys.len())?
-            }
-            Keys::Selected(_) => write!(f, "KnownKeysPartialExec: selected keys, ")?,
+            Keys::Declared { columns, table } => write!(
+                f,
+                "KnownKeysPartialExec: declared groups={} ({}), ",
+                columns.first().map_or(0, |c| c.len()),
+                table.kind()
+            )?,
+            Keys::SelectedIntegers(_) => write!(f, "KnownKeysPartialExec: selected keys, ")?,
+            Keys::SelectedHashes(_) => write!(f, "KnownKeysPartialExec: selected keys (first seen), ")?,
         }
         write!(f, "aggr=[{}]", names.join(", "))
     }
@@ -357,21 +395,23 @@ impl ExecutionPlan for KnownKeysPartialExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let mut input = self.input.execute(partition, context)?;
-        let (key, aggr, filters) = (Arc::clone(&self.key), self.aggr.clone(), self.filters.clone());
+        let (key, aggr, filters) = (self.key.clone(), self.aggr.clone(), self.filters.clone());
         let (known, schema) = (self.keys.clone(), Arc::clone(&self.schema));
         let out_schema = Arc::clone(&schema);
+        let input_schema = self.input.schema();
+        let key_types = key.iter().map(|e| e.data_type(&input_schema)).collect::<Result<Vec<_>>>()?;
         let all = async move {
-            let (keys, table, null) = resolve(known, schema.field(0).data_type())?;
-            let declared = keys.len();
-            let (spare, total) = (declared as u32, declared + 1);
-            let null = null.unwrap_or(spare);
+            let output_types: Vec<DataType> =
+                schema.fields()[..key.len()].iter().map(|f| f.data_type().clone()).collect();
+            let mut lookup = Lookup::of(known, &output_types, &key_types)?;
             let mut accs = groups_accumulators(&aggr)?;
             let arguments: Vec<Vec<Arc<dyn PhysicalExpr>>> = aggr.iter().map(|a| a.expressions()).collect();
             let mut groups = Vec::new();
             let mut update = |batch: &RecordBatch| -> Result<()> {
                 let rows = batch.num_rows();
-                let column = key.evaluate(batch)?.into_array(rows)?;
-                table.groups_of(&column, spare, null, &mut groups)?;
+                let columns = key.iter().map(|k| k.evaluate(batch)?.into_array(rows)).collect::<Result<Vec<_>>>()?;
+                lookup.groups_of(&columns, &mut groups)?;
+                let total = lookup.total();
                 for ((acc, args), filter) in accs.iter_mut().zip(&arguments).zip(&filters) {
                     let values = args
                         .iter()
@@ -385,61 +425,17 @@ impl ExecutionPlan for KnownKeysPartialExec {
                 }
                 Ok(())
             };
-            // Every group exists from the start, rows or not (its state is emitted below).
+            // Every group exists from the start, rows or not.
             update(&RecordBatch::new_empty(input.schema()))?;
             while let Some(batch) = input.next().await {
                 update(&batch?)?;
             }
-            let mut columns = vec![keys];
+            let (mut columns, emitted) = lookup.emitted()?;
             for acc in accs.iter_mut() {
-                for state in acc.state(EmitTo::First(declared))? {
-                    columns.push(state);
-                }
+                columns.extend(acc.state(EmitTo::First(emitted))?);
             }
             batch_as(schema, columns)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, futures::stream::once(all))))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use datafusion::arrow::array::{Int32Array, UInt64Array};
-
-    use super::*;
-
-    fn groups(table: &KeyTable, keys: &dyn Array, spare: u32) -> Vec<usize> {
-        let mut out = vec![99; 3];
-        table.groups_of(keys, spare, spare, &mut out).unwrap();
-        out
-    }
-
-    #[test]
-    fn each_declared_key_finds_its_group_and_every_other_value_the_spare() {
-        // Declared order is group order; a run of keys is dense, spread keys are sparse.
-        let dense = KeyTable::new(&[5, 3, 4, -2], 4);
-        assert!(matches!(dense, KeyTable::Dense { .. }));
-        let sparse = KeyTable::new(&[5, 3, 1 << 40, i64::MIN], 4);
-        assert!(matches!(sparse, KeyTable::Sparse(_)));
-        let keys = Int32Array::from(vec![
-            Some(3),
-            Some(5),
-            None,
-            Some(-2),
-            Some(0),
-            Some(6),
-            Some(i32::MIN),
-            Some(i32::MAX),
-            Some(4),
-        ]);
-        assert_eq!(groups(&dense, &keys, 4), [1, 0, 4, 3, 4, 4, 4, 4, 2]);
-        assert_eq!(groups(&sparse, &keys, 4), [1, 0, 4, 4, 4, 4, 4, 4, 4]);
-        // Unsigned values beyond i64 are no declared key (never an error).
-        let big = UInt64Array::from(vec![u64::MAX, 5, (1 << 63) + 3]);
-        assert_eq!(groups(&dense, &big, 4), [4, 0, 4]);
-        assert_eq!(groups(&sparse, &big, 4), [4, 0, 4]);
-        let far = datafusion::arrow::array::Int64Array::from(vec![1 << 40, i64::MIN, i64::MAX]);
-        assert_eq!(groups(&sparse, &far, 4), [2, 3, 4]);
-        assert_eq!(groups(&dense, &far, 4), [4, 4, 4], "wrapping offsets stay outside the table");
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod canonical_groups;
 pub mod gate;
+pub(crate) mod key_table;
 pub mod known_keys_partial;
 pub(crate) mod node;
 pub mod parameters;

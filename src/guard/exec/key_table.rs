@@ -1,0 +1,284 @@
+//! How the partial phase over known keys ([`super::known_keys_partial`]) finds each row's group:
+//! a table built from the public keys before any row is read, whose size never depends on the
+//! rows (SPEC §0).
+//!
+//! - [`KeyTable`]: every group known up front (declared keys, or the selected values of one
+//!   integer column). One integer column is looked up by value (a dense table over a run of
+//!   keys, else a map); any other key (several columns, text, dates…) by its Arrow row encoding
+//!   in a map of the keys' encodings. A row whose key is not one of them goes to a spare group.
+//! - [`FirstSeen`]: the keys a partition selection chose by hash, whose values the partition
+//!   learns from its rows. Its map and key slots are allocated for every selected group when the
+//!   partition starts (the number selected is known then), so a group's first row never grows,
+//!   rehashes or copies anything: it costs one insert, as a row does.
+//!
+//! DataFusion's hash aggregate instead interns groups as rows reach them, in a table that
+//! doubles: one more row reaching one more group could rehash every group the partition holds.
+
+use std::collections::HashMap;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::datatypes::{DataType, Int64Type};
+use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
+use datafusion::common::{Result, internal_err};
+
+/// Keys spanning at most this many values get a dense table (4 bytes per value in the span).
+const DENSE_SPAN: i64 = 1 << 16;
+
+type Hasher = foldhash::fast::RandomState;
+
+/// Each known key's group (module docs).
+#[derive(Debug)]
+pub(super) enum KeyTable {
+    /// One integer column: the group of key `min + i` at `i`; `spare` where no key is.
+    Dense { min: i64, groups: Vec<u32> },
+    /// One integer column, keys spread out.
+    Sparse(HashMap<i64, u32, Hasher>),
+    /// Any key columns, by their row encoding.
+    Rows { converter: RowConverter, groups: HashMap<Box<[u8]>, u32, Hasher> },
+}
+
+impl KeyTable {
+    /// The table of integer `keys` (group `i` for `keys[i]`).
+    pub(super) fn integers(keys: &[i64], spare: u32) -> Self {
+        let (min, max) = (keys.iter().min().copied().unwrap_or(0), keys.iter().max().copied().unwrap_or(0));
+        match max.checked_sub(min) {
+            Some(span) if span < DENSE_SPAN => {
+                let mut groups = vec![spare; span as usize + 1];
+                for (g, &k) in keys.iter().enumerate() {
+                    groups[(k - min) as usize] = g as u32;
+                }
+                KeyTable::Dense { min, groups }
+            }
+            _ => KeyTable::Sparse(keys.iter().enumerate().map(|(g, &k)| (k, g as u32)).collect()),
+        }
+    }
+
+    /// The table of the key tuples in `columns` (group `i` for row `i`), compared in the row
+    /// encoding of `types` (the key columns' types as the rows carry them). A repeated tuple
+    /// keeps its first group.
+    pub(super) fn rows(columns: &[ArrayRef], types: &[DataType]) -> Result<Self> {
+        let converter = RowConverter::new(types.iter().map(|t| SortField::new(t.clone())).collect())?;
+        let rows = converter.convert_columns(columns)?;
+        let mut groups = HashMap::with_capacity_and_hasher(rows.num_rows(), Hasher::default());
+        for (g, row) in rows.iter().enumerate() {
+            groups.entry(Box::from(row.as_ref())).or_insert(g as u32);
+        }
+        Ok(KeyTable::Rows { converter, groups })
+    }
+
+    /// A short name of the table's kind (plans).
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            KeyTable::Dense { .. } => "dense",
+            KeyTable::Sparse(_) => "sparse",
+            KeyTable::Rows { .. } => "rows",
+        }
+    }
+
+    /// Each row's group into `out`: `spare` for a key not in the table, `null` for a NULL key
+    /// of one integer column (in the row encoding a NULL is a key like any other).
+    pub(super) fn groups_of(&self, keys: &[ArrayRef], spare: u32, null: u32, out: &mut Vec<usize>) -> Result<()> {
+        out.clear();
+        let integer = match self {
+            KeyTable::Rows { converter, groups } => {
+                let rows = converter.convert_columns(keys)?;
+                out.extend(rows.iter().map(|r| groups.get(r.as_ref()).copied().unwrap_or(spare) as usize));
+                return Ok(());
+            }
+            _ => match keys {
+                [key] => key,
+                _ => return internal_err!("an integer key table looked up {} columns", keys.len()),
+            },
+        };
+        let options = CastOptions { safe: true, ..Default::default() };
+        // A key outside Int64 becomes null (only declared keys are looked up in UInt64 columns, and
+        // they have no NULL key: so it goes to the spare group).
+        let keys = cast_with_options(integer, &DataType::Int64, &options)?;
+        let keys = keys.as_primitive::<Int64Type>();
+        match self {
+            KeyTable::Dense { min, groups } => out.extend(keys.values().iter().map(|&k| {
+                let offset = k.wrapping_sub(*min) as u64;
+                (if offset < groups.len() as u64 { groups[offset as usize] } else { spare }) as usize
+            })),
+            KeyTable::Sparse(map) => {
+                out.extend(keys.values().iter().map(|k| map.get(k).copied().unwrap_or(spare) as usize))
+            }
+            KeyTable::Rows { .. } => unreachable!("handled above"),
+        }
+        if let Some(nulls) = keys.nulls().filter(|n| n.null_count() > 0) {
+            for i in nulls.iter().enumerate().filter(|(_, valid)| !valid).map(|(i, _)| i) {
+                out[i] = null as usize;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The groups of a partition over keys known only by number (module docs): group `i` is the
+/// `i`-th distinct key its rows brought, with room for `expected` keys from the start.
+#[derive(Debug)]
+pub(super) struct FirstSeen {
+    converter: RowConverter,
+    groups: HashMap<Box<[u8]>, u32, Hasher>,
+    keys: Vec<OwnedRow>,
+    expected: usize,
+}
+
+impl FirstSeen {
+    /// Room for `expected` groups of keys of `types`.
+    pub(super) fn new(types: &[DataType], expected: usize) -> Result<Self> {
+        Ok(Self {
+            converter: RowConverter::new(types.iter().map(|t| SortField::new(t.clone())).collect())?,
+            groups: HashMap::with_capacity_and_hasher(expected, Hasher::default()),
+            keys: Vec::with_capacity(expected),
+            expected,
+        })
+    }
+
+    /// Each row's group into `out` (a key not seen before becomes the next group).
+    pub(super) fn groups_of(&mut self, keys: &[ArrayRef], out: &mut Vec<usize>) -> Result<()> {
+        out.clear();
+        let rows = self.converter.convert_columns(keys)?;
+        for row in rows.iter() {
+            let g = match self.groups.get(row.as_ref()) {
+                Some(&g) => g,
+                None => {
+                    let g = self.keys.len() as u32;
+                    self.groups.insert(Box::from(row.as_ref()), g);
+                    self.keys.push(row.owned());
+                    g
+                }
+            };
+            out.push(g as usize);
+        }
+        Ok(())
+    }
+
+    /// Groups the accumulators hold: every expected one from the start (more only if more
+    /// distinct keys came than were selected, which two keys whose 128-bit hashes collide are
+    /// the only way to see).
+    pub(super) fn total(&self) -> usize {
+        self.expected.max(self.keys.len())
+    }
+
+    /// Groups that have rows (the first `seen()` groups).
+    pub(super) fn seen(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The key columns of the groups with rows, in group order.
+    pub(super) fn columns(&self) -> Result<Vec<ArrayRef>> {
+        Ok(self.converter.convert_rows(self.keys.iter().map(|k| k.row()))?)
+    }
+
+    /// Bytes held by the map and the keys (tests).
+    #[cfg(test)]
+    fn capacity(&self) -> (usize, usize) {
+        (self.groups.capacity(), self.keys.capacity())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Int32Array, Int64Array, StringArray, UInt64Array};
+
+    use super::*;
+
+    fn groups(table: &KeyTable, keys: ArrayRef, spare: u32) -> Vec<usize> {
+        let mut out = vec![99; 3];
+        table.groups_of(&[keys], spare, spare, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn each_declared_key_finds_its_group_and_every_other_value_the_spare() {
+        // Declared order is group order; a run of keys is dense, spread keys are sparse.
+        let dense = KeyTable::integers(&[5, 3, 4, -2], 4);
+        assert_eq!(dense.kind(), "dense");
+        let sparse = KeyTable::integers(&[5, 3, 1 << 40, i64::MIN], 4);
+        assert_eq!(sparse.kind(), "sparse");
+        let keys: ArrayRef = Arc::new(Int32Array::from(vec![
+            Some(3),
+            Some(5),
+            None,
+            Some(-2),
+            Some(0),
+            Some(6),
+            Some(i32::MIN),
+            Some(i32::MAX),
+            Some(4),
+        ]));
+        assert_eq!(groups(&dense, Arc::clone(&keys), 4), [1, 0, 4, 3, 4, 4, 4, 4, 2]);
+        assert_eq!(groups(&sparse, keys, 4), [1, 0, 4, 4, 4, 4, 4, 4, 4]);
+        // Unsigned values beyond i64 are no declared key (never an error).
+        let big: ArrayRef = Arc::new(UInt64Array::from(vec![u64::MAX, 5, (1 << 63) + 3]));
+        assert_eq!(groups(&dense, Arc::clone(&big), 4), [4, 0, 4]);
+        assert_eq!(groups(&sparse, big, 4), [4, 0, 4]);
+        let far: ArrayRef = Arc::new(Int64Array::from(vec![1 << 40, i64::MIN, i64::MAX]));
+        assert_eq!(groups(&sparse, Arc::clone(&far), 4), [2, 3, 4]);
+        assert_eq!(groups(&dense, far, 4), [4, 4, 4], "wrapping offsets stay outside the table");
+    }
+
+    #[test]
+    fn tuples_of_any_columns_find_their_group_and_every_other_tuple_the_spare() {
+        let region: ArrayRef = Arc::new(StringArray::from(vec!["n", "s", "n", "s"]));
+        let day: ArrayRef = Arc::new(Int32Array::from(vec![1, 1, 2, 2]));
+        let types = [DataType::Utf8, DataType::Int32];
+        let table = KeyTable::rows(&[region, day], &types).unwrap();
+        assert_eq!(table.kind(), "rows");
+        let rows: [ArrayRef; 2] = [
+            Arc::new(StringArray::from(vec![Some("s"), Some("n"), Some("n"), None, Some("e"), Some("s"), Some("n")])),
+            Arc::new(Int32Array::from(vec![Some(2), Some(1), None, Some(1), Some(1), Some(1), Some(3)])),
+        ];
+        let mut out = Vec::new();
+        table.groups_of(&rows, 4, 9, &mut out).unwrap();
+        assert_eq!(out, [3, 0, 4, 4, 4, 1, 4], "a NULL in any column is no declared tuple");
+        // A one-column text key.
+        let one =
+            KeyTable::rows(&[Arc::new(StringArray::from(vec!["b", "a"])) as ArrayRef], &[DataType::Utf8]).unwrap();
+        one.groups_of(&[Arc::new(StringArray::from(vec!["a", "c", "b"])) as ArrayRef], 2, 2, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 0]);
+    }
+
+    /// The attack on a table that grows with its groups: rows bringing one new key after another
+    /// (up to all that were selected) must never grow the map or the key slots — a step in work
+    /// at a count of groups (a rehash of all of them) would tell that count by timing. Control:
+    /// the same keys in a map sized as DataFusion's group table is (from empty) grow many times.
+    #[test]
+    fn a_groups_first_row_never_grows_the_table() {
+        let expected = 5_000;
+        let mut seen = FirstSeen::new(&[DataType::Utf8, DataType::Int64], expected).unwrap();
+        let at_start = seen.capacity();
+        let mut control: HashMap<Box<[u8]>, u32, Hasher> = HashMap::default();
+        let mut control_growths = 0;
+        let mut out = Vec::new();
+        for batch in 0..expected / 100 {
+            let names: Vec<String> = (0..100).map(|i| format!("key-{}", batch * 100 + i)).collect();
+            let keys: [ArrayRef; 2] =
+                [Arc::new(StringArray::from(names)), Arc::new(Int64Array::from_iter_values(0..100))];
+            seen.groups_of(&keys, &mut out).unwrap();
+            assert_eq!(out, (batch * 100..batch * 100 + 100).collect::<Vec<_>>());
+            assert_eq!(seen.capacity(), at_start, "grown after {} groups", seen.seen());
+            assert_eq!(seen.total(), expected);
+            for row in seen.converter.convert_columns(&keys).unwrap().iter() {
+                let before = control.capacity();
+                let next = control.len() as u32;
+                control.insert(Box::from(row.as_ref()), next);
+                control_growths += usize::from(control.capacity() != before);
+            }
+        }
+        assert!(control_growths >= 8, "the control grows: {control_growths}");
+        // A key seen again keeps its group; the key columns come back in group order.
+        let again: [ArrayRef; 2] =
+            [Arc::new(StringArray::from(vec!["key-7", "key-0"])), Arc::new(Int64Array::from(vec![7, 0]))];
+        seen.groups_of(&again, &mut out).unwrap();
+        assert_eq!(out, [7, 0]);
+        let columns = seen.columns().unwrap();
+        assert_eq!(columns[0].len(), expected);
+        assert_eq!(columns[0].as_string::<i32>().value(4_321), "key-4321");
+        assert_eq!(columns[1].as_primitive::<Int64Type>().value(4_321), 21);
+    }
+}
