@@ -168,6 +168,21 @@ async fn noiseless_releases_on_the_cluster_equal_a_single_process_bit_for_bit() 
     let cluster = Cluster::start(2);
     let local = f.session(NoiseSource::Off, 3, None).await;
     let remote = f.session(NoiseSource::Off, 4, Some(cluster.url())).await;
+    // The grouped calls' partial phases run on the executors over known keys, each row's group
+    // found in a table sized before the first row (declared text keys by their row encoding; a
+    // selection's text keys in a table with room for as many as it chose).
+    let known = [
+        (2, "KnownKeysPartialExec: declared groups=4 (rows)"),
+        (5, "KnownKeysPartialExec: declared groups=4 (rows)"),
+        (6, "KnownKeysPartialExec: selected keys (first seen)"),
+        (8, "KnownKeysPartialExec: selected keys (first seen)"),
+    ];
+    for (i, want) in known {
+        let plan = remote.physical_plan_for_tests(&queries()[i]).await.unwrap();
+        let plan = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        let remote_part = plan.split_once("ClusterExec").unwrap_or_else(|| panic!("no cluster in\n{plan}")).1;
+        assert!(remote_part.contains(want) && !plan.contains("mode=Partial"), "{want}:\n{plan}");
+    }
     for sql in queries() {
         let want = local.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         let got = remote.query(&sql).await.unwrap_or_else(|e| panic!("on the cluster: {sql}: {e}"));

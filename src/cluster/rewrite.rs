@@ -24,6 +24,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::address::Cluster;
 use super::codec::DpCodec;
+use crate::guard::exec::known_keys_partial::KnownKeysPartialExec;
 use crate::guard::exec::planned_aggregate::PlannedAggregateExec;
 
 /// Whether a plan sends work to a cluster.
@@ -55,7 +56,10 @@ pub fn distribute(plan: Arc<dyn ExecutionPlan>, cluster: &Cluster) -> Result<Arc
     plan.transform_down(|node| {
         // A one-phase aggregate with its memory planned (a partition selection's count), under
         // no aggregate that would take it along: sent whole, with its public facts.
-        if node.downcast_ref::<PlannedAggregateExec>().is_some() && reads_files(&node) {
+        // So is the partial phase over known keys (with its keys).
+        let whole = node.downcast_ref::<PlannedAggregateExec>().is_some()
+            || node.downcast_ref::<KnownKeysPartialExec>().is_some();
+        if whole && reads_files(&node) {
             let remote: Arc<dyn ExecutionPlan> = Arc::new(ClusterExec::new(node, cluster.clone()));
             return Ok(Transformed::new(remote, true, TreeNodeRecursion::Jump));
         }

@@ -180,7 +180,11 @@ impl QueryPlanner for PrivacyPlanner {
                     }
                 }
                 let physical = single_phase_aggregates(physical, Exchange::Shuffle)?;
-                let physical = d.distribute(with_public_facts(physical, session, unit_memory).await?)?;
+                let physical = with_public_facts(physical, session, unit_memory).await?;
+                // Grouped calls' final phases stay here; their partial phases over known keys
+                // travel as such (below).
+                let physical = known_keys_partials(canonical_final_phases(physical)?, known_groups_of)?;
+                let physical = d.distribute(physical)?;
                 let stage_uses = stages.iter().any(|s| s.physical.as_ref().is_some_and(|p| d.is_used_by(p)));
                 if stage_uses || d.is_used_by(&physical) {
                     d.check_reachable().await?;
@@ -201,13 +205,12 @@ impl QueryPlanner for PrivacyPlanner {
             }
         };
         // Grouped private aggregates release every public group once, reached by rows or not,
-        // in one canonical order (declared, or the selected keys sorted).
-        let physical = canonical_final_phases(physical)?;
-        // In this process, their partial phases over known keys (declared or selected) find each
-        // row's group in a table sized by the keys before any row is read, not one that grows.
+        // in one canonical order (declared, or the selected keys sorted); their partial phases over
+        // known keys (declared or selected) find each row's group in a table sized by the keys
+        // before any row is read, not one that grows.
         let physical = match &self.distributor {
             Some(_) => physical,
-            None => known_keys_partials(physical, known_groups_of)?,
+            None => known_keys_partials(canonical_final_phases(physical)?, known_groups_of)?,
         };
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);

@@ -50,7 +50,7 @@ use datafusion::physical_expr::expressions::{
 };
 use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction};
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
@@ -91,19 +91,53 @@ pub fn known_keys_partials(
 /// Where the keys come from.
 #[derive(Debug, Clone)]
 enum Keys {
-    /// The declared keys in declared order (the key columns of the output) and their table.
-    Declared { columns: Vec<ArrayRef>, table: Arc<KeyTable> },
+    /// The declared keys in declared order: in the key expressions' types (`declared`) and the
+    /// output's (`columns`), and their table.
+    Declared { declared: Vec<ArrayRef>, columns: Vec<ArrayRef>, table: Arc<KeyTable> },
     /// The values of one integer column the gate's selection chooses, read when a partition
     /// starts.
     SelectedIntegers(Arc<SelectedKeys>),
-    /// Keys the gate's selection chooses by hash: how many is read when a partition starts.
-    SelectedHashes(Arc<PermitSlot>),
+    /// Keys the gate's selection chooses by hash: how many.
+    SelectedHashes(Expected),
+}
+
+/// How many groups a selection by hash chose.
+#[derive(Debug, Clone)]
+enum Expected {
+    /// Read from the call's permit slot when a partition starts (after the gate selected).
+    Slot(Arc<PermitSlot>),
+    /// Known (an executor's copy, sent after the gate selected).
+    Count(usize),
+}
+
+impl Expected {
+    fn count(&self) -> usize {
+        match self {
+            Expected::Slot(slot) => slot.selected().map_or(0, |k| k.len()),
+            Expected::Count(n) => *n,
+        }
+    }
+}
+
+/// The public keys of a [`KnownKeysPartialExec`] as plain values, to send it to a cluster's
+/// executors once the gate has run any selection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PublicKeys {
+    /// The declared tuples, one column per key expression, in its type.
+    Declared(Vec<ArrayRef>),
+    /// The values of one integer key column a selection chose.
+    Integers(IntegerSelection),
+    /// How many keys a selection chose by hash.
+    Count(usize),
 }
 
 /// The partial phase of a private aggregate over known keys (module docs).
 #[derive(Debug, Clone)]
 pub struct KnownKeysPartialExec {
     input: Arc<dyn ExecutionPlan>,
+    /// The replaced partial aggregate's grouping and input schema (to send it to a cluster).
+    group_by: PhysicalGroupBy,
+    input_schema: SchemaRef,
     key: Vec<Arc<dyn PhysicalExpr>>,
     aggr: Vec<Arc<AggregateFunctionExpr>>,
     filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
@@ -128,47 +162,106 @@ impl KnownKeysPartialExec {
                 if tuples.iter().any(|t| t.len() != key.len()) {
                     return Ok(None);
                 }
-                let Some(columns) = declared_columns(&tuples, &types)? else { return Ok(None) };
-                let table = match one_integer {
-                    true => {
-                        let options = CastOptions { safe: true, ..Default::default() };
-                        let as_i64 = cast_with_options(&columns[0], &DataType::Int64, &options)?;
-                        if as_i64.null_count() > 0 {
-                            return Ok(None);
-                        }
-                        let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
-                        KeyTable::integers(&values, values.len() as u32)
-                    }
-                    false => KeyTable::rows(&columns, &types)?,
-                };
-                let input = without_key_filters(agg.input(), &key, &columns)?;
-                let outputs = agg.schema();
-                let columns = columns
-                    .iter()
-                    .zip(outputs.fields())
-                    .map(|(c, f)| cast(c, f.data_type()))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                (input, Keys::Declared { columns, table: Arc::new(table) })
+                let Some(declared) = declared_columns(&tuples, &types)? else { return Ok(None) };
+                let input = without_key_filters(agg.input(), &key, &declared)?;
+                let Some(keys) = declared_keys(agg, declared, &types)? else { return Ok(None) };
+                (input, keys)
             }
             KnownGroups::Selected(slot) => {
                 // The types the selection's filter compares by value (`integer_keys`).
                 let by_value = one_integer && !matches!(types[0], DataType::UInt64);
                 match by_value.then(|| without_membership(agg.input(), &key[0])).transpose()?.flatten() {
                     Some((input, selected)) => (input, Keys::SelectedIntegers(selected)),
-                    None => (Arc::clone(agg.input()), Keys::SelectedHashes(slot)),
+                    None => (Arc::clone(agg.input()), Keys::SelectedHashes(Expected::Slot(slot))),
                 }
             }
         };
-        Ok(Some(Self {
+        Ok(Some(Self::over(agg, input, keys)))
+    }
+
+    /// The operator replacing `agg`, over `input`.
+    fn over(agg: &AggregateExec, input: Arc<dyn ExecutionPlan>, keys: Keys) -> Self {
+        Self {
             input,
-            key,
+            group_by: agg.group_expr().clone(),
+            input_schema: agg.input_schema(),
+            key: agg.group_expr().expr().iter().map(|(e, _)| Arc::clone(e)).collect(),
             aggr: agg.aggr_expr().to_vec(),
             filters: agg.filter_expr().to_vec(),
             keys,
             schema: agg.schema(),
             properties: Arc::clone(agg.properties()),
-        }))
+        }
     }
+
+    /// The operator an executor runs: `agg` (the partial aggregate [`Self::template_over`] sent)
+    /// over its input as it is, with `keys` ([`Self::public_keys`]).
+    pub fn shipped(agg: &AggregateExec, keys: PublicKeys) -> Result<Self> {
+        let input_schema = agg.input_schema();
+        let types =
+            agg.group_expr().expr().iter().map(|(e, _)| e.data_type(&input_schema)).collect::<Result<Vec<_>>>()?;
+        let keys = match keys {
+            PublicKeys::Declared(declared) => match declared_keys(agg, declared, &types)? {
+                Some(keys) => keys,
+                None => return internal_err!("the declared keys sent are not values of the key columns"),
+            },
+            PublicKeys::Integers(selection) => {
+                let selected = SelectedKeys::default();
+                selected.set_integers(selection)?;
+                Keys::SelectedIntegers(Arc::new(selected))
+            }
+            PublicKeys::Count(n) => Keys::SelectedHashes(Expected::Count(n)),
+        };
+        Ok(Self::over(agg, Arc::clone(agg.input()), keys))
+    }
+
+    /// The replaced partial aggregate over `input` (what a cluster's codec sends).
+    pub fn template_over(&self, input: Arc<dyn ExecutionPlan>) -> Result<AggregateExec> {
+        AggregateExec::try_new(
+            AggregateMode::Partial,
+            self.group_by.clone(),
+            self.aggr.clone(),
+            self.filters.clone(),
+            input,
+            Arc::clone(&self.input_schema),
+        )
+    }
+
+    /// Its public keys as they are now (after the gate ran any selection).
+    pub fn public_keys(&self) -> Result<PublicKeys> {
+        Ok(match &self.keys {
+            Keys::Declared { declared, .. } => PublicKeys::Declared(declared.clone()),
+            Keys::SelectedIntegers(selected) => match selected.integer_selection()? {
+                Some(selection) => PublicKeys::Integers(selection),
+                None => return internal_err!("a partition selection over one integer key was not counted by value"),
+            },
+            Keys::SelectedHashes(expected) => PublicKeys::Count(expected.count()),
+        })
+    }
+}
+
+/// The keys of `agg` (grouped by keys of `types`) declared as `declared` (one column per key, in
+/// its type), or None when a declared integer key is not an Int64.
+fn declared_keys(agg: &AggregateExec, declared: Vec<ArrayRef>, types: &[DataType]) -> Result<Option<Keys>> {
+    let table = match &types[..] {
+        [t] if t.is_integer() => {
+            let options = CastOptions { safe: true, ..Default::default() };
+            let as_i64 = cast_with_options(&declared[0], &DataType::Int64, &options)?;
+            if as_i64.null_count() > 0 {
+                return Ok(None);
+            }
+            let values = as_i64.as_primitive::<Int64Type>().values().to_vec();
+            KeyTable::integers(&values, values.len() as u32)
+        }
+        _ => KeyTable::rows(&declared, types)?,
+    };
+    let outputs = agg.schema();
+    let columns = declared
+        .iter()
+        .zip(outputs.fields())
+        .map(|(c, f)| cast(c, f.data_type()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Some(Keys::Declared { declared, columns, table: Arc::new(table) }))
 }
 
 impl KnownKeysPartialExec {
@@ -305,7 +398,7 @@ impl Lookup {
     /// The lookup of a partition, once the gate has run any selection.
     fn of(known: Keys, output_types: &[DataType], key_types: &[DataType]) -> Result<Self> {
         Ok(match known {
-            Keys::Declared { columns, table } => Lookup::Known { columns, table, null: None },
+            Keys::Declared { columns, table, .. } => Lookup::Known { columns, table, null: None },
             Keys::SelectedIntegers(selected) => {
                 let Some(IntegerSelection { keys, null }) = selected.integer_selection()? else {
                     return internal_err!("a partition selection over one integer key was not counted by value");
@@ -315,9 +408,7 @@ impl Lookup {
                 let null = null.then_some(keys.len() as u32);
                 Lookup::Known { columns: vec![cast(&column, &output_types[0])?], table: Arc::new(table), null }
             }
-            Keys::SelectedHashes(slot) => {
-                Lookup::FirstSeen(FirstSeen::new(key_types, slot.selected().map_or(0, |k| k.len()))?)
-            }
+            Keys::SelectedHashes(expected) => Lookup::FirstSeen(FirstSeen::new(key_types, expected.count())?),
         })
     }
 
@@ -355,7 +446,7 @@ impl DisplayAs for KnownKeysPartialExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<&str> = self.aggr.iter().map(|a| a.name()).collect();
         match &self.keys {
-            Keys::Declared { columns, table } => write!(
+            Keys::Declared { columns, table, .. } => write!(
                 f,
                 "KnownKeysPartialExec: declared groups={} ({}), ",
                 columns.first().map_or(0, |c| c.len()),

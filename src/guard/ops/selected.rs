@@ -112,6 +112,14 @@ impl SelectedKeys {
         Ok(())
     }
 
+    /// Hands one integer key column's selected values alone (the copy a cluster's executor gets
+    /// of a selection the partial phase looks up by value; it tests no row's hash).
+    pub fn set_integers(&self, selection: IntegerSelection) -> Result<()> {
+        let integers = Some((selection.keys.into_iter().collect(), selection.null));
+        *self.lock()? = Some(Selected { hashes: KeySet::default(), values: None, integers });
+        Ok(())
+    }
+
     /// The selection of one integer key column counted by value: nothing before the gate ran
     /// the selection (a plan run below the gate selects nothing) or when nothing was selected;
     /// None when the keys were counted by hash.
