@@ -41,7 +41,8 @@
 //! `groups` variants to run besides the baseline: `plain,units,selection`, the default; `floor`
 //! adds `min(x) … GROUP BY u`, the unit grouping alone; `filter` adds `sum(x) … WHERE g BETWEEN
 //! 0 AND 99`, the declared keys' filter alone; `units-selection` the grouped call over private keys
-//! with a privacy unit).
+//! with a privacy unit; `text` the grouped call over 100 declared text keys, and `text-baseline`
+//! `sum(x) … GROUP BY s` over the same text column).
 //! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
 //! of them alike; a ratio's spread is the range of the per-round ratios.
 
@@ -765,10 +766,10 @@ fn kde_spec(g: usize) -> KdeSpec {
     }
 }
 
-/// `rows` mixture draws `x` with a group key `g = i mod 100` and a unit `u = 7919·i mod 100 003`
-/// (≈ 100 rows per unit, spread over the groups).
+/// `rows` mixture draws `x` with a group key `g = i mod 100`, the same key as text `s` (`k00` …
+/// `k99`), and a unit `u = 7919·i mod 100 003` (≈ 100 rows per unit, spread over the groups).
 fn grouped_file(dir: &Path, rows: usize) -> PathBuf {
-    let path = dir.join(format!("grouped-units-{}.parquet", human(rows)));
+    let path = dir.join(format!("grouped-units-text-{}.parquet", human(rows)));
     if path.exists() {
         return path;
     }
@@ -777,6 +778,7 @@ fn grouped_file(dir: &Path, rows: usize) -> PathBuf {
         Field::new("x", DataType::Float64, true),
         Field::new("g", DataType::Int64, false),
         Field::new("u", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
     ]));
     let tmp = path.with_extension("tmp");
     let mut w = ArrowWriter::try_new(File::create(&tmp).unwrap(), Arc::clone(&schema), None).unwrap();
@@ -790,7 +792,10 @@ fn grouped_file(dir: &Path, rows: usize) -> PathBuf {
         let u = Arc::new(datafusion::arrow::array::Int64Array::from_iter_values(
             (done..done + n).map(|i| ((i as u64 * 7919) % 100_003) as i64),
         ));
-        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![x, g, u]).unwrap()).unwrap();
+        let s = Arc::new(datafusion::arrow::array::StringArray::from_iter_values(
+            (done..done + n).map(|i| format!("k{:02}", i % 100)),
+        ));
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![x, g, u, s]).unwrap()).unwrap();
         done += n;
         seed += 1;
     }
@@ -814,6 +819,8 @@ async fn groups(o: &Options, report: &mut Report) {
         let (admin, _) = catalog_with_admin(&o.data, name, &file).await;
         if !name.ends_with("-select") {
             admin.set_keys("priv_t", "g", &keys).await.unwrap();
+            let text: Vec<String> = (0..100).map(|k| format!("k{k:02}")).collect();
+            admin.set_keys("priv_t", "s", &text).await.unwrap();
         }
         if name.starts_with("groups-units") {
             admin.set_privacy_unit("priv_t", "u", 10, 3).await.unwrap();
@@ -829,6 +836,8 @@ async fn groups(o: &Options, report: &mut Report) {
         "floor of any per-unit bound: min(x) GROUP BY u",
         "the declared keys' filter: sum(x) WHERE g BETWEEN 0 AND 99 GROUP BY g",
         "the same, unit u and private keys: selection",
+        "SELECT s, sum(x) GROUP BY s (text)",
+        "SELECT s, private_kde GROUP BY s (100 declared text keys)",
     ];
     let kde = format!("private_kde(x, {KDE_BANDWIDTH}, 0.001, 1e-9, -0.2, 1.2, {KDE_POINTS}");
     let sqls = [
@@ -847,9 +856,12 @@ async fn groups(o: &Options, report: &mut Report) {
         format!(
             "SELECT g, {kde}, select_epsilon => 0.001, select_delta => 1e-9, select_max_groups => 100) FROM priv_t GROUP BY g"
         ),
+        "SELECT s, sum(x) FROM pub_t GROUP BY s".to_string(),
+        format!("SELECT s, {kde}) FROM priv_t GROUP BY s"),
     ];
-    let on = [0, 0, 1, 2, 0, 0, 3];
-    let wanted = ["baseline", "plain", "units", "selection", "floor", "filter", "units-selection"];
+    let on = [0, 0, 1, 2, 0, 0, 3, 0, 0];
+    let wanted =
+        ["baseline", "plain", "units", "selection", "floor", "filter", "units-selection", "text-baseline", "text"];
     let variants: Vec<_> = names
         .iter()
         .zip(sqls)

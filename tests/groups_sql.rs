@@ -287,32 +287,6 @@ async fn declared_integer_keys_are_looked_up_not_hashed() {
     assert!(!shown.contains("mode=Partial"), "{shown}");
 }
 
-/// Rows per partition of the first phase of `plan` that groups raw rows (ours or DataFusion's:
-/// partial or single), run alone.
-async fn partial_rows(
-    plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-    ctx: Arc<datafusion::execution::TaskContext>,
-) -> Vec<usize> {
-    use datafusion::physical_plan::ExecutionPlan;
-    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-    use dpcurve::guard::exec::known_keys_partial::KnownKeysPartialExec;
-    fn find(p: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
-        let partial = p.downcast_ref::<KnownKeysPartialExec>().is_some()
-            || p.downcast_ref::<AggregateExec>().is_some_and(|a| {
-                matches!(a.mode(), AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned)
-            });
-        if partial { Some(Arc::clone(p)) } else { p.children().into_iter().find_map(find) }
-    }
-    let partial = find(plan).expect("a partial phase");
-    let mut rows = Vec::new();
-    for i in 0..partial.properties().output_partitioning().partition_count() {
-        let stream = partial.execute(i, Arc::clone(&ctx)).unwrap();
-        let batches = datafusion::physical_plan::common::collect(stream).await.unwrap();
-        rows.push(batches.iter().map(|b| b.num_rows()).sum());
-    }
-    rows
-}
-
 /// Declared keys over several columns, or text: each row's group is found by its row encoding in
 /// a table of the declared tuples, so every declared group exists in every partition from the
 /// first row on. Each group is still exactly its filtered query (with an aggregate FILTER too,
@@ -361,7 +335,7 @@ async fn declared_keys_of_any_columns_hold_every_group_from_the_start() {
                         "{shown}"
                     );
                     assert!(!shown.contains("mode=Partial"), "{shown}");
-                    let rows = partial_rows(&plan, s.task_ctx_for_tests()).await;
+                    let rows = common::partial_rows(&plan, s.task_ctx_for_tests()).await;
                     assert!(rows.iter().all(|&r| r == groups), "every declared group in every partition: {rows:?}");
                     seen.push((sql.clone(), partitions, rows));
                     let out = s.query(&sql).await.unwrap();
@@ -400,16 +374,9 @@ async fn declared_keys_of_any_columns_hold_every_group_from_the_start() {
             }
             // Control: DataFusion's own partial aggregate over the same file interns only the groups
             // that rows reach.
-            let ctx = datafusion::prelude::SessionContext::new_with_config(
-                datafusion::prelude::SessionConfig::new().with_target_partitions(partitions),
-            );
-            ctx.register_parquet("p", &dir.str("p.parquet"), Default::default()).await.unwrap();
-            let df = ctx
-                .sql("SELECT region, sum(x) FROM p WHERE region IN ('a', 'b', 'c', 'd') GROUP BY region")
-                .await
-                .unwrap();
-            let plan = df.create_physical_plan().await.unwrap();
-            control.push(partial_rows(&plan, ctx.task_ctx()).await.iter().sum::<usize>());
+            let sql = "SELECT region, sum(x) FROM t WHERE region IN ('a', 'b', 'c', 'd') GROUP BY region";
+            let rows = common::datafusion_partial_rows(&dir.str("p.parquet"), partitions, sql).await;
+            control.push(rows.iter().sum::<usize>());
         }
         held.push(seen);
     }

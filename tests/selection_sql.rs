@@ -334,9 +334,7 @@ async fn selection_over_edge_integer_types_shows_nothing_of_one_row() {
         common::private_t(&dir).await;
         let mut seen = Vec::new();
         for partitions in [1, 3] {
-            let opts =
-                SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
-            let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+            let s = noise_off(&dir, partitions).await;
             for k in ["small", "big"] {
                 let sql = format!("SELECT {k}, {}['mass'] FROM t GROUP BY {k} ORDER BY {k}", kde(SELECT));
                 let out = s
@@ -362,4 +360,91 @@ async fn selection_over_edge_integer_types_shows_nothing_of_one_row() {
         outcomes.push(seen);
     }
     assert_eq!(outcomes[0], outcomes[1], "the neighbours differ");
+}
+
+/// Rows each partition of the (first) partial phase over known keys emitted in the execution of
+/// `plan` just run, by partition.
+fn emitted_per_partition(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> Vec<usize> {
+    use datafusion::physical_plan::ExecutionPlan;
+    use datafusion::physical_plan::metrics::MetricValue;
+    use dpcurve::guard::exec::known_keys_partial::KnownKeysPartialExec;
+    fn find(p: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        match p.downcast_ref::<KnownKeysPartialExec>() {
+            Some(_) => Some(Arc::clone(p)),
+            None => p.children().into_iter().find_map(find),
+        }
+    }
+    let partial = find(plan).expect("a partial phase over known keys");
+    let mut rows = vec![0; partial.properties().output_partitioning().partition_count()];
+    for m in partial.metrics().expect("metrics").iter() {
+        if let (MetricValue::OutputRows(n), Some(p)) = (m.value(), m.partition()) {
+            rows[p] += n.value();
+        }
+    }
+    rows
+}
+
+/// Keys selected by hash (text) are learnt by each partition from its rows, in a table with room
+/// for every selected key from the start; and every partition emits a state for every selected
+/// group, reached or not (the groups no row reached with NULL keys and empty states, which the
+/// final phase drops by hash). The attack: a row that is the first of its group in a partition
+/// made that partition emit, serialise and merge one more state (tens of µs for a large KDE): a
+/// step in time that one row moves. Here three partitions of which two read no rows emit as many
+/// states as were selected, on neighbours with and without one more row of a selected key and
+/// of an unselected one; the releases are the same as the integer key's. Control: DataFusion's
+/// partial phase over the same rows emits only the groups it reached (none on the empty
+/// partitions).
+#[tokio::test]
+async fn keys_selected_by_hash_emit_every_selected_group_in_every_partition() {
+    let mut outcomes = Vec::new();
+    for alice in [false, true] {
+        let dir = TempDir::new(&format!("sel-first-seen-{alice}"));
+        let (mut name, mut x) = (Vec::new(), Vec::new());
+        for (k, rows) in [("c0", 30), ("c1", 40), ("c2", 30), ("c3", 50), ("r0", 2), ("r1", 3)] {
+            for i in 0..rows {
+                name.push(k.to_string());
+                x.push((i % 31) as f64 / 31.0);
+            }
+        }
+        if alice {
+            name.insert(3, "c2".into());
+            x.insert(3, 0.5);
+            name.insert(50, "r2".into());
+            x.insert(50, 0.25);
+        }
+        common::write_columns(
+            &dir.path("t.parquet"),
+            vec![("name", Arc::new(StringArray::from(name)) as ArrayRef), ("x", Arc::new(Float64Array::from(x)))],
+        );
+        common::private_t(&dir).await;
+        let mut seen = Vec::new();
+        for partitions in [1, 3] {
+            let s = noise_off(&dir, partitions).await;
+            let sql = format!("SELECT name, {}['mass'] FROM t GROUP BY name ORDER BY name", kde(SELECT));
+            let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+            let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+            assert!(shown.contains("KnownKeysPartialExec: selected keys (first seen)"), "{shown}");
+            let out = datafusion::physical_plan::collect(Arc::clone(&plan), s.task_ctx_for_tests()).await.unwrap();
+            let groups: Vec<String> = common::keyed_values(&out).into_iter().map(|(k, _)| k).collect();
+            assert_eq!(groups, ["c0", "c1", "c2", "c3"], "τ = 15: the four large keys");
+            let emitted = emitted_per_partition(&plan);
+            assert_eq!(emitted, vec![4; partitions], "every selected group in every partition");
+            seen.push(emitted);
+            // Control: DataFusion's partial phase over the selected keys' rows reaches no group
+            // on a partition without rows.
+            if partitions == 3 {
+                let sql = "SELECT name, sum(x) FROM t WHERE name IN ('c0', 'c1', 'c2', 'c3') GROUP BY name";
+                let reached = common::datafusion_partial_rows(&dir.str("t.parquet"), 3, sql).await;
+                assert!(reached.contains(&0) && reached.contains(&4), "control: {reached:?}");
+            }
+        }
+        outcomes.push(seen);
+    }
+    assert_eq!(outcomes[0], outcomes[1], "the neighbours differ");
+}
+
+/// A noise-off analyst session on the catalog in `dir`, over `partitions` partitions.
+async fn noise_off(dir: &TempDir, partitions: usize) -> AnalystSession {
+    let opts = SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
+    AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap()
 }

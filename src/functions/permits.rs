@@ -63,9 +63,9 @@ pub struct PermitSlot {
     ticket: Mutex<Option<Ticket>>,
     /// Releases kept in this execution: the next one gets the reserved id `first + kept`.
     kept: AtomicU64,
-    /// The keys a partition selection chose in this execution (Arrow row encoding), sorted:
-    /// the canonical order of the call's groups.
-    selected: Mutex<Option<Arc<Vec<Vec<u8>>>>>,
+    /// The key hashes a partition selection chose in this execution, sorted, and the key of
+    /// that hash (to tell a selected group's rows from others after the selection).
+    selected: Mutex<Option<(Arc<Vec<Vec<u8>>>, (u64, u64))>>,
 }
 
 impl PermitSlot {
@@ -131,15 +131,22 @@ impl PermitSlot {
         self.per_execution
     }
 
-    /// Records the keys a partition selection chose (Arrow row encoding), sorted.
-    pub fn set_selected(&self, mut keys: Vec<Vec<u8>>) {
+    /// Records the key hashes a partition selection chose (16 bytes each, under the keyed
+    /// hash `hash_key`), sorted.
+    pub fn set_selected(&self, mut keys: Vec<Vec<u8>>, hash_key: (u64, u64)) {
         keys.sort();
-        *self.selected.lock().expect("selection lock") = Some(Arc::new(keys));
+        *self.selected.lock().expect("selection lock") = Some((Arc::new(keys), hash_key));
     }
 
-    /// The keys the partition selection of this execution chose, sorted (None before it ran).
+    /// The key hashes the partition selection of this execution chose, sorted (None before it
+    /// ran).
     pub fn selected(&self) -> Option<Arc<Vec<Vec<u8>>>> {
-        self.selected.lock().expect("selection lock").clone()
+        self.selected.lock().expect("selection lock").as_ref().map(|(k, _)| Arc::clone(k))
+    }
+
+    /// The key of the selection's keyed hash (None before it ran).
+    pub fn selection_hash_key(&self) -> Option<(u64, u64)> {
+        self.selected.lock().expect("selection lock").as_ref().map(|(_, h)| *h)
     }
 
     /// One more execution is paid for (the gate, after the debit): one release per group.

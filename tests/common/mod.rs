@@ -351,3 +351,40 @@ pub fn python() -> PathBuf {
     );
     root.join(".venv/bin/python")
 }
+
+/// Rows per partition of the first phase of `plan` that groups raw rows (ours or DataFusion's:
+/// partial or single), run alone.
+pub async fn partial_rows(
+    plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    ctx: Arc<datafusion::execution::TaskContext>,
+) -> Vec<usize> {
+    use datafusion::physical_plan::ExecutionPlan;
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+    use dpcurve::guard::exec::known_keys_partial::KnownKeysPartialExec;
+    fn find(p: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        let partial = p.downcast_ref::<KnownKeysPartialExec>().is_some()
+            || p.downcast_ref::<AggregateExec>().is_some_and(|a| {
+                matches!(a.mode(), AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned)
+            });
+        if partial { Some(Arc::clone(p)) } else { p.children().into_iter().find_map(find) }
+    }
+    let partial = find(plan).expect("a partial phase");
+    let mut rows = Vec::new();
+    for i in 0..partial.properties().output_partitioning().partition_count() {
+        let stream = partial.execute(i, Arc::clone(&ctx)).unwrap();
+        let batches = datafusion::physical_plan::common::collect(stream).await.unwrap();
+        rows.push(batches.iter().map(|b| b.num_rows()).sum());
+    }
+    rows
+}
+
+/// Rows per partition of the partial (or single) phase of `sql` over the Parquet file `path`
+/// registered as `t` in a plain DataFusion session of `partitions` partitions (a control: what
+/// DataFusion's own hash aggregate holds).
+pub async fn datafusion_partial_rows(path: &str, partitions: usize, sql: &str) -> Vec<usize> {
+    let config = datafusion::prelude::SessionConfig::new().with_target_partitions(partitions);
+    let ctx = datafusion::prelude::SessionContext::new_with_config(config);
+    ctx.register_parquet("t", path, Default::default()).await.unwrap();
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    partial_rows(&plan, ctx.task_ctx()).await
+}

@@ -16,7 +16,7 @@
 //! planning: a key the data owner declared as text is compared as the value it is in that type);
 //! a state row whose key is not a public group is dropped like a filtered row.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -40,6 +40,7 @@ use futures::StreamExt;
 use super::known_keys_partial::KnownGroups;
 use super::node::{batch_as, groups_accumulators, only_child, single_final_partition};
 use crate::functions::{PermitSlot, permits_of};
+use crate::guard::ops::sample_order::SampleOrder;
 
 /// The public groups of a grouped private aggregate.
 #[derive(Debug, Clone)]
@@ -206,12 +207,16 @@ impl ExecutionPlan for CanonicalGroupsExec {
             let (encoded, key_columns) = match &groups {
                 PublicGroups::Declared(tuples) => declared_groups(tuples, &converter, &key_types)?,
                 PublicGroups::Selected(slot) => {
+                    // A state row's key is a selected group's when its keyed hash was selected
+                    // (a partial phase emits the groups no row reached with NULL keys).
+                    let chosen = SelectedHashes::of(slot);
                     let mut keys = std::collections::BTreeSet::new();
                     while let Some(batch) = merged.next().await {
                         let batch = batch?;
-                        keys.extend(
-                            converter.convert_columns(&batch.columns()[..width])?.iter().map(|k| k.as_ref().to_vec()),
-                        );
+                        let columns = &batch.columns()[..width];
+                        let selected = chosen.contains(columns)?;
+                        let rows = converter.convert_columns(columns)?;
+                        keys.extend(rows.iter().zip(selected).filter(|(_, s)| *s).map(|(k, _)| k.as_ref().to_vec()));
                         pending.push(batch);
                     }
                     // Sorted by value; never more than were selected (two keys whose 128-bit
@@ -269,6 +274,34 @@ impl ExecutionPlan for CanonicalGroupsExec {
             batch_as(schema, columns)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, futures::stream::once(all))))
+    }
+}
+
+/// The key hashes a partition selection chose, and the keyed hash that computes them.
+struct SelectedHashes {
+    hashes: HashSet<u128>,
+    order: Option<SampleOrder>,
+}
+
+impl SelectedHashes {
+    /// What `slot`'s selection chose (nothing before it ran).
+    fn of(slot: &PermitSlot) -> Self {
+        let hashes = slot
+            .selected()
+            .map(|keys| {
+                keys.iter().filter_map(|k| <[u8; 16]>::try_from(k.as_slice()).ok()).map(u128::from_be_bytes).collect()
+            })
+            .unwrap_or_default();
+        Self { hashes, order: slot.selection_hash_key().map(SampleOrder::with_key) }
+    }
+
+    /// Whether each row of the key `columns` is a selected key.
+    fn contains(&self, columns: &[ArrayRef]) -> Result<Vec<bool>> {
+        let rows = columns.first().map_or(0, |c| c.len());
+        Ok(match &self.order {
+            Some(order) => order.hashes(columns)?.iter().map(|h| self.hashes.contains(h)).collect(),
+            None => vec![false; rows],
+        })
     }
 }
 

@@ -9,7 +9,9 @@
 //! - [`FirstSeen`]: the keys a partition selection chose by hash, whose values the partition
 //!   learns from its rows. Its map and key slots are allocated for every selected group when the
 //!   partition starts (the number selected is known then), so a group's first row never grows,
-//!   rehashes or copies anything: it costs one insert, as a row does.
+//!   rehashes or copies anything: it costs one insert, as a row does. Every group held is emitted,
+//!   reached or not (a group no row reached with its type's default key and an empty state), so
+//!   what a partition emits is the number selected whatever its rows.
 //!
 //! DataFusion's hash aggregate instead interns groups as rows reach them, in a table that
 //! doubles: one more row reaching one more group could rehash every group the partition holds.
@@ -17,10 +19,10 @@
 use std::collections::HashMap;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
-use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::compute::{CastOptions, cast_with_options, concat};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
-use datafusion::common::{Result, internal_err};
+use datafusion::common::{Result, ScalarValue, internal_err};
 
 /// Keys spanning at most this many values get a dense table (4 bytes per value in the span).
 const DENSE_SPAN: i64 = 1 << 16;
@@ -123,12 +125,21 @@ pub(super) struct FirstSeen {
     groups: HashMap<Box<[u8]>, u32, Hasher>,
     keys: Vec<OwnedRow>,
     expected: usize,
+    /// The key of the groups no row reached: each type's default value (never NULL: a key column
+    /// may be declared non-nullable).
+    filler: Vec<ScalarValue>,
 }
 
 impl FirstSeen {
-    /// Room for `expected` groups of keys of `types`.
+    /// Whether keys of `types` can be held (each has a default value: [`Self::filler`]).
+    pub(super) fn holds(types: &[DataType]) -> bool {
+        types.iter().all(|t| ScalarValue::new_default(t).is_ok_and(|v| !v.is_null()))
+    }
+
+    /// Room for `expected` groups of keys of `types` (which it [`Self::holds`]).
     pub(super) fn new(types: &[DataType], expected: usize) -> Result<Self> {
         Ok(Self {
+            filler: types.iter().map(ScalarValue::new_default).collect::<Result<_>>()?,
             converter: RowConverter::new(types.iter().map(|t| SortField::new(t.clone())).collect())?,
             groups: HashMap::with_capacity_and_hasher(expected, Hasher::default()),
             keys: Vec::with_capacity(expected),
@@ -162,14 +173,22 @@ impl FirstSeen {
         self.expected.max(self.keys.len())
     }
 
-    /// Groups that have rows (the first `seen()` groups).
-    pub(super) fn seen(&self) -> usize {
+    /// Groups that have rows (the first `seen()` groups; tests).
+    #[cfg(test)]
+    fn seen(&self) -> usize {
         self.keys.len()
     }
 
-    /// The key columns of the groups with rows, in group order.
+    /// The key columns of every group held ([`Self::total`]), in group order: the keys rows
+    /// brought, then [`Self::filler`] keys for the groups no row reached (their states are empty;
+    /// the final phase drops a key that was not selected, and an empty state merges as nothing).
     pub(super) fn columns(&self) -> Result<Vec<ArrayRef>> {
-        Ok(self.converter.convert_rows(self.keys.iter().map(|k| k.row()))?)
+        let seen = self.converter.convert_rows(self.keys.iter().map(|k| k.row()))?;
+        let fill = self.total() - self.keys.len();
+        seen.into_iter()
+            .zip(&self.filler)
+            .map(|(c, f)| Ok(concat(&[c.as_ref(), f.to_array_of_size(fill)?.as_ref()])?))
+            .collect()
     }
 
     /// Bytes held by the map and the keys (tests).
@@ -184,6 +203,7 @@ mod tests {
     use std::sync::Arc;
 
     use datafusion::arrow::array::{Int32Array, Int64Array, StringArray, UInt64Array};
+    use datafusion::arrow::datatypes::Int32Type;
 
     use super::*;
 
@@ -280,5 +300,19 @@ mod tests {
         assert_eq!(columns[0].len(), expected);
         assert_eq!(columns[0].as_string::<i32>().value(4_321), "key-4321");
         assert_eq!(columns[1].as_primitive::<Int64Type>().value(4_321), 21);
+        // Groups no row reached are emitted too, with NULL keys.
+        let mut few = FirstSeen::new(&[DataType::Utf8, DataType::Int32], 5).unwrap();
+        let empty = few.columns().unwrap();
+        assert_eq!(empty[0].len(), 5, "a partition without rows emits every group");
+        assert_eq!((empty[0].as_string::<i32>().value(4), empty[1].as_primitive::<Int32Type>().value(4)), ("", 0));
+        let keys: [ArrayRef; 2] =
+            [Arc::new(StringArray::from(vec!["b", "a", "b"])), Arc::new(Int32Array::from(vec![1, 2, 1]))];
+        few.groups_of(&keys, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 0]);
+        let columns = few.columns().unwrap();
+        assert_eq!((columns[0].len(), columns[0].null_count(), few.seen(), few.total()), (5, 0, 2, 5));
+        let texts: Vec<&str> = (0..5).map(|i| columns[0].as_string::<i32>().value(i)).collect();
+        assert_eq!(texts, ["b", "a", "", "", ""]);
+        assert!(FirstSeen::holds(&[DataType::Utf8, DataType::Int64, DataType::Date32]));
     }
 }

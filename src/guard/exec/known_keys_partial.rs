@@ -31,7 +31,11 @@
 //! Counted by hash (other keys, or privacy units), only the number selected is known when the
 //! partition starts: the groups are [`FirstSeen`](super::key_table::FirstSeen) — the membership
 //! filter stays below, and each selected key becomes a group when its first row arrives, in a
-//! table with room for all of them from the start; the partition emits the groups its rows reached.
+//! table with room for all of them from the start. The partition emits every group it holds: those
+//! its rows reached, and for the others its type's default key with an empty state, which the final
+//! phase drops by the selection's key hash (or merges as nothing into that group when it was
+//! selected) — so a row that is the first of its group in a partition adds no state to emit,
+//! serialise or merge.
 
 use std::fmt;
 use std::sync::Arc;
@@ -52,6 +56,7 @@ use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
@@ -144,6 +149,8 @@ pub struct KnownKeysPartialExec {
     keys: Keys,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
+    /// Rows emitted per partition (EXPLAIN ANALYZE).
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl KnownKeysPartialExec {
@@ -172,7 +179,10 @@ impl KnownKeysPartialExec {
                 let by_value = one_integer && !matches!(types[0], DataType::UInt64);
                 match by_value.then(|| without_membership(agg.input(), &key[0])).transpose()?.flatten() {
                     Some((input, selected)) => (input, Keys::SelectedIntegers(selected)),
-                    None => (Arc::clone(agg.input()), Keys::SelectedHashes(Expected::Slot(slot))),
+                    None if FirstSeen::holds(&types) => {
+                        (Arc::clone(agg.input()), Keys::SelectedHashes(Expected::Slot(slot)))
+                    }
+                    None => return Ok(None),
                 }
             }
         };
@@ -191,6 +201,7 @@ impl KnownKeysPartialExec {
             keys,
             schema: agg.schema(),
             properties: Arc::clone(agg.properties()),
+            metrics: ExecutionPlanMetricsSet::new(),
         }
     }
 
@@ -430,14 +441,15 @@ impl Lookup {
         }
     }
 
-    /// The emitted groups' key columns and how many (the first groups).
+    /// The emitted groups' key columns and how many (the first groups: every one held, except a
+    /// known table's spare group).
     fn emitted(self) -> Result<(Vec<ArrayRef>, usize)> {
         match self {
             Lookup::Known { columns, .. } => {
                 let n = columns.first().map_or(0, |c| c.len());
                 Ok((columns, n))
             }
-            Lookup::FirstSeen(seen) => Ok((seen.columns()?, seen.seen())),
+            Lookup::FirstSeen(seen) => Ok((seen.columns()?, seen.total())),
         }
     }
 }
@@ -484,8 +496,13 @@ impl ExecutionPlan for KnownKeysPartialExec {
         Ok(Arc::new(Self { input, ..self.as_ref().clone() }))
     }
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let mut input = self.input.execute(partition, context)?;
+        let emitted = BaselineMetrics::new(&self.metrics, partition);
         let (key, aggr, filters) = (self.key.clone(), self.aggr.clone(), self.filters.clone());
         let (known, schema) = (self.keys.clone(), Arc::clone(&self.schema));
         let out_schema = Arc::clone(&schema);
@@ -521,11 +538,14 @@ impl ExecutionPlan for KnownKeysPartialExec {
             while let Some(batch) = input.next().await {
                 update(&batch?)?;
             }
-            let (mut columns, emitted) = lookup.emitted()?;
+            let (mut columns, held) = lookup.emitted()?;
             for acc in accs.iter_mut() {
-                columns.extend(acc.state(EmitTo::First(emitted))?);
+                columns.extend(acc.state(EmitTo::First(held))?);
             }
-            batch_as(schema, columns)
+            let batch = batch_as(schema, columns)?;
+            emitted.record_output(batch.num_rows());
+            emitted.done();
+            Ok(batch)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, futures::stream::once(all))))
     }

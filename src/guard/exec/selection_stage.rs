@@ -26,6 +26,8 @@ pub struct SelectionStage {
     selection: PartitionSelection,
     max_groups: usize,
     keys: Arc<SelectedKeys>,
+    /// The key of the hash the first pass grouped by.
+    hash_key: (u64, u64),
     noise: NoiseSource,
     /// The release permit slots of the GROUP BY's private calls: after the selection each
     /// holds exactly one permit per selected group.
@@ -39,17 +41,18 @@ impl fmt::Debug for SelectionStage {
 }
 
 impl SelectionStage {
-    /// A selection whose first pass is `plan`, keeping at most `max_groups` groups into `keys`
-    /// and giving each of `slots` one permit per kept group.
+    /// A selection whose first pass is `plan` (grouped by the key hash under `hash_key`), keeping
+    /// at most `max_groups` groups into `keys` and giving each of `slots` one permit per kept group.
     pub fn new(
         plan: LogicalPlan,
         selection: PartitionSelection,
         max_groups: usize,
         keys: Arc<SelectedKeys>,
+        hash_key: (u64, u64),
         noise: NoiseSource,
         slots: Vec<Arc<PermitSlot>>,
     ) -> Self {
-        Self { plan, physical: None, selection, max_groups, keys, noise, slots }
+        Self { plan, physical: None, selection, max_groups, keys, hash_key, noise, slots }
     }
 
     /// Selects from the first pass's output (`batches`): noisy count ≥ τ, then the
@@ -83,7 +86,7 @@ impl SelectionStage {
         let chosen: Vec<Vec<u8>> = kept.iter().map(|(_, k, _, _)| k.clone()).collect();
         self.slots.iter().for_each(|s| {
             s.set_available(n as u64);
-            s.set_selected(chosen.clone());
+            s.set_selected(chosen.clone(), self.hash_key);
         });
         let integers = kept.iter().map(|(_, _, _, i)| *i).collect::<Option<Vec<Option<i64>>>>().map(|keys| {
             IntegerSelection { keys: keys.iter().flatten().copied().collect(), null: keys.iter().any(Option::is_none) }

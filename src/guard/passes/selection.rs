@@ -158,6 +158,7 @@ pub fn split_selections(plan: LogicalPlan, units: &UnitsMap) -> Result<(LogicalP
                 selection,
                 args.max_groups as usize,
                 selected,
+                hash_key,
                 cx.noise,
                 slots,
             ));
