@@ -505,10 +505,10 @@ async fn private_calls_read_only_their_data_columns() {
         let mut read = |aggr: &[Arc<datafusion::physical_expr::aggregate::AggregateFunctionExpr>]| {
             out.extend(aggr.iter().map(|e| (e.fun().name().to_string(), e.expressions().len())))
         };
-        if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
-            if agg.mode().input_mode() == datafusion::physical_plan::aggregates::AggregateInputMode::Raw {
-                read(agg.aggr_expr());
-            }
+        if let Some(agg) = plan.downcast_ref::<AggregateExec>()
+            && agg.mode().input_mode() == datafusion::physical_plan::aggregates::AggregateInputMode::Raw
+        {
+            read(agg.aggr_expr());
         }
         if let Some(partial) = plan.downcast_ref::<dpcurve::guard::exec::known_keys_partial::KnownKeysPartialExec>() {
             read(partial.aggr_expr());

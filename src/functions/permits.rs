@@ -63,10 +63,13 @@ pub struct PermitSlot {
     ticket: Mutex<Option<Ticket>>,
     /// Releases kept in this execution: the next one gets the reserved id `first + kept`.
     kept: AtomicU64,
-    /// The key hashes a partition selection chose in this execution, sorted, and the key of
-    /// that hash (to tell a selected group's rows from others after the selection).
-    selected: Mutex<Option<(Arc<Vec<Vec<u8>>>, (u64, u64))>>,
+    /// What a partition selection chose in this execution.
+    selected: Mutex<Option<Selection>>,
 }
+
+/// The key hashes a partition selection chose, sorted, and the key of that hash (to tell a
+/// selected group's rows from others after the selection).
+type Selection = (Arc<Vec<Vec<u8>>>, (u64, u64));
 
 impl PermitSlot {
     /// A new slot with no permit, for an ungrouped call (one release per execution).

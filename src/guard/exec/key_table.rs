@@ -191,7 +191,7 @@ impl FirstSeen {
             .collect()
     }
 
-    /// Bytes held by the map and the keys (tests).
+    /// The capacities of the map and of the key slots (tests).
     #[cfg(test)]
     fn capacity(&self) -> (usize, usize) {
         (self.groups.capacity(), self.keys.capacity())

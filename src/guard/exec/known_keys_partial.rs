@@ -254,7 +254,7 @@ impl KnownKeysPartialExec {
 /// The keys of `agg` (grouped by keys of `types`) declared as `declared` (one column per key, in
 /// its type), or None when a declared integer key is not an Int64.
 fn declared_keys(agg: &AggregateExec, declared: Vec<ArrayRef>, types: &[DataType]) -> Result<Option<Keys>> {
-    let table = match &types[..] {
+    let table = match types {
         [t] if t.is_integer() => {
             let options = CastOptions { safe: true, ..Default::default() };
             let as_i64 = cast_with_options(&declared[0], &DataType::Int64, &options)?;
