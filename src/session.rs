@@ -644,6 +644,11 @@ impl Admin {
     /// returns exactly one row per key (SPEC §7). Each value must parse as the column's type.
     pub async fn set_keys(&self, name: &str, column: &str, values: &[String]) -> std::result::Result<(), PolicyError> {
         let t = &self.column_type(name, column).await?;
+        // A dictionary-encoded column's keys are values of its value type.
+        let t = match t {
+            DataType::Dictionary(_, values) => values.as_ref(),
+            t => t,
+        };
         if !(t.is_integer()
             || matches!(
                 t,
@@ -651,7 +656,8 @@ impl Admin {
             ))
         {
             return Err(PolicyError::Invalid(format!(
-                "column '{column}' is {t}: group keys can be declared for integer, string, boolean and date columns"
+                "column '{column}' is {t}: group keys can be declared for integer, string, boolean and date columns \
+                 (dictionary-encoded or not)"
             )));
         }
         let mut canonical = Vec::with_capacity(values.len());

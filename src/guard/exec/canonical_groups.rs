@@ -208,7 +208,7 @@ impl ExecutionPlan for CanonicalGroupsExec {
                 PublicGroups::Declared(tuples) => declared_groups(tuples, &converter, &key_types)?,
                 PublicGroups::Selected(slot) => {
                     // A state row's key is a selected group's when its keyed hash was selected
-                    // (a partial phase emits the groups no row reached with NULL keys).
+                    // (a partial phase emits the groups no row reached under a filler key).
                     let chosen = SelectedHashes::of(slot);
                     let mut keys = std::collections::BTreeSet::new();
                     while let Some(batch) = merged.next().await {

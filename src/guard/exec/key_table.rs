@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
-use datafusion::arrow::compute::{CastOptions, cast_with_options, concat};
+use datafusion::arrow::compute::{CastOptions, cast, cast_with_options, concat};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
 use datafusion::common::{Result, ScalarValue, internal_err};
@@ -187,7 +187,12 @@ impl FirstSeen {
         let fill = self.total() - self.keys.len();
         seen.into_iter()
             .zip(&self.filler)
-            .map(|(c, f)| Ok(concat(&[c.as_ref(), f.to_array_of_size(fill)?.as_ref()])?))
+            .map(|(c, f)| {
+                // The row format gives a dictionary column back as its values: the key type again.
+                let filler = f.to_array_of_size(fill)?;
+                let c = if c.data_type() == filler.data_type() { c } else { cast(&c, filler.data_type())? };
+                Ok(concat(&[c.as_ref(), filler.as_ref()])?)
+            })
             .collect()
     }
 
