@@ -452,44 +452,60 @@ async fn keys_selected_by_hash_emit_every_selected_group_in_every_partition() {
 async fn dictionary_encoded_keys_select_and_release_what_plain_text_keys_do() {
     use datafusion::arrow::array::DictionaryArray;
     use datafusion::arrow::datatypes::Int32Type;
-    let mut results = Vec::new();
-    for dictionary in [false, true] {
-        let dir = TempDir::new(&format!("sel-dictionary-{dictionary}"));
-        let (mut name, mut x) = (Vec::new(), Vec::new());
-        for (k, rows) in [("c0", 30), ("c1", 40), ("c2", 30), ("c3", 50), ("r0", 2), ("r1", 3)] {
-            for i in 0..rows {
-                name.push(k);
-                x.push((i % 31) as f64 / 31.0);
+    let text = |values: Vec<String>, dictionary: bool| -> ArrayRef {
+        if dictionary {
+            Arc::new(values.iter().map(String::as_str).collect::<DictionaryArray<Int32Type>>())
+        } else {
+            Arc::new(StringArray::from(values))
+        }
+    };
+    // Per privacy unit or not: each unit (a dictionary-encoded column too) keeps all its rows.
+    for unit in [false, true] {
+        let mut results = Vec::new();
+        for dictionary in [false, true] {
+            let dir = TempDir::new(&format!("sel-dictionary-{dictionary}-{unit}"));
+            let (mut name, mut person, mut x) = (Vec::new(), Vec::new(), Vec::new());
+            for (k, rows) in [("c0", 30), ("c1", 40), ("c2", 30), ("c3", 50), ("r0", 2), ("r1", 3)] {
+                for i in 0..rows {
+                    name.push(k.to_string());
+                    person.push(format!("{k}-{i}"));
+                    x.push((i % 31) as f64 / 31.0);
+                }
+            }
+            common::write_columns(
+                &dir.path("t.parquet"),
+                vec![
+                    ("name", text(name, dictionary)),
+                    ("person", text(person, dictionary)),
+                    ("x", Arc::new(Float64Array::from(x))),
+                ],
+            );
+            let admin = common::private_t(&dir).await;
+            if unit {
+                admin.set_privacy_unit("t", "person", 1, 1).await.unwrap();
+            }
+            for partitions in [1, 3] {
+                let s = noise_off(&dir, partitions).await;
+                let sql = format!("SELECT name, {}['mass'] FROM t GROUP BY name ORDER BY name", kde(SELECT));
+                let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+                let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+                assert!(shown.contains("KnownKeysPartialExec: selected keys (first seen)"), "{shown}");
+                let out = s.query(&sql).await.unwrap();
+                let key_type = out[0].schema().field(0).data_type().clone();
+                assert_eq!(
+                    matches!(key_type, datafusion::arrow::datatypes::DataType::Dictionary(..)),
+                    dictionary,
+                    "{key_type}"
+                );
+                let got: Vec<(String, u64)> =
+                    common::keyed_values(&out).into_iter().map(|(k, v)| (k, v.to_bits())).collect();
+                results.push(got);
             }
         }
-        let keys: ArrayRef = if dictionary {
-            Arc::new(name.iter().copied().collect::<DictionaryArray<Int32Type>>())
-        } else {
-            Arc::new(StringArray::from(name))
-        };
-        common::write_columns(&dir.path("t.parquet"), vec![("name", keys), ("x", Arc::new(Float64Array::from(x)))]);
-        common::private_t(&dir).await;
-        for partitions in [1, 3] {
-            let s = noise_off(&dir, partitions).await;
-            let sql = format!("SELECT name, {}['mass'] FROM t GROUP BY name ORDER BY name", kde(SELECT));
-            let plan = s.physical_plan_for_tests(&sql).await.unwrap();
-            let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-            assert!(shown.contains("KnownKeysPartialExec: selected keys (first seen)"), "{shown}");
-            let out = s.query(&sql).await.unwrap();
-            let key_type = out[0].schema().field(0).data_type().clone();
-            assert_eq!(
-                matches!(key_type, datafusion::arrow::datatypes::DataType::Dictionary(..)),
-                dictionary,
-                "{key_type}"
-            );
-            let got: Vec<(String, u64)> =
-                common::keyed_values(&out).into_iter().map(|(k, v)| (k, v.to_bits())).collect();
-            results.push(got);
-        }
+        let names: Vec<&str> = results[0].iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["c0", "c1", "c2", "c3"], "τ = 15: the four large keys (unit {unit})");
+        assert!(results.iter().all(|r| *r == results[0]), "unit {unit}: {results:?}");
     }
-    let names: Vec<&str> = results[0].iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(names, ["c0", "c1", "c2", "c3"], "τ = 15: the four large keys");
-    assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
 }
 
 /// A noise-off analyst session on the catalog in `dir`, over `partitions` partitions.

@@ -19,10 +19,12 @@
 use std::collections::HashMap;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
-use datafusion::arrow::compute::{CastOptions, cast, cast_with_options, concat};
+use datafusion::arrow::compute::{CastOptions, cast_with_options, concat};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
 use datafusion::common::{Result, ScalarValue, internal_err};
+
+use crate::guard::ops::sample_order::decoded_as;
 
 /// Keys spanning at most this many values get a dense table (4 bytes per value in the span).
 const DENSE_SPAN: i64 = 1 << 16;
@@ -184,15 +186,11 @@ impl FirstSeen {
     /// the final phase drops a key that was not selected, and an empty state merges as nothing).
     pub(super) fn columns(&self) -> Result<Vec<ArrayRef>> {
         let seen = self.converter.convert_rows(self.keys.iter().map(|k| k.row()))?;
+        let seen = decoded_as(seen, self.filler.iter().map(ScalarValue::data_type))?;
         let fill = self.total() - self.keys.len();
         seen.into_iter()
             .zip(&self.filler)
-            .map(|(c, f)| {
-                // The row format gives a dictionary column back as its values: the key type again.
-                let filler = f.to_array_of_size(fill)?;
-                let c = if c.data_type() == filler.data_type() { c } else { cast(&c, filler.data_type())? };
-                Ok(concat(&[c.as_ref(), filler.as_ref()])?)
-            })
+            .map(|(c, f)| Ok(concat(&[c.as_ref(), f.to_array_of_size(fill)?.as_ref()])?))
             .collect()
     }
 

@@ -22,6 +22,22 @@ pub(crate) fn canonical_rows(columns: &[ArrayRef]) -> Result<Rows> {
     Ok(RowConverter::new(fields)?.convert_columns(columns)?)
 }
 
+/// `columns` decoded from Arrow's row format as `types`: the format gives a dictionary-encoded
+/// column back as its values, which are cast back to the dictionary.
+pub(crate) fn decoded_as<T: std::borrow::Borrow<DataType>>(
+    columns: Vec<ArrayRef>,
+    types: impl IntoIterator<Item = T>,
+) -> Result<Vec<ArrayRef>> {
+    columns
+        .into_iter()
+        .zip(types)
+        .map(|(c, t)| {
+            let t = t.borrow();
+            Ok(if c.data_type() == t { c } else { datafusion::arrow::compute::cast(&c, t)? })
+        })
+        .collect()
+}
+
 /// `dpcurve_sample_order(col, …)`: a 128-bit keyed SipHash-1-3 of the row's values (in Arrow's
 /// canonical row encoding), as 16 big-endian bytes. The key is drawn per query from the OS
 /// CSPRNG (fixed under the test hooks' noise sources) and never displayed.

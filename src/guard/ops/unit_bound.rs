@@ -47,7 +47,7 @@ use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility};
 
 use super::prefetch_hint::prefetch;
-use super::sample_order::SampleOrder;
+use super::sample_order::{SampleOrder, decoded_as};
 use super::unit_sample::{INLINE, Sample, Samples};
 
 /// The function's name.
@@ -405,6 +405,7 @@ impl Bound {
         let parser = self.columns.parser();
         let columns =
             self.columns.convert_rows(samples.clone().flat_map(|s| s.rows()).map(|(_, _, r)| parser.parse(r)))?;
+        let columns = decoded_as(columns, self.fields.iter().map(|f| f.data_type()))?;
         let kept = StructArray::try_new(self.fields.clone(), columns, None)?;
         let field = Arc::new(Field::new_list_field(DataType::Struct(self.fields.clone()), true));
         Ok(ListArray::try_new(field, OffsetBuffer::from_lengths(samples.map(Sample::len)), Arc::new(kept), None)?)
