@@ -295,11 +295,18 @@ async fn dictionary_encoded_declared_keys_release_what_plain_text_keys_do() {
     use datafusion::arrow::array::DictionaryArray;
     use datafusion::arrow::datatypes::Int32Type;
     let mut results = Vec::new();
+    let mut printed = Vec::new();
     for dictionary in [false, true] {
         let dir = TempDir::new(&format!("groups-dictionary-{dictionary}"));
         let region: Vec<&str> = (0..900).map(|i| ["a", "b", "c"][i % 3]).collect();
         let weekday: Vec<i64> = (0..900).map(|i| (i % 7) as i64).collect();
         let x: Vec<f64> = (0..900).map(|i| (i % 101) as f64 / 100.0).collect();
+        let y: Vec<f64> = (0..900).map(|i| ((i * 37) % 89) as f64 / 88.0).collect();
+        let mut load = ListBuilder::new(Float64Builder::new());
+        for i in 0..900 {
+            load.values().append_slice(&std::array::from_fn::<f64, 8, _>(|t| ((i % 11) * t) as f64 / 70.0));
+            load.append(true);
+        }
         let keys: ArrayRef = if dictionary {
             Arc::new(region.into_iter().collect::<DictionaryArray<Int32Type>>())
         } else {
@@ -311,9 +318,11 @@ async fn dictionary_encoded_declared_keys_release_what_plain_text_keys_do() {
                 ("region", keys),
                 ("weekday", Arc::new(Int64Array::from(weekday))),
                 ("x", Arc::new(Float64Array::from(x))),
+                ("y", Arc::new(Float64Array::from(y))),
+                ("load", Arc::new(load.finish())),
             ],
         );
-        private_p(&dir).await;
+        private_p(&dir).await.set_bounds("p", "y", 0.0, 1.0).await.unwrap();
         for partitions in [1, 3] {
             let opts =
                 SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
@@ -328,11 +337,39 @@ async fn dictionary_encoded_declared_keys_release_what_plain_text_keys_do() {
             let got: Vec<(String, u64)> =
                 common::keyed_values(&out).into_iter().map(|(k, v)| (k, v.to_bits())).collect();
             results.push(got);
+            // The 2-D density and the mean curve per group, every printed digit.
+            for sql in [
+                "SELECT region, private_kde2d(x, y, 0.1, 0.1, 0.5, 1e-6, points_x => 6, points_y => 5) AS k \
+                 FROM p GROUP BY region ORDER BY region",
+                "SELECT region, private_mean_curve(load, 0.5, 1e-6, clip => 1.0, points => 8) AS m \
+                 FROM p GROUP BY region ORDER BY region",
+            ] {
+                let out = s.query(sql).await.unwrap();
+                let text = datafusion::arrow::util::pretty::pretty_format_batches(&out).unwrap().to_string();
+                assert_eq!(text.lines().count(), 4 + 4, "{text}");
+                assert!(text.contains("density: [[") || text.contains("n: 300"), "{text}");
+                // Release ids (and so the table's padding) differ between the runs; every value
+                // else is compared.
+                let text: String = text
+                    .split("release: r")
+                    .enumerate()
+                    .map(|(i, part)| if i == 0 { part } else { part.trim_start_matches(|c: char| c.is_ascii_digit()) })
+                    .collect();
+                let text: Vec<String> = text
+                    .lines()
+                    .filter(|l| !l.starts_with('+'))
+                    .map(|l| l.split_whitespace().collect::<String>())
+                    .collect();
+                printed.push(text);
+            }
         }
     }
     let names: Vec<&str> = results[0].iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, ["a", "b", "c", "d"], "every declared group");
     assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
+    let (plain, dictionary) = printed.split_at(printed.len() / 2);
+    assert_eq!(plain, dictionary);
+    assert_eq!(plain[0], plain[2], "the 2-D densities on one and three partitions");
 }
 
 /// Declared keys over several columns, or text: each row's group is found by its row encoding in
