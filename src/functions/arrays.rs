@@ -21,6 +21,19 @@ pub(crate) fn fixed_point_state(values: &[i128]) -> Result<ScalarValue> {
     Ok(ScalarValue::List(Arc::new(list)))
 }
 
+/// Fixed-point statistics as a list state column, one row each, written into one buffer (what
+/// [`fixed_point_state`] gives each, concatenated).
+pub(crate) fn fixed_point_states<'a>(statistics: impl Iterator<Item = &'a [i128]> + Clone) -> Result<ArrayRef> {
+    let (mut values, mut lengths) = (Vec::with_capacity(statistics.clone().map(<[i128]>::len).sum()), Vec::new());
+    for s in statistics {
+        values.extend_from_slice(s);
+        lengths.push(s.len());
+    }
+    let values = Decimal128Array::from(values).with_data_type(fixed_point_type());
+    let field = Arc::new(Field::new_list_field(fixed_point_type(), true));
+    Ok(Arc::new(ListArray::try_new(field, OffsetBuffer::from_lengths(lengths), Arc::new(values), None)?))
+}
+
 /// Calls `f(row, values)` for every non-null row of a fixed-point list state column,
 /// checking each has `len` entries.
 pub(crate) fn for_each_fixed_point_row(

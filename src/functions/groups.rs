@@ -112,20 +112,6 @@ fn touched_bytes<S: Statistic>(statistics: &[S], batch: &GroupedBatch) -> usize 
     batch.touched().map(|(g, _)| statistics[g].heap_size()).sum()
 }
 
-/// Columns of per-group state rows (`states[g][column]`), or empty arrays of `types`.
-fn state_columns(states: Vec<Vec<ScalarValue>>, types: &[DataType]) -> Result<Vec<ArrayRef>> {
-    if states.is_empty() {
-        return Ok(types.iter().map(new_empty_array).collect());
-    }
-    let mut columns: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(states.len()); types.len()];
-    for row in states {
-        for (c, v) in columns.iter_mut().zip(row) {
-            c.push(v);
-        }
-    }
-    columns.into_iter().map(ScalarValue::iter_to_array).collect()
-}
-
 impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
     fn update_batch(
         &mut self,
@@ -165,8 +151,7 @@ impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
         let emitted = self.take(emit_to);
-        let states = emitted.into_iter().map(|mut s| s.state()).collect::<Result<Vec<_>>>()?;
-        state_columns(states, &self.state_types)
+        C::Statistic::states(emitted, &self.state_types)
     }
 
     fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
@@ -179,10 +164,10 @@ impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
                     let row: Vec<ArrayRef> = values.iter().map(|a| a.slice(i, 1)).collect();
                     self.call.update(&mut s, &row)?;
                 }
-                s.state()
+                Ok(s)
             })
             .collect::<Result<Vec<_>>>()?;
-        state_columns(states, &self.state_types)
+        C::Statistic::states(states, &self.state_types)
     }
 
     fn size(&self) -> usize {

@@ -5,12 +5,13 @@
 use std::fmt;
 use std::sync::Mutex;
 
-use datafusion::arrow::array::{ArrayRef, UInt32Array};
+use datafusion::arrow::array::{ArrayRef, UInt32Array, new_empty_array};
 use datafusion::arrow::compute::take_arrays;
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Result, ScalarValue, exec_datafusion_err};
 use rand::rngs::ChaCha20Rng;
 
-use super::arrays::{fixed_point_state, for_each_fixed_point_row};
+use super::arrays::{fixed_point_state, fixed_point_states, for_each_fixed_point_row};
 use super::call::CallContext;
 use super::group_rows::{GroupRows, GroupedBatch};
 use crate::mechanism::stored::Recipe;
@@ -63,6 +64,25 @@ pub trait Statistic: fmt::Debug + Send + Sync + 'static {
     /// The accumulator state.
     fn state(&mut self) -> Result<Vec<ScalarValue>>;
 
+    /// The state columns of several statistics, one row each (a partial phase's output): by
+    /// default each statistic's [`Statistic::state`], gathered column by column.
+    fn states(statistics: Vec<Self>, types: &[DataType]) -> Result<Vec<ArrayRef>>
+    where
+        Self: Sized,
+    {
+        let states = statistics.into_iter().map(|mut s| s.state()).collect::<Result<Vec<_>>>()?;
+        if states.is_empty() {
+            return Ok(types.iter().map(new_empty_array).collect());
+        }
+        let mut columns: Vec<Vec<ScalarValue>> = vec![Vec::with_capacity(states.len()); types.len()];
+        for row in states {
+            for (c, v) in columns.iter_mut().zip(row) {
+                c.push(v);
+            }
+        }
+        columns.into_iter().map(ScalarValue::iter_to_array).collect()
+    }
+
     /// Merges the states of other accumulators (rows of the state columns).
     fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()>;
 
@@ -80,6 +100,12 @@ pub trait Statistic: fmt::Debug + Send + Sync + 'static {
 impl Statistic for BufferedSums {
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
         Ok(vec![fixed_point_state(self.totals())?])
+    }
+
+    /// Every statistic's totals written straight into one list column (no value per group).
+    fn states(mut statistics: Vec<Self>, _types: &[DataType]) -> Result<Vec<ArrayRef>> {
+        statistics.iter_mut().for_each(BufferedSums::flush);
+        Ok(vec![fixed_point_states(statistics.iter().map(BufferedSums::flushed_totals))?])
     }
 
     fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()> {

@@ -127,6 +127,11 @@ impl BufferedSums {
         &self.totals
     }
 
+    /// The exact totals as of the last [`Self::flush`] (what [`Self::totals`] gives right after it).
+    pub fn flushed_totals(&self) -> &[i128] {
+        &self.totals
+    }
+
     /// Number of sums.
     pub fn len(&self) -> usize {
         self.totals.len()

@@ -141,6 +141,12 @@ fn needs_binned(spec: &KdeSpec, what: &str, binned: &str, alternative: &str) -> 
 }
 
 /// `Σ_i weight_i·w[first + i]`: a pure-ε release's kernel sum at one point.
+/// `√(a² + b)` for `a, b ≥ 0`: one square root where neither term can overflow (every band of
+/// a reachable release), `hypot` otherwise. A function of released numbers only.
+fn root_sum_square(a: f64, b: f64) -> f64 {
+    if a < 1e150 && b < 1e300 { (a * a + b).sqrt() } else { a.hypot(b.sqrt()) }
+}
+
 fn tap_sum(t: &Taps, w: &[f64]) -> f64 {
     t.weights.iter().zip(&w[t.first..]).map(|(k, v)| k * v).sum()
 }
@@ -756,7 +762,7 @@ impl KdeMechanism {
             density
                 .iter()
                 .enumerate()
-                .map(|(k, &f)| u * sd(k).hypot((f.max(0.0) * rk / (release.mass * h)).sqrt()))
+                .map(|(k, &f)| u * root_sum_square(sd(k), f.max(0.0) * rk / (release.mass * h)))
                 .collect()
         });
         Some(KdeBands { noise, total })

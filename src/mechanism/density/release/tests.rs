@@ -272,3 +272,19 @@ fn the_planned_state_covers_what_accumulating_rows_holds() {
         assert!(acc.heap_size() as u64 <= planned, "{} held, {planned} planned", acc.heap_size());
     }
 }
+
+/// The band's root sum of squares agrees with `hypot` to a rounding or two, and does not overflow
+/// where the squares would.
+#[test]
+fn the_bands_root_sum_square_is_hypot() {
+    for (a, b) in [(0.0, 0.0), (1.0, 0.0), (0.0, 4.0), (3.0, 16.0), (1e-300, 1e-300), (2.5e7, 3.1e9), (1e149, 1e299)] {
+        let want = f64::hypot(a, f64::sqrt(b));
+        assert!((root_sum_square(a, b) - want).abs() <= 4.0 * f64::EPSILON * want, "{a} {b}");
+    }
+    for (a, b) in [(1e200, 1.0), (1.0, 1e305), (1e170, 1e302), (f64::MAX, f64::MAX)] {
+        let r = root_sum_square(a, b);
+        assert!(r.is_finite() && r == f64::hypot(a, b.sqrt()), "{a} {b}: {r}");
+    }
+    // Negative control: the plain formula overflows there.
+    assert!(!(1e200f64 * 1e200 + 1.0).sqrt().is_finite());
+}
