@@ -140,13 +140,13 @@ fn needs_binned(spec: &KdeSpec, what: &str, binned: &str, alternative: &str) -> 
     ))
 }
 
-/// `Σ_i weight_i·w[first + i]`: a pure-ε release's kernel sum at one point.
 /// `√(a² + b)` for `a, b ≥ 0`: one square root where neither term can overflow (every band of
 /// a reachable release), `hypot` otherwise. A function of released numbers only.
 fn root_sum_square(a: f64, b: f64) -> f64 {
     if a < 1e150 && b < 1e300 { (a * a + b).sqrt() } else { a.hypot(b.sqrt()) }
 }
 
+/// `Σ_i weight_i·w[first + i]`: a pure-ε release's kernel sum at one point.
 fn tap_sum(t: &Taps, w: &[f64]) -> f64 {
     t.weights.iter().zip(&w[t.first..]).map(|(k, v)| k * v).sum()
 }
