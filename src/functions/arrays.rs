@@ -15,15 +15,17 @@ pub(crate) fn fixed_point_type() -> DataType {
 
 /// A fixed-point statistic as a one-row list state value.
 pub(crate) fn fixed_point_state(values: &[i128]) -> Result<ScalarValue> {
-    let values = Decimal128Array::from(values.to_vec()).with_data_type(fixed_point_type());
-    let field = Arc::new(Field::new_list_field(fixed_point_type(), true));
-    let list = ListArray::try_new(field, OffsetBuffer::from_lengths([values.len()]), Arc::new(values), None)?;
+    let list = fixed_point_lists(std::iter::once(values))?;
     Ok(ScalarValue::List(Arc::new(list)))
 }
 
 /// Fixed-point statistics as a list state column, one row each, written into one buffer (what
 /// [`fixed_point_state`] gives each, concatenated).
 pub(crate) fn fixed_point_states<'a>(statistics: impl Iterator<Item = &'a [i128]> + Clone) -> Result<ArrayRef> {
+    Ok(Arc::new(fixed_point_lists(statistics)?))
+}
+
+fn fixed_point_lists<'a>(statistics: impl Iterator<Item = &'a [i128]> + Clone) -> Result<ListArray> {
     let (mut values, mut lengths) = (Vec::with_capacity(statistics.clone().map(<[i128]>::len).sum()), Vec::new());
     for s in statistics {
         values.extend_from_slice(s);
@@ -31,7 +33,7 @@ pub(crate) fn fixed_point_states<'a>(statistics: impl Iterator<Item = &'a [i128]
     }
     let values = Decimal128Array::from(values).with_data_type(fixed_point_type());
     let field = Arc::new(Field::new_list_field(fixed_point_type(), true));
-    Ok(Arc::new(ListArray::try_new(field, OffsetBuffer::from_lengths(lengths), Arc::new(values), None)?))
+    Ok(ListArray::try_new(field, OffsetBuffer::from_lengths(lengths), Arc::new(values), None)?)
 }
 
 /// Calls `f(row, values)` for every non-null row of a fixed-point list state column,
