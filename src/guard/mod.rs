@@ -183,7 +183,8 @@ impl QueryPlanner for PrivacyPlanner {
                 let physical = with_public_facts(physical, session, unit_memory).await?;
                 // Grouped calls' final phases stay here; their partial phases over known keys
                 // travel as such (below).
-                let physical = known_keys_partials(canonical_final_phases(physical)?, known_groups_of)?;
+                let physical =
+                    known_keys_partials(canonical_final_phases(physical, Exchange::Shuffle)?, known_groups_of)?;
                 let physical = d.distribute(physical)?;
                 let stage_uses = stages.iter().any(|s| s.physical.as_ref().is_some_and(|p| d.is_used_by(p)));
                 if stage_uses || d.is_used_by(&physical) {
@@ -210,7 +211,7 @@ impl QueryPlanner for PrivacyPlanner {
         // before any row is read, not one that grows.
         let physical = match &self.distributor {
             Some(_) => physical,
-            None => known_keys_partials(canonical_final_phases(physical)?, known_groups_of)?,
+            None => known_keys_partials(canonical_final_phases(physical, Exchange::InProcess)?, known_groups_of)?,
         };
         if charges.is_empty() || matches!(plan, LogicalPlan::Explain(_)) {
             return Ok(physical);

@@ -39,6 +39,7 @@ use futures::StreamExt;
 
 use super::known_keys_partial::KnownGroups;
 use super::node::{batch_as, groups_accumulators, only_child, single_final_partition};
+use super::unit_phase::Exchange;
 use crate::functions::{PermitSlot, permits_of};
 use crate::guard::ops::sample_order::SampleOrder;
 
@@ -54,14 +55,23 @@ enum PublicGroups {
 
 /// Replaces the final phase of every grouped private aggregate of `plan` by a
 /// [`CanonicalGroupsExec`] (a single-phase aggregate is split into DataFusion's partial phase
-/// and this final phase).
-pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+/// and this final phase). It reads every partition of its input, so in this process it reads the
+/// partial phase's partitions directly, without the repartition of the states by key that the
+/// final phase was planned over (`Exchange::InProcess`); on a cluster that repartition is the
+/// stage boundary the partial phase's executors write to, and stays.
+pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>, exchange: Exchange) -> Result<Arc<dyn ExecutionPlan>> {
     unions_over_grouped_releases(plan)?
         .transform_up(|node| {
             let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
             let Some(groups) = public_groups(agg) else { return Ok(Transformed::no(node)) };
             let states: Arc<dyn ExecutionPlan> = match agg.mode() {
-                AggregateMode::Final | AggregateMode::FinalPartitioned => Arc::clone(agg.input()),
+                AggregateMode::Final | AggregateMode::FinalPartitioned => match exchange {
+                    Exchange::InProcess => match agg.input().downcast_ref::<RepartitionExec>() {
+                        Some(repartition) => Arc::clone(repartition.input()),
+                        None => Arc::clone(agg.input()),
+                    },
+                    Exchange::Shuffle => Arc::clone(agg.input()),
+                },
                 AggregateMode::Single | AggregateMode::SinglePartitioned => Arc::new(AggregateExec::try_new(
                     AggregateMode::Partial,
                     agg.group_expr().clone(),
@@ -228,6 +238,7 @@ impl ExecutionPlan for CanonicalGroupsExec {
                     (keys, columns)
                 }
             };
+            let declared = matches!(groups, PublicGroups::Declared(_));
             let index: HashMap<&[u8], usize> = encoded.iter().enumerate().map(|(i, k)| (k.as_slice(), i)).collect();
             let groups = encoded.len();
             // One vectorised accumulator per aggregate over the public groups (DataFusion's
@@ -246,11 +257,19 @@ impl ExecutionPlan for CanonicalGroupsExec {
                         group_indices.push(g);
                     }
                 }
+                // Over declared keys every state row is a declared group's (the partial phases emit
+                // exactly those), so its columns are merged as they are: whether rows are left out
+                // is then a fact of the plan, not of the data. A selection's filler rows are
+                // taken out whatever the batch holds.
+                let all = declared && kept.len() == batch.num_rows();
                 let kept = UInt32Array::from(kept);
                 let mut offset = width;
                 for (acc, n) in accs.iter_mut().zip(&widths) {
-                    let states = take_arrays(&batch.columns()[offset..offset + n], &kept, None)?;
-                    acc.merge_batch(&states, &group_indices, groups)?;
+                    let columns = &batch.columns()[offset..offset + n];
+                    match all {
+                        true => acc.merge_batch(columns, &group_indices, groups)?,
+                        false => acc.merge_batch(&take_arrays(columns, &kept, None)?, &group_indices, groups)?,
+                    }
                     offset += n;
                 }
                 Ok(())

@@ -47,21 +47,33 @@ pub fn projection_shift(g: &[f64], step: f64) -> f64 {
 /// The shift `c ≥ 0` with `cell·Σ_k w_k·max(g_k − c, 0) = 1` for quadrature weights `w` (the
 /// 2-D KDE's are products of trapezoid weights).
 pub fn projection_shift_weighted(g: &[f64], weights: &[f64], cell: f64) -> f64 {
-    let mut order: Vec<usize> = (0..g.len()).collect();
-    order.sort_by(|&a, &b| g[b].total_cmp(&g[a]));
+    // The positions from the largest value down, equal values by position: one integer key
+    // each (the value's `total_cmp` order reversed, then the position), so the unstable sort
+    // gives the one order the sums below depend on.
+    let mut order: Vec<u128> =
+        g.iter().enumerate().map(|(k, &v)| (u128::from(!total_order_key(v)) << 64) | k as u128).collect();
+    order.sort_unstable();
     // With the j largest values above c: cell·(G − c·W) = 1, c = (G − 1/cell)/W; valid if it
     // lies between the j-th and (j+1)-th largest values.
     let (mut big_w, mut big_g) = (0.0, 0.0);
-    for (j, &k) in order.iter().enumerate() {
+    for (j, &key) in order.iter().enumerate() {
+        let k = key as u64 as usize;
         big_w += weights[k];
         big_g += weights[k] * g[k];
         let c = (big_g - 1.0 / cell) / big_w;
-        let next = order.get(j + 1).map_or(f64::NEG_INFINITY, |&i| g[i]);
+        let next = order.get(j + 1).map_or(f64::NEG_INFINITY, |&o| g[o as u64 as usize]);
         if c >= next {
             return c.max(0.0);
         }
     }
     0.0
+}
+
+/// An unsigned key whose order is `f64::total_cmp`'s.
+pub(super) fn total_order_key(v: f64) -> u64 {
+    let bits = v.to_bits() as i64;
+    // total_cmp's transform (negative values' magnitude bits flipped), then the sign bit flipped.
+    ((bits ^ (((bits >> 63) as u64) >> 1) as i64) as u64) ^ (1 << 63)
 }
 
 /// Trapezoid rule on an evenly spaced grid.

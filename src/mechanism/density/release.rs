@@ -431,12 +431,18 @@ impl KdeMechanism {
         }
         if let Some(n) = &self.laplace {
             // Node counts: bin l = i·r + m gives (r − m)/r of its mass to node i, m/r to node i + 1.
+            // An entry of a table within ROW_LIMIT rows is below 2^93 in magnitude; clamping at
+            // 2^100 (1-Lipschitz, so the sensitivity holds for any state) keeps each product
+            // below 2^120 (r ≤ MAX_BINS = 2^20), exact without an overflow-checked multiply.
+            const CLAMP: i128 = 1 << 100;
             let mut c = vec![0i128; n.nodes];
-            for (l, &v) in state.iter().enumerate() {
-                let (i, m) = (l / n.r, (l % n.r) as i128);
-                c[i] = c[i].saturating_add(v.saturating_mul(n.r as i128 - m));
-                if m > 0 {
-                    c[i + 1] = c[i + 1].saturating_add(v.saturating_mul(m));
+            for (i, bins) in state.chunks(n.r).enumerate() {
+                for (m, &v) in bins.iter().enumerate() {
+                    let (v, m) = (v.clamp(-CLAMP, CLAMP), m as i128);
+                    c[i] = c[i].saturating_add(v * (n.r as i128 - m));
+                    if m > 0 {
+                        c[i + 1] = c[i + 1].saturating_add(v * m);
+                    }
                 }
             }
             let inv_r = DD::from_i128(n.r as i128).recip();
@@ -751,7 +757,8 @@ impl KdeMechanism {
         };
         // Per-point noise sd in density units (the Laplace release's varies with the position
         // between nodes: sd_k = σ·s_k).
-        let sd = |k: usize| self.sigma() * profile.as_ref().map_or(1.0, |s| s[k]) / release.normaliser;
+        let sigma = self.sigma();
+        let sd = |k: usize| sigma * profile.as_ref().map_or(1.0, |s| s[k]) / release.normaliser;
         let noise: Vec<f64> = (0..density.len()).map(|k| u * sd(k)).collect();
         // Sampling error of a Gaussian-kernel estimate: Var f̂(x) ≈ f(x)·R(K)/(n·h) with
         // R(K) = 1/(2√π), correlation exp(−d²/4h²) at lag d. The sum of the two independent

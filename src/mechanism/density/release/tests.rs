@@ -288,3 +288,117 @@ fn the_bands_root_sum_square_is_hypot() {
     // Negative control: the plain formula overflows there.
     assert!(!(1e200f64 * 1e200 + 1.0).sqrt().is_finite());
 }
+
+/// The node counts a pure-ε release lifts are the re-binning `Σ v_l·weight` in exact integers:
+/// equal to the overflow-checked sums on states of any size a table within `ROW_LIMIT` rows
+/// reaches, and finite (no overflow, no panic) on states beyond it.
+#[test]
+fn the_pure_epsilon_rebinning_is_exact_and_saturates() {
+    let m = pure(spec());
+    let n = m.laplace.clone().unwrap();
+    let reference = |state: &[i128]| -> Vec<f64> {
+        let mut c = vec![0i128; n.nodes];
+        for (l, &v) in state.iter().enumerate() {
+            let (i, r) = (l / n.r, (l % n.r) as i128);
+            c[i] = c[i].saturating_add(v.saturating_mul(n.r as i128 - r));
+            if r > 0 {
+                c[i + 1] = c[i + 1].saturating_add(v.saturating_mul(r));
+            }
+        }
+        let inv_r = DD::from_i128(n.r as i128).recip();
+        c.iter().map(|&u| DD::from_i128(u).scale_pow2(-40).mul(inv_r).to_f64()).collect()
+    };
+    let len = m.layout().empty_state().len();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for scale in [1i128, 1 << 40, 1 << 60, 1 << 70] {
+        // Entries up to 2^23·scale ≤ 2^93.
+        let state: Vec<i128> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x as i64 as i128 >> 40) * scale
+            })
+            .collect();
+        let got: Vec<f64> = m.lifted(&state).iter().map(|d| d.to_f64()).collect();
+        assert_eq!(got, reference(&state), "scale {scale}");
+    }
+    // Beyond any table's reach the counts saturate instead of overflowing.
+    let extreme: Vec<i128> = (0..len).map(|l| if l % 3 == 0 { i128::MIN } else { i128::MAX }).collect();
+    assert!(m.lifted(&extreme).iter().all(|d| d.to_f64().is_finite()));
+    // Negative control: an unchecked multiply of those entries overflows.
+    assert!(i128::MAX.checked_mul(n.r as i128).is_none());
+}
+
+/// The projection's shift sums the values from the largest down, equal values in the order of
+/// their positions: bit-equal to the stable sort of positions, on values with many ties and
+/// unequal weights.
+#[test]
+fn the_projection_orders_ties_by_position() {
+    let reference = |g: &[f64], w: &[f64], cell: f64, ties_reversed: bool| -> f64 {
+        let mut order: Vec<usize> = (0..g.len()).collect();
+        order.sort_by(|&a, &b| g[b].total_cmp(&g[a]));
+        if ties_reversed {
+            order.reverse();
+            order.sort_by(|&a, &b| g[b].total_cmp(&g[a]));
+        }
+        let (mut big_w, mut big_g) = (0.0, 0.0);
+        for (j, &k) in order.iter().enumerate() {
+            big_w += w[k];
+            big_g += w[k] * g[k];
+            let c = (big_g - 1.0 / cell) / big_w;
+            if c >= order.get(j + 1).map_or(f64::NEG_INFINITY, |&i| g[i]) {
+                return c.max(0.0);
+            }
+        }
+        0.0
+    };
+    let (mut differs, mut x) = (0, 12345u64);
+    for case in 0..400 {
+        let n = 3 + case % 60;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) as f64 / (1u64 << 31) as f64
+        };
+        // Few distinct values, some negative (ties everywhere, a positive shift), weights of a
+        // trapezoid or of a product rule, and a cell that makes the integral 1.
+        let g: Vec<f64> = (0..n).map(|_| (next() * 5.0).floor() * 0.7 - 0.6).collect();
+        let w: Vec<f64> = (0..n).map(|_| [0.25, 0.5, 1.0, 0.3][(next() * 4.0) as usize]).collect();
+        let integral = g.iter().zip(&w).map(|(a, b)| a * b).sum::<f64>();
+        if integral <= 0.0 {
+            continue;
+        }
+        let cell = 1.0 / integral;
+        let got = projection_shift_weighted(&g, &w, cell);
+        assert_eq!(got.to_bits(), reference(&g, &w, cell, false).to_bits(), "case {case}");
+        differs += usize::from(got.to_bits() != reference(&g, &w, cell, true).to_bits());
+    }
+    // Negative control: summing ties in the other order changes some shifts' last bits.
+    assert!(differs > 0, "the tie order never mattered: the test cannot tell orders apart");
+}
+
+/// The projection's sort key orders values as `total_cmp` does, signed zeros, infinities and
+/// NaNs included.
+#[test]
+fn the_projections_sort_key_is_total_cmp() {
+    let values = [
+        f64::NEG_INFINITY,
+        -1e300,
+        -1.5,
+        -f64::MIN_POSITIVE,
+        -0.0,
+        0.0,
+        5e-324,
+        0.1,
+        2.0,
+        f64::INFINITY,
+        f64::NAN,
+        -f64::NAN,
+    ];
+    for a in values {
+        for b in values {
+            let key = |v: f64| super::super::normalise::total_order_key(v);
+            assert_eq!(key(a).cmp(&key(b)), a.total_cmp(&b), "{a} {b}");
+        }
+    }
+}
