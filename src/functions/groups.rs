@@ -30,6 +30,8 @@ pub struct PrivateGroups<C: Release> {
     statistics: Vec<C::Statistic>,
     /// Rows of the batches since every group's buffer was last flushed.
     rows_since_flush: usize,
+    /// Whether the statistics were made for merging only (a final phase's, no rows added yet).
+    merging: bool,
     /// Heap bytes of `statistics`' entries.
     bytes: usize,
     rows: GroupRows,
@@ -53,6 +55,7 @@ impl<C: Release> PrivateGroups<C> {
             cx,
             statistics: Vec::new(),
             rows_since_flush: 0,
+            merging: false,
             bytes: 0,
             rows: GroupRows::default(),
             result_type,
@@ -66,9 +69,32 @@ impl<C: Release> PrivateGroups<C> {
         &mut self.statistics
     }
 
-    pub(crate) fn grow(&mut self, total_groups: usize) {
+    /// Statistics for up to `total_groups` groups that rows are added to (statistics made for
+    /// merging only get their buffers first: a plan's phase decides this, never its data).
+    pub(crate) fn grow(&mut self, total_groups: usize) -> Result<()> {
+        if std::mem::take(&mut self.merging) {
+            for s in &mut self.statistics {
+                let merged = std::mem::replace(s, self.call.statistic());
+                s.absorb(self.function, merged)?;
+            }
+            self.bytes = self.statistics.iter().map(Statistic::heap_size).sum();
+        }
+        self.push_statistics(total_groups);
+        Ok(())
+    }
+
+    /// Statistics for up to `total_groups` groups that partial states are merged into: without
+    /// buffers ([`Release::merged_statistic`]) while no rows were added to any.
+    fn grow_merging(&mut self, total_groups: usize) {
+        if self.statistics.is_empty() {
+            self.merging = true;
+        }
+        self.push_statistics(total_groups);
+    }
+
+    fn push_statistics(&mut self, total_groups: usize) {
         while self.statistics.len() < total_groups {
-            let s = self.call.statistic();
+            let s = if self.merging { self.call.merged_statistic() } else { self.call.statistic() };
             self.bytes += s.heap_size();
             self.statistics.push(s);
         }
@@ -120,7 +146,7 @@ impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
         opt_filter: Option<&BooleanArray>,
         total_num_groups: usize,
     ) -> Result<()> {
-        self.grow(total_num_groups);
+        self.grow(total_num_groups)?;
         self.flush_for(group_indices.len());
         let mut batch = GroupedBatch::new(group_indices, opt_filter, total_num_groups, &mut self.rows);
         let before = touched_bytes(&self.statistics, &batch);
@@ -130,7 +156,7 @@ impl<C: Release> GroupsAccumulator for PrivateGroups<C> {
     }
 
     fn merge_batch(&mut self, values: &[ArrayRef], group_indices: &[usize], total_num_groups: usize) -> Result<()> {
-        self.grow(total_num_groups);
+        self.grow_merging(total_num_groups);
         for (i, &g) in group_indices.iter().enumerate() {
             let row: Vec<ArrayRef> = values.iter().map(|a| a.slice(i, 1)).collect();
             let s = &mut self.statistics[g];

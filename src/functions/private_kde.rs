@@ -353,6 +353,10 @@ impl Release for KdeRun {
         self.mechanism.layout().accumulation()
     }
 
+    fn merged_statistic(&self) -> BufferedSums {
+        self.mechanism.layout().merged_accumulation()
+    }
+
     fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
         let values = values[0].as_primitive::<Float64Type>();
         let layout = self.mechanism.layout();
@@ -566,7 +570,7 @@ mod tests {
                 .collect();
             for (xs, g, filter, total) in batches() {
                 if by_take {
-                    grouped.grow(total);
+                    grouped.grow(total).unwrap();
                     let mut rows = GroupRows::default();
                     let mut batch = GroupedBatch::new(&g, filter.as_ref(), total, &mut rows);
                     let call = run(h);
@@ -610,6 +614,35 @@ mod tests {
             let mass: i128 = each.iter_mut().map(|a| a.statistic().totals().iter().sum::<i128>()).sum();
             assert!(mass > 0, "h = {h}");
         }
+    }
+
+    #[test]
+    fn a_final_phase_merges_into_sums_without_buffers_and_rows_can_still_follow() {
+        use datafusion::logical_expr::GroupsAccumulator;
+        let (xs, g, filter, total) = batches().swap_remove(1);
+        let mut partial = groups(run(0.1));
+        partial.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        let state = partial.state(EmitTo::All).unwrap();
+        let order: Vec<usize> = (0..total).collect();
+        // Merged only: the exact totals, no split buffer (half the bytes of a statistic rows are
+        // added to).
+        let mut merged = groups(run(0.1));
+        merged.merge_batch(&state, &order, total).unwrap();
+        let len = run(0.1).mechanism.layout().state_len();
+        for s in merged.statistics_mut() {
+            assert_eq!(s.heap_size(), 16 * len);
+        }
+        // Rows after a merge: every statistic gets its buffer first and keeps what it merged.
+        merged.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        let mut twice = groups(run(0.1));
+        twice.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        twice.update_batch(&[xs], &g, filter.as_ref(), total).unwrap();
+        for (a, b) in merged.statistics_mut().iter_mut().zip(twice.statistics_mut()) {
+            assert!(a.heap_size() > 16 * len, "a statistic rows are added to has its buffer");
+            assert_eq!(a.totals(), b.totals());
+        }
+        // Negative control: the statistics compared hold rows.
+        assert!(twice.statistics_mut().iter_mut().any(|s| s.totals().iter().any(|&v| v != 0)));
     }
 
     #[test]

@@ -27,6 +27,13 @@ pub trait Release: fmt::Debug + Send + Sync + 'static {
     /// An empty statistic.
     fn statistic(&self) -> Self::Statistic;
 
+    /// An empty statistic that partial states are merged into (a final phase's, which adds no
+    /// rows): by default [`Release::statistic`]; a statistic that buffers rows may leave its
+    /// buffers out.
+    fn merged_statistic(&self) -> Self::Statistic {
+        self.statistic()
+    }
+
     /// Adds the rows of one batch (the coerced data arguments).
     fn update(&self, statistic: &mut Self::Statistic, values: &[ArrayRef]) -> Result<()>;
 
@@ -86,6 +93,15 @@ pub trait Statistic: fmt::Debug + Send + Sync + 'static {
     /// Merges the states of other accumulators (rows of the state columns).
     fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()>;
 
+    /// Merges another statistic of the same call (by default through its state).
+    fn absorb(&mut self, function: &str, mut other: Self) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let states = other.state()?.iter().map(ScalarValue::to_array).collect::<Result<Vec<_>>>()?;
+        self.merge(function, &states)
+    }
+
     /// Heap bytes held.
     fn heap_size(&self) -> usize;
 
@@ -111,6 +127,11 @@ impl Statistic for BufferedSums {
     fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()> {
         let len = self.len();
         for_each_fixed_point_row(function, &states[0], len, |_, part| BufferedSums::merge(self, part))
+    }
+
+    fn absorb(&mut self, _function: &str, mut other: Self) -> Result<()> {
+        BufferedSums::merge(self, other.totals());
+        Ok(())
     }
 
     fn heap_size(&self) -> usize {

@@ -39,6 +39,7 @@ impl BufferedSums {
         let (pending, split) = match buffers {
             Buffers::Plain => (vec![0; len], Vec::new()),
             Buffers::Split => (Vec::new(), vec![[0; 2]; len + 1]),
+            Buffers::None => (Vec::new(), Vec::new()),
         };
         Self { totals: vec![0; len], pending, split, split_unit: 0, pending_rows: 0, flush_rows, flushes: 0 }
     }
@@ -157,6 +158,9 @@ pub enum Buffers {
     Plain,
     /// The split buffer of linear binning ([`BufferedSums::buffer_split`]).
     Split,
+    /// None: a statistic that only merges exact totals (a final phase's); adding rows to it is
+    /// a caller bug.
+    None,
 }
 
 /// The most heap bytes a [`BufferedSums`] of `len` sums holds when accumulating with `buffers`:
@@ -169,6 +173,7 @@ pub fn most_heap_bytes(len: usize, buffers: Buffers) -> u64 {
     match buffers {
         Buffers::Plain => totals + 8 * len,
         Buffers::Split => totals + 16 * (len + 1),
+        Buffers::None => totals,
     }
 }
 
@@ -222,13 +227,14 @@ mod tests {
     #[test]
     fn planning_counts_every_buffer_a_state_can_hold() {
         for len in [1, 7, 2515] {
-            for buffers in [Buffers::Plain, Buffers::Split] {
-                // Allocated whole when made: a first row allocates nothing.
+            for buffers in [Buffers::Plain, Buffers::Split, Buffers::None] {
+                // Allocated whole when made: a first row (or merge) allocates nothing.
                 let mut s = BufferedSums::new(len, 1 << 20, buffers);
                 assert_eq!(s.heap_size() as u64, most_heap_bytes(len, buffers));
                 match buffers {
                     Buffers::Plain => s.buffer(1)[0] += 1,
                     Buffers::Split => s.buffer_split(1, 1 << 40)[0][0] += 1,
+                    Buffers::None => s.merge(&vec![1; len]),
                 }
                 assert_eq!(s.heap_size() as u64, most_heap_bytes(len, buffers), "{buffers:?}");
             }

@@ -428,6 +428,11 @@ impl KdeLayout {
         BufferedSums::new(self.state_len(), FLUSH_ROWS, self.buffers())
     }
 
+    /// Empty exact sums that partial states are merged into (no buffer: no rows are added).
+    pub fn merged_accumulation(&self) -> BufferedSums {
+        BufferedSums::new(self.state_len(), FLUSH_ROWS, Buffers::None)
+    }
+
     /// Adds values to `acc` (non-finite ones and those more than 8h outside the grid are
     /// dropped). Bit-identical to adding every value with [`KdeLayout::add`].
     pub fn accumulate(&self, acc: &mut BufferedSums, values: &[f64]) {

@@ -146,9 +146,20 @@ fn root_sum_square(a: f64, b: f64) -> f64 {
     if a < 1e150 && b < 1e300 { (a * a + b).sqrt() } else { a.hypot(b.sqrt()) }
 }
 
-/// `Σ_i weight_i·w[first + i]`: a pure-ε release's kernel sum at one point.
+/// `Σ_i weight_i·w[first + i]`: a pure-ε release's kernel sum at one point, summed in four
+/// lanes (one fixed order, so the same bits wherever the release is evaluated).
 fn tap_sum(t: &Taps, w: &[f64]) -> f64 {
-    t.weights.iter().zip(&w[t.first..]).map(|(k, v)| k * v).sum()
+    let w = &w[t.first..t.first + t.weights.len()];
+    let (weights, weights_rest) = t.weights.as_chunks::<4>();
+    let (values, values_rest) = w.as_chunks::<4>();
+    let mut lanes = [0.0f64; 4];
+    for (k, v) in weights.iter().zip(values) {
+        for j in 0..4 {
+            lanes[j] += k[j] * v[j];
+        }
+    }
+    let rest: f64 = weights_rest.iter().zip(values_rest).map(|(k, v)| k * v).sum();
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + rest
 }
 
 /// The pure-ε KDE (δ = 0): the binned statistic linearly re-binned onto nodes every r bins
@@ -434,15 +445,20 @@ impl KdeMechanism {
             // An entry of a table within ROW_LIMIT rows is below 2^93 in magnitude; clamping at
             // 2^100 (1-Lipschitz, so the sensitivity holds for any state) keeps each product
             // below 2^120 (r ≤ MAX_BINS = 2^20), exact without an overflow-checked multiply.
+            // Per node, Σ v·(r − m) = r·Σv − Σ m·v: one product per bin.
             const CLAMP: i128 = 1 << 100;
             let mut c = vec![0i128; n.nodes];
             for (i, bins) in state.chunks(n.r).enumerate() {
+                let (mut mass, mut right) = (0i128, 0i128);
                 for (m, &v) in bins.iter().enumerate() {
-                    let (v, m) = (v.clamp(-CLAMP, CLAMP), m as i128);
-                    c[i] = c[i].saturating_add(v * (n.r as i128 - m));
-                    if m > 0 {
-                        c[i + 1] = c[i + 1].saturating_add(v * m);
-                    }
+                    let v = v.clamp(-CLAMP, CLAMP);
+                    mass = mass.saturating_add(v);
+                    right = right.saturating_add(v * m as i128);
+                }
+                c[i] = c[i].saturating_add((n.r as i128).saturating_mul(mass).saturating_sub(right));
+                // The last node's bins (m = 0 only) give nothing to a next one.
+                if let Some(next) = c.get_mut(i + 1) {
+                    *next = next.saturating_add(right);
                 }
             }
             let inv_r = DD::from_i128(n.r as i128).recip();

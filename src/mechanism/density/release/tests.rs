@@ -402,3 +402,22 @@ fn the_projections_sort_key_is_total_cmp() {
         }
     }
 }
+
+/// A pure-ε release's kernel sum at a point, summed in lanes, is the sum of every tap (full
+/// lanes and the rest), at any offset into the node counts.
+#[test]
+fn a_tap_sum_adds_every_tap() {
+    let w: Vec<f64> = (0..40).map(|i| ((i * 37 % 11) as f64 - 4.5) * 1.25).collect();
+    for len in 0..=13 {
+        for first in [0, 3, 20] {
+            let t = Taps { first, weights: (0..len).map(|i| 0.5 + i as f64 * 0.25).collect() };
+            let plain: f64 = (0..len).map(|i| t.weights[i] * w[first + i]).sum();
+            let got = tap_sum(&t, &w);
+            assert!((got - plain).abs() <= 1e-12 * (1.0 + plain.abs()), "len {len} at {first}: {got} vs {plain}");
+        }
+    }
+    // Negative control: a sum that dropped the last partial lane would differ (len 7, first 3).
+    let t = Taps { first: 3, weights: (0..7).map(|i| 0.5 + i as f64 * 0.25).collect() };
+    let full_lanes: f64 = (0..4).map(|i| t.weights[i] * w[3 + i]).sum();
+    assert!((tap_sum(&t, &w) - full_lanes).abs() > 1e-6);
+}
