@@ -31,6 +31,7 @@ use datafusion::logical_expr::EmitTo;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
@@ -56,9 +57,10 @@ enum PublicGroups {
 /// Replaces the final phase of every grouped private aggregate of `plan` by a
 /// [`CanonicalGroupsExec`] (a single-phase aggregate is split into DataFusion's partial phase
 /// and this final phase). It reads every partition of its input, so in this process it reads the
-/// partial phase's partitions directly, without the repartition of the states by key that the
-/// final phase was planned over (`Exchange::InProcess`); on a cluster that repartition is the
-/// stage boundary the partial phase's executors write to, and stays.
+/// partial phase's partitions as they come, each run on its own task (`CoalescePartitionsExec`),
+/// instead of the repartition of the states by key that the final phase was planned over (which
+/// copies every state twice: `Exchange::InProcess`); on a cluster that repartition is the stage
+/// boundary the partial phase's executors write to, and stays.
 pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>, exchange: Exchange) -> Result<Arc<dyn ExecutionPlan>> {
     unions_over_grouped_releases(plan)?
         .transform_up(|node| {
@@ -67,7 +69,7 @@ pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>, exchange: Exchange) 
             let states: Arc<dyn ExecutionPlan> = match agg.mode() {
                 AggregateMode::Final | AggregateMode::FinalPartitioned => match exchange {
                     Exchange::InProcess => match agg.input().downcast_ref::<RepartitionExec>() {
-                        Some(repartition) => Arc::clone(repartition.input()),
+                        Some(repartition) => Arc::new(CoalescePartitionsExec::new(Arc::clone(repartition.input()))),
                         None => Arc::clone(agg.input()),
                     },
                     Exchange::Shuffle => Arc::clone(agg.input()),
