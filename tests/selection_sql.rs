@@ -384,16 +384,35 @@ fn emitted_per_partition(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan
     rows
 }
 
+/// The state rows the final phase of `plan` merged, and how many of them were a public group's.
+fn final_phase_merges(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> (usize, usize) {
+    use datafusion::physical_plan::ExecutionPlan;
+    use dpcurve::guard::exec::canonical_groups::CanonicalGroupsExec;
+    fn find(p: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        match p.downcast_ref::<CanonicalGroupsExec>() {
+            Some(_) => Some(Arc::clone(p)),
+            None => p.children().into_iter().find_map(find),
+        }
+    }
+    let last = find(plan).expect("a canonical final phase");
+    let metrics = last.metrics().expect("metrics");
+    let count = |name: &str| metrics.sum_by_name(name).map_or(0, |v| v.as_usize());
+    (count("merged_states"), count("group_states"))
+}
+
 /// Keys selected by hash (text) are learnt by each partition from its rows, in a table with room
 /// for every selected key from the start; and every partition emits a state for every selected
 /// group, reached or not (the groups no row reached with NULL keys and empty states, which the
-/// final phase drops by hash). The attack: a row that is the first of its group in a partition
-/// made that partition emit, serialise and merge one more state (tens of µs for a large KDE): a
-/// step in time that one row moves. Here three partitions of which two read no rows emit as many
-/// states as were selected, on neighbours with and without one more row of a selected key and
-/// of an unselected one; the releases are the same as the integer key's. Control: DataFusion's
-/// partial phase over the same rows emits only the groups it reached (none on the empty
-/// partitions).
+/// final phase merges into a spare group it never releases). The attack: a row that is the first
+/// of its group in a partition made that partition emit, serialise and merge one more state (tens
+/// of µs for a large KDE): a step in time that one row moves; and, once every partition emitted
+/// every group, the final phase skipped the filler states and merged only the reached ones.
+/// Here three partitions of which two read no rows emit as many states as were selected, and
+/// the final phase merges every one of them, on neighbours with and without one more row of a
+/// selected key and of an unselected one; the releases are the same as the integer key's.
+/// Controls: DataFusion's partial phase over the same rows emits only the groups it reached (none
+/// on the empty partitions), and fewer of the merged states than were merged are a public
+/// group's.
 #[tokio::test]
 async fn keys_selected_by_hash_emit_every_selected_group_in_every_partition() {
     let mut outcomes = Vec::new();
@@ -429,7 +448,13 @@ async fn keys_selected_by_hash_emit_every_selected_group_in_every_partition() {
             assert_eq!(groups, ["c0", "c1", "c2", "c3"], "τ = 15: the four large keys");
             let emitted = emitted_per_partition(&plan);
             assert_eq!(emitted, vec![4; partitions], "every selected group in every partition");
+            let (merged, of_groups) = final_phase_merges(&plan);
+            assert_eq!(merged, 4 * partitions, "the final phase merges every state row");
+            if partitions == 3 {
+                assert!(of_groups < merged, "control: some merged states are fillers ({of_groups} of {merged})");
+            }
             seen.push(emitted);
+            seen.push(vec![merged]);
             // Control: DataFusion's partial phase over the selected keys' rows reaches no group
             // on a partition without rows.
             if partitions == 3 {

@@ -14,14 +14,17 @@
 //!
 //! Group keys are compared in Arrow's row encoding of the grouping expression's type (after
 //! planning: a key the data owner declared as text is compared as the value it is in that type);
-//! a state row whose key is not a public group is dropped like a filtered row.
+//! a state row whose key is not a public group (a selection's filler rows: the selected groups a
+//! partition's rows did not reach) is merged like every other, into a spare group that is never
+//! evaluated, so the final phase's work depends on how many state rows the partial phases emit (a
+//! fact of the plan), never on which of them a partition's rows reached.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{cast, take_arrays};
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -32,6 +35,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
@@ -91,6 +95,7 @@ pub fn canonical_final_phases(plan: Arc<dyn ExecutionPlan>, exchange: Exchange) 
                 properties: single_final_partition(agg.schema()),
                 input: states,
                 groups,
+                metrics: ExecutionPlanMetricsSet::new(),
             };
             Ok(Transformed::new(Arc::new(exec), true, TreeNodeRecursion::Continue))
         })
@@ -156,6 +161,8 @@ pub struct CanonicalGroupsExec {
     /// The replaced final aggregate's output schema.
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
+    /// `merged_states`: state rows merged; `group_states`: those of them a public group's.
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl DisplayAs for CanonicalGroupsExec {
@@ -197,10 +204,17 @@ impl ExecutionPlan for CanonicalGroupsExec {
             groups: self.groups.clone(),
             schema: Arc::clone(&self.schema),
             properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
         }))
     }
 
-    fn execute(&self, _partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let merged_states = MetricBuilder::new(&self.metrics).counter("merged_states", partition);
+        let group_states = MetricBuilder::new(&self.metrics).counter("group_states", partition);
         let parts = self.input.output_partitioning().partition_count();
         let streams = (0..parts).map(|p| self.input.execute(p, Arc::clone(&context))).collect::<Result<Vec<_>>>()?;
         let input_schema = self.input.schema();
@@ -240,38 +254,29 @@ impl ExecutionPlan for CanonicalGroupsExec {
                     (keys, columns)
                 }
             };
-            let declared = matches!(groups, PublicGroups::Declared(_));
             let index: HashMap<&[u8], usize> = encoded.iter().enumerate().map(|(i, k)| (k.as_slice(), i)).collect();
             let groups = encoded.len();
-            // One vectorised accumulator per aggregate over the public groups (DataFusion's
+            // One vectorised accumulator per aggregate over the public groups and one spare group
+            // (index `groups`, never evaluated) that takes every other state row (DataFusion's
             // adapter for an aggregate without one).
+            let (spare, total) = (groups, groups + 1);
             let mut accs = groups_accumulators(&aggr)?;
             let widths: Vec<usize> =
                 aggr.iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<Vec<_>>>()?;
-            // Merges a batch of partial states: rows of public groups only (others are dropped
-            // like filtered rows); every group exists from the first merge on, rows or not.
+            // Merges a batch of partial states as it is, every row of it: a public group's row into
+            // its group, any other (a selection's filler rows, the groups no row of a partition
+            // reached) into the spare, so the work is a function of the batch's length, never of
+            // which of its rows a partition's data reached. Every group exists from the first
+            // merge on, rows or not.
             let mut merge = |batch: &RecordBatch| -> Result<()> {
                 let rows = converter.convert_columns(&batch.columns()[..width])?;
-                let (mut kept, mut group_indices) = (Vec::new(), Vec::new());
-                for (r, key) in rows.iter().enumerate() {
-                    if let Some(&g) = index.get(key.as_ref()) {
-                        kept.push(r as u32);
-                        group_indices.push(g);
-                    }
-                }
-                // Over declared keys every state row is a declared group's (the partial phases emit
-                // exactly those), so its columns are merged as they are: whether rows are left out
-                // is then a fact of the plan, not of the data. A selection's filler rows are
-                // taken out whatever the batch holds.
-                let all = declared && kept.len() == batch.num_rows();
-                let kept = UInt32Array::from(kept);
+                let group_indices: Vec<usize> =
+                    rows.iter().map(|key| index.get(key.as_ref()).copied().unwrap_or(spare)).collect();
+                merged_states.add(batch.num_rows());
+                group_states.add(group_indices.iter().filter(|&&g| g != spare).count());
                 let mut offset = width;
                 for (acc, n) in accs.iter_mut().zip(&widths) {
-                    let columns = &batch.columns()[offset..offset + n];
-                    match all {
-                        true => acc.merge_batch(columns, &group_indices, groups)?,
-                        false => acc.merge_batch(&take_arrays(columns, &kept, None)?, &group_indices, groups)?,
-                    }
+                    acc.merge_batch(&batch.columns()[offset..offset + n], &group_indices, total)?;
                     offset += n;
                 }
                 Ok(())
@@ -287,10 +292,10 @@ impl ExecutionPlan for CanonicalGroupsExec {
                 return Ok::<_, DataFusionError>(RecordBatch::new_empty(schema));
             }
             // Every public group, in canonical order, exactly once (an empty group is released
-            // from an empty state).
+            // from an empty state); the spare stays behind, unreleased.
             let mut columns = key_columns;
             for acc in accs.iter_mut() {
-                columns.push(acc.evaluate(EmitTo::All)?);
+                columns.push(acc.evaluate(EmitTo::First(groups))?);
             }
             batch_as(schema, columns)
         };

@@ -183,7 +183,8 @@ impl FirstSeen {
 
     /// The key columns of every group held ([`Self::total`]), in group order: the keys rows
     /// brought, then [`Self::filler`] keys for the groups no row reached (their states are empty;
-    /// the final phase drops a key that was not selected, and an empty state merges as nothing).
+    /// the final phase merges a key that was not selected into a spare group it never releases, and
+    /// an empty state merges as nothing).
     pub(super) fn columns(&self) -> Result<Vec<ArrayRef>> {
         let seen = self.converter.convert_rows(self.keys.iter().map(|k| k.row()))?;
         let seen = decoded_as(seen, self.filler.iter().map(ScalarValue::data_type))?;

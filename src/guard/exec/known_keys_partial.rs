@@ -33,9 +33,9 @@
 //! filter stays below, and each selected key becomes a group when its first row arrives, in a
 //! table with room for all of them from the start. The partition emits every group it holds: those
 //! its rows reached, and for the others its type's default key with an empty state, which the final
-//! phase drops by the selection's key hash (or merges as nothing into that group when it was
-//! selected) — so a row that is the first of its group in a partition adds no state to emit,
-//! serialise or merge.
+//! phase merges like every state — into a spare group it never releases, or as nothing into the
+//! default key's group when that key was selected — so a row that is the first of its group in a
+//! partition adds no state to emit, serialise or merge, and none that the final phase would skip.
 
 use std::fmt;
 use std::sync::Arc;
