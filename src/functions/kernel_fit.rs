@@ -229,6 +229,10 @@ impl Release for FitRun {
         self.mechanism.accumulation()
     }
 
+    fn merged_statistic(&self) -> BufferedSums {
+        self.mechanism.merged_accumulation()
+    }
+
     fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
         for_each_valid_pair(values, |y, x| self.mechanism.add_all(state, y, x));
         Ok(())
@@ -290,6 +294,11 @@ mod tests {
     use datafusion::logical_expr::Accumulator;
 
     fn accumulator(kind: Kind) -> PrivateAccumulator<FitRun> {
+        let cx = CallContext { noise: NoiseSource::TestSeed(5), ..CallContext::default() };
+        PrivateAccumulator::new("private_kernel_fit", run(kind), cx)
+    }
+
+    fn run(kind: Kind) -> FitRun {
         let loss = if kind == Kind::Regression { FitLoss::Huber(1.0) } else { FitLoss::Hinge(0.1) };
         let spec = FitSpec {
             grid: Grid { lo: 0.0, hi: 1.0, points: 11 },
@@ -301,9 +310,16 @@ mod tests {
             delta: 1e-6,
             calibration: Calibration::Analytic,
         };
-        let cx = CallContext { noise: NoiseSource::TestSeed(5), ..CallContext::default() };
-        let run = FitRun::new(kind, KernelFitMechanism::new(spec, Contribution::ROW).unwrap());
-        PrivateAccumulator::new("private_kernel_fit", run, cx)
+        FitRun::new(kind, KernelFitMechanism::new(spec, Contribution::ROW).unwrap())
+    }
+
+    #[test]
+    fn a_final_phase_merges_into_exact_sums_without_a_buffer() {
+        for kind in [Kind::Regression, Kind::Classifier] {
+            let ys = (0..40).map(|i| Some(if i % 3 == 0 { 1.0 } else { -1.0 })).collect();
+            let values = batch(ys, (0..40).map(|i| Some(i as f64 / 40.0)).collect());
+            crate::functions::release::assert_merges_without_buffers(&run(kind), &values);
+        }
     }
 
     fn batch(ys: Vec<Option<f64>>, xs: Vec<Option<f64>>) -> [ArrayRef; 2] {

@@ -205,6 +205,10 @@ impl Release for CdfRun {
         self.mechanism.statistic()
     }
 
+    fn merged_statistic(&self) -> BufferedSums {
+        self.mechanism.merged_statistic()
+    }
+
     fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
         let values = values[0].as_primitive::<Float64Type>();
         match values.nulls().filter(|n| n.null_count() > 0) {
@@ -495,5 +499,31 @@ impl PrivateSpec for Quantiles {
         let alpha = p.band_alpha(values)?;
         let (mechanism, cost) = mechanism_from_literals(p, values, 2, contribution)?;
         Ok((CdfRun { mechanism, alpha, output: Output::Quantiles(probs) }, cost))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mechanism::Calibration;
+
+    #[test]
+    fn a_final_phase_merges_into_exact_counts_without_a_buffer() {
+        for noise in [CdfNoise::Laplace, CdfNoise::Gaussian] {
+            let spec = CdfSpec {
+                lo: 0.0,
+                hi: 1.0,
+                points: 16,
+                resolution: Resolution::Fixed { log2: 6 },
+                noise,
+                epsilon: 1.0,
+                delta: if noise == CdfNoise::Gaussian { 1e-6 } else { 0.0 },
+                calibration: Calibration::Analytic,
+            };
+            let mechanism = CdfMechanism::new(spec, Contribution::ROW).unwrap();
+            let run = CdfRun { mechanism, alpha: 0.05, output: Output::Cdf };
+            let values: ArrayRef = Arc::new(Float64Array::from_iter_values((0..40).map(|i| i as f64 / 40.0)));
+            crate::functions::release::assert_merges_without_buffers(&run, &[values]);
+        }
     }
 }

@@ -273,6 +273,10 @@ impl Release for Kde2dRun {
         self.mechanism.accumulation()
     }
 
+    fn merged_statistic(&self) -> BufferedSums {
+        self.mechanism.merged_accumulation()
+    }
+
     fn update(&self, state: &mut BufferedSums, values: &[ArrayRef]) -> Result<()> {
         for_each_valid_pair(values, |x, y| self.mechanism.add_all(state, x, y));
         Ok(())
@@ -315,7 +319,11 @@ mod tests {
     use datafusion::logical_expr::{Accumulator, AggregateUDFImpl};
 
     fn accumulator(noise: NoiseSource) -> PrivateAccumulator<Kde2dRun> {
-        let spec = Kde2dSpec {
+        accumulator_with(spec(), CallContext { noise, ..CallContext::default() })
+    }
+
+    fn spec() -> Kde2dSpec {
+        Kde2dSpec {
             grid_x: Grid { lo: 0.0, hi: 1.0, points: 12 },
             grid_y: Grid { lo: 0.0, hi: 2.0, points: 10 },
             bandwidth_x: 0.2,
@@ -324,13 +332,23 @@ mod tests {
             delta: 1e-6,
             calibration: Calibration::Analytic,
             normalise: Normalise::Project,
-        };
-        accumulator_with(spec, CallContext { noise, ..CallContext::default() })
+        }
+    }
+
+    fn run(spec: Kde2dSpec) -> Kde2dRun {
+        let mechanism = Kde2dMechanism::new(spec, Contribution::ROW).unwrap();
+        Kde2dRun { mechanism, alpha: crate::mechanism::noise::bands::DEFAULT_ALPHA }
     }
 
     fn accumulator_with(spec: Kde2dSpec, cx: CallContext) -> PrivateAccumulator<Kde2dRun> {
-        let mechanism = Kde2dMechanism::new(spec, Contribution::ROW).unwrap();
-        PrivateAccumulator::new(NAME, Kde2dRun { mechanism, alpha: crate::mechanism::noise::bands::DEFAULT_ALPHA }, cx)
+        PrivateAccumulator::new(NAME, run(spec), cx)
+    }
+
+    #[test]
+    fn a_final_phase_merges_into_exact_sums_without_a_buffer() {
+        let (xs, ys): (Vec<f64>, Vec<f64>) = (0..40).map(|i| (i as f64 / 40.0, (i % 7) as f64 / 3.5)).unzip();
+        let values: [ArrayRef; 2] = [Arc::new(Float64Array::from(xs)), Arc::new(Float64Array::from(ys))];
+        crate::functions::release::assert_merges_without_buffers(&run(spec()), &values);
     }
 
     #[test]

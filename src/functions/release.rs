@@ -247,6 +247,23 @@ fn in_parallel<T: Send, R: Send>(
     }
     Ok(out)
 }
+/// Checks `call`'s [`Release::merged_statistic`]: exact sums without a buffer (16 bytes an entry,
+/// less than a statistic rows are added to) that hold, once a statistic of `values` is merged
+/// into them, exactly its totals; the totals are not all zero (control: the comparison sees rows).
+#[cfg(test)]
+pub(crate) fn assert_merges_without_buffers<C: Release<Statistic = BufferedSums>>(call: &C, values: &[ArrayRef]) {
+    let mut rows = call.statistic();
+    call.update(&mut rows, values).unwrap();
+    let mut merged = call.merged_statistic();
+    let len = rows.totals().len();
+    assert_eq!(merged.heap_size(), 16 * len, "exact sums only");
+    assert!(call.statistic().heap_size() > merged.heap_size(), "a statistic rows are added to has a buffer");
+    let totals = rows.totals().to_vec();
+    Statistic::absorb(&mut merged, "test", rows).unwrap();
+    assert_eq!(merged.totals(), totals.as_slice());
+    assert!(totals.iter().any(|&v| v != 0), "control: the statistic holds rows");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,6 +223,11 @@ impl Kde2dMechanism {
         BufferedSums::new(self.state_len(), FLUSH_ROWS, Buffers::Plain)
     }
 
+    /// Empty exact sums that partial states are merged into (no buffer: no rows are added).
+    pub fn merged_accumulation(&self) -> BufferedSums {
+        BufferedSums::new(self.state_len(), FLUSH_ROWS, Buffers::None)
+    }
+
     /// Adds pairs (x, y): rows with a non-finite value, or a value farther than 8h outside its
     /// axis's range, are dropped (row-wise). Nothing a value can be makes this fail.
     pub fn add_all(&self, acc: &mut BufferedSums, xs: &[f64], ys: &[f64]) {

@@ -304,6 +304,11 @@ impl CdfMechanism {
         BufferedSums::new(self.statistic_leaves(), 1 << 40, Buffers::Plain)
     }
 
+    /// Empty exact counts that partial states are merged into (no buffer: no rows are added).
+    pub fn merged_statistic(&self) -> BufferedSums {
+        BufferedSums::new(self.statistic_leaves(), 1 << 40, Buffers::None)
+    }
+
     /// Counts `values` into their leaves: finite values only, those outside the range in the
     /// end leaves (a public, row-wise clamp; `leaves`).
     pub fn accumulate(&self, sums: &mut BufferedSums, values: &[f64]) {

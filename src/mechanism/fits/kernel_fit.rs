@@ -450,6 +450,11 @@ impl KernelFitMechanism {
         BufferedSums::new(self.state_len(), FLUSH_ROWS, Buffers::Plain)
     }
 
+    /// Empty exact sums that partial states are merged into (no buffer: no rows are added).
+    pub fn merged_accumulation(&self) -> BufferedSums {
+        BufferedSums::new(self.state_len(), FLUSH_ROWS, Buffers::None)
+    }
+
     /// Adds rows (response or label `ys`, predictor `xs`). A NULL-free batch; NaN in either
     /// value drops the row, ±inf and values outside the box are clamped. Nothing a value can
     /// be makes this fail.
