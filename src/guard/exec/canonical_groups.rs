@@ -235,20 +235,25 @@ impl ExecutionPlan for CanonicalGroupsExec {
                 PublicGroups::Selected(slot) => {
                     // A state row's key is a selected group's when its keyed hash was selected
                     // (a partial phase emits the groups no row reached under a filler key).
+                    // Every state row's key is noted the same way, a filler's too (the same work
+                    // whichever groups a partition's rows reached), with whether it was selected.
                     let chosen = SelectedHashes::of(slot);
-                    let mut keys = std::collections::BTreeSet::new();
+                    let mut keys = std::collections::BTreeMap::<Vec<u8>, bool>::new();
                     while let Some(batch) = merged.next().await {
                         let batch = batch?;
                         let columns = &batch.columns()[..width];
                         let selected = chosen.contains(columns)?;
                         let rows = converter.convert_columns(columns)?;
-                        keys.extend(rows.iter().zip(selected).filter(|(_, s)| *s).map(|(k, _)| k.as_ref().to_vec()));
+                        for (key, selected) in rows.iter().zip(selected) {
+                            *keys.entry(key.as_ref().to_vec()).or_default() |= selected;
+                        }
                         pending.push(batch);
                     }
                     // Sorted by value; never more than were selected (two keys whose 128-bit
                     // hashes collide, probability 2⁻¹²⁸ per pair, are the only way to see more).
                     let selected = slot.selected().map_or(0, |k| k.len());
-                    let keys: Vec<Vec<u8>> = keys.into_iter().take(selected).collect();
+                    let keys: Vec<Vec<u8>> =
+                        keys.into_iter().filter(|(_, chosen)| *chosen).map(|(k, _)| k).take(selected).collect();
                     let parser = converter.parser();
                     let columns = converter.convert_rows(keys.iter().map(|k| parser.parse(k)))?;
                     (keys, columns)

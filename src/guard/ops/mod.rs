@@ -11,6 +11,7 @@ mod max_heap;
 pub(crate) mod prefetch_hint;
 pub mod sample_order;
 pub mod selected;
+mod sip_lanes;
 pub mod total_div;
 pub mod unit_bound;
 mod unit_sample;

@@ -98,6 +98,12 @@ impl SampleOrder {
         // finishing it, without the streaming hasher's buffered tail (inlined into the caller).
         u128::from(SipHasher13::new_with_keys(self.key.0, self.key.1).hash(encoded))
     }
+
+    /// The order key of each of the `encoded.len() / width` rows of `width` bytes stored one after
+    /// another in `encoded`, appended to `out` ([`Self::hash`] of each, eight at a time).
+    pub(crate) fn hash_each(&self, encoded: &[u8], width: usize, out: &mut Vec<u128>) {
+        super::sip_lanes::hash_each(self.key, encoded, width, out)
+    }
 }
 
 impl ScalarUDFImpl for SampleOrder {

@@ -56,6 +56,9 @@ pub const NAME: &str = "dpcurve_unit_bound";
 /// Rows between a unit sample's prefetch and its use.
 const AHEAD: usize = 8;
 
+/// Rows whose group orders are hashed together.
+const BLOCK: usize = 256;
+
 /// What the first argument (and the aggregate's grouping) carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnitArg {
@@ -205,6 +208,9 @@ struct Bound {
     unit: Option<RowConverter>,
     /// The group keys' encoding (None: no group keys).
     keys: Option<RowConverter>,
+    /// Whether every group key's encoding has one width (so every row's group order message
+    /// does: they are hashed side by side).
+    fixed_keys: bool,
     /// Where the columns start among the arguments (after the unit and the group keys).
     first_column: usize,
     columns: RowConverter,
@@ -268,6 +274,7 @@ impl Bound {
             order: udf.order.clone(),
             unit,
             keys: converter(keys)?,
+            fixed_keys: row_width(keys).1,
             first_column: 1 + keys.len(),
             columns: converter(columns)?.ok_or_else(|| DataFusionError::Internal(format!("{NAME}: no column")))?,
             fields: row_fields(columns),
@@ -300,39 +307,57 @@ impl Bound {
         let mut units: Option<Rows> = None;
         let mut bytes = Vec::with_capacity(64);
         let (mut candidates, mut groups) = (Vec::<u32>::new(), Vec::<u128>::new());
-        for i in 0..n {
-            // The sample of a row a few rows ahead is requested now, so that the units' samples
-            // (far larger than the caches) arrive in parallel instead of one miss per row.
-            if let Some(ahead) = (i + AHEAD < n).then(|| unit(i + AHEAD)).flatten() {
-                prefetch(&samples[ahead]);
-            }
-            let Some(u) = unit(i) else { continue };
-            let sample = &mut samples[u];
-            let unit_hash = match sample.unit_hash() {
-                Some(h) => h,
-                None => {
-                    let h = match &self.unit {
-                        None => order_value(values[0].as_fixed_size_binary().value(i))?,
-                        Some(c) => {
-                            if units.is_none() {
-                                units = Some(c.convert_columns(&values[..1])?);
-                            }
-                            self.order.hash(units.as_ref().expect("encoded above").row(i).as_ref())
-                        }
-                    };
-                    sample.set_unit_hash(h);
-                    h
+        // The rows' group orders, a block of rows at a time: each row's message (its unit's hash,
+        // then its group key) is written first, then the block's messages are hashed side by side
+        // (when the keys are of fixed width: a fact of their type), then each row is screened.
+        let mut messages = Vec::with_capacity(BLOCK * 64);
+        let (mut rows, mut ends, mut orders) =
+            (Vec::with_capacity(BLOCK), Vec::with_capacity(BLOCK), Vec::with_capacity(BLOCK));
+        for start in (0..n).step_by(BLOCK) {
+            (messages.clear(), rows.clear(), ends.clear(), orders.clear());
+            for i in start..(start + BLOCK).min(n) {
+                // The sample of a row a few rows ahead is requested now, so that the units'
+                // samples (far larger than the caches) arrive in parallel instead of one miss per
+                // row.
+                if let Some(ahead) = (i + AHEAD < n).then(|| unit(i + AHEAD)).flatten() {
+                    prefetch(&samples[ahead]);
                 }
-            };
-            bytes.clear();
-            push_hash(&mut bytes, unit_hash);
-            if let Some(k) = &keys {
-                bytes.extend_from_slice(k.row(i).as_ref());
+                let Some(u) = unit(i) else { continue };
+                let sample = &mut samples[u];
+                let unit_hash = match sample.unit_hash() {
+                    Some(h) => h,
+                    None => {
+                        let h = match &self.unit {
+                            None => order_value(values[0].as_fixed_size_binary().value(i))?,
+                            Some(c) => {
+                                if units.is_none() {
+                                    units = Some(c.convert_columns(&values[..1])?);
+                                }
+                                self.order.hash(units.as_ref().expect("encoded above").row(i).as_ref())
+                            }
+                        };
+                        sample.set_unit_hash(h);
+                        h
+                    }
+                };
+                push_hash(&mut messages, unit_hash);
+                if let Some(k) = &keys {
+                    messages.extend_from_slice(k.row(i).as_ref());
+                }
+                rows.push((i, u));
+                ends.push(messages.len());
             }
-            let group = self.order.hash(&bytes);
-            if sample.admits(group) {
-                candidates.push(i as u32);
-                groups.push(group);
+            match (self.fixed_keys, ends.first()) {
+                (true, Some(&width)) => self.order.hash_each(&messages, width, &mut orders),
+                _ => orders.extend(
+                    ends.iter().scan(0, |from, &to| Some(self.order.hash(&messages[std::mem::replace(from, to)..to]))),
+                ),
+            }
+            for (&(i, u), &group) in rows.iter().zip(&orders) {
+                if samples[u].admits(group) {
+                    candidates.push(i as u32);
+                    groups.push(group);
+                }
             }
         }
         if candidates.is_empty() {
