@@ -44,10 +44,78 @@ fn lanes_avx2(key: (u64, u64), blocks: &[u8], width: usize, out: &mut Vec<u128>)
     lanes(key, blocks, width, out)
 }
 
+/// [`lanes`] with one 512-bit register per state word: the compiler, left to itself, mixed the
+/// state's words within registers and spent more instructions moving lanes than hashing.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2")]
 fn lanes_avx512(key: (u64, u64), blocks: &[u8], width: usize, out: &mut Vec<u128>) {
-    lanes(key, blocks, width, out)
+    use std::arch::x86_64::*;
+    macro_rules! rounds {
+        ($n:expr, $v0:ident, $v1:ident, $v2:ident, $v3:ident) => {
+            for _ in 0..$n {
+                $v0 = _mm512_add_epi64($v0, $v1);
+                $v1 = _mm512_xor_si512(_mm512_rol_epi64::<13>($v1), $v0);
+                $v0 = _mm512_rol_epi64::<32>($v0);
+                $v2 = _mm512_add_epi64($v2, $v3);
+                $v3 = _mm512_xor_si512(_mm512_rol_epi64::<16>($v3), $v2);
+                $v0 = _mm512_add_epi64($v0, $v3);
+                $v3 = _mm512_xor_si512(_mm512_rol_epi64::<21>($v3), $v0);
+                $v2 = _mm512_add_epi64($v2, $v1);
+                $v1 = _mm512_xor_si512(_mm512_rol_epi64::<17>($v1), $v2);
+                $v2 = _mm512_rol_epi64::<32>($v2);
+            }
+        };
+    }
+    let (words, left) = (width / 8, width % 8);
+    let length = (width as u64 & 0xff) << 56;
+    // Each lane's message starts `width` bytes after the previous lane's.
+    let starts: [i64; LANES] = std::array::from_fn(|l| (l * width) as i64);
+    // SAFETY (each load and store below): an array of eight `u64`s is the vector's 64 bytes.
+    let starts = unsafe { _mm512_loadu_epi64(starts.as_ptr()) };
+    let splat = |x: u64| _mm512_set1_epi64(x as i64);
+    let (mut h1, mut h2) = ([0u64; LANES], [0u64; LANES]);
+    for block in blocks.chunks_exact(LANES * width) {
+        let base = block.as_ptr();
+        // Eight bytes of each lane's message from `at` bytes into it (`at + 8 <= width`).
+        // SAFETY: lane l reads bytes l·width + at … + 8, inside its message, inside `block`.
+        let word = |at: usize| unsafe { _mm512_i64gather_epi64::<1>(starts, base.add(at).cast()) };
+        let mut v0 = splat(key.0 ^ 0x736f_6d65_7073_6575);
+        let mut v1 = splat(key.1 ^ 0x646f_7261_6e64_6f83);
+        let mut v2 = splat(key.0 ^ 0x6c79_6765_6e65_7261);
+        let mut v3 = splat(key.1 ^ 0x7465_6462_7974_6573);
+        for w in 0..words {
+            let m = word(8 * w);
+            v3 = _mm512_xor_si512(v3, m);
+            rounds!(1, v0, v1, v2, v3);
+            v0 = _mm512_xor_si512(v0, m);
+        }
+        // The last word: the length in its top byte, the message's last `left` bytes below.
+        let m = match (left, words) {
+            (0, _) => splat(length),
+            // The message's last eight bytes, shifted so that its last `left` come first.
+            (_, 1..) => _mm512_or_si512(_mm512_srlv_epi64(word(width - 8), splat(64 - 8 * left as u64)), splat(length)),
+            _ => {
+                let tail: [u64; LANES] = std::array::from_fn(|l| {
+                    block[l * width..(l + 1) * width]
+                        .iter()
+                        .enumerate()
+                        .fold(length, |t, (i, &b)| t | u64::from(b) << (8 * i))
+                });
+                unsafe { _mm512_loadu_epi64(tail.as_ptr().cast()) }
+            }
+        };
+        v3 = _mm512_xor_si512(v3, m);
+        rounds!(1, v0, v1, v2, v3);
+        v0 = _mm512_xor_si512(v0, m);
+        v2 = _mm512_xor_si512(v2, splat(0xee));
+        rounds!(3, v0, v1, v2, v3);
+        let fold = |a, b, c, d| _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
+        unsafe { _mm512_storeu_epi64(h1.as_mut_ptr().cast(), fold(v0, v1, v2, v3)) };
+        v1 = _mm512_xor_si512(v1, splat(0xdd));
+        rounds!(3, v0, v1, v2, v3);
+        unsafe { _mm512_storeu_epi64(h2.as_mut_ptr().cast(), fold(v0, v1, v2, v3)) };
+        out.extend((0..LANES).map(|l| u128::from(h1[l]) | u128::from(h2[l]) << 64));
+    }
 }
 
 /// Hashes `blocks` (a whole number of [`LANES`] messages of `width` bytes) eight at a time.

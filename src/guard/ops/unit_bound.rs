@@ -46,7 +46,6 @@ use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility};
 
-use super::prefetch_hint::prefetch;
 use super::sample_order::{SampleOrder, decoded_as};
 use super::unit_sample::{INLINE, Sample, Samples};
 
@@ -211,6 +210,8 @@ struct Bound {
     /// Whether every group key's encoding has one width (so every row's group order message
     /// does: they are hashed side by side).
     fixed_keys: bool,
+    /// Whether every column's encoding has one width (so every row order message does).
+    fixed_columns: bool,
     /// Where the columns start among the arguments (after the unit and the group keys).
     first_column: usize,
     columns: RowConverter,
@@ -275,6 +276,7 @@ impl Bound {
             unit,
             keys: converter(keys)?,
             fixed_keys: row_width(keys).1,
+            fixed_columns: row_width(columns).1,
             first_column: 1 + keys.len(),
             columns: converter(columns)?.ok_or_else(|| DataFusionError::Internal(format!("{NAME}: no column")))?,
             fields: row_fields(columns),
@@ -305,7 +307,6 @@ impl Bound {
             None => None,
         };
         let mut units: Option<Rows> = None;
-        let mut bytes = Vec::with_capacity(64);
         let (mut candidates, mut groups) = (Vec::<u32>::new(), Vec::<u128>::new());
         // The rows' group orders, a block of rows at a time: each row's message (its unit's hash,
         // then its group key) is written first, then the block's messages are hashed side by side
@@ -314,13 +315,16 @@ impl Bound {
         let (mut rows, mut ends, mut orders) =
             (Vec::with_capacity(BLOCK), Vec::with_capacity(BLOCK), Vec::with_capacity(BLOCK));
         for start in (0..n).step_by(BLOCK) {
-            (messages.clear(), rows.clear(), ends.clear(), orders.clear());
+            messages.clear();
+            rows.clear();
+            ends.clear();
+            orders.clear();
             for i in start..(start + BLOCK).min(n) {
                 // The sample of a row a few rows ahead is requested now, so that the units'
                 // samples (far larger than the caches) arrive in parallel instead of one miss per
                 // row.
                 if let Some(ahead) = (i + AHEAD < n).then(|| unit(i + AHEAD)).flatten() {
-                    prefetch(&samples[ahead]);
+                    samples[ahead].prefetch_screen();
                 }
                 let Some(u) = unit(i) else { continue };
                 let sample = &mut samples[u];
@@ -377,15 +381,27 @@ impl Bound {
             columns = columns.iter().map(|c| take(c.as_ref(), &indices, None)).collect::<Result<_, _>>()?;
         }
         let rows = self.columns.convert_columns(&columns)?;
+        // The candidates' row orders (each row's encoded columns, then its unit's hash): side by
+        // side when the columns are of fixed width (a fact of their type), else one at a time.
+        messages.clear();
+        ends.clear();
+        orders.clear();
+        for (j, &i) in candidates.iter().enumerate() {
+            messages.extend_from_slice(rows.row(j).as_ref());
+            let sample = &samples[unit(i as usize).expect("a candidate row has a unit")];
+            push_hash(&mut messages, sample.unit_hash().expect("hashed when screened"));
+            ends.push(messages.len());
+        }
+        match self.fixed_columns {
+            true => self.order.hash_each(&messages, messages.len() / candidates.len(), &mut orders),
+            false => orders.extend(
+                ends.iter().scan(0, |from, &to| Some(self.order.hash(&messages[std::mem::replace(from, to)..to]))),
+            ),
+        }
         let mut change = 0;
-        for (j, (&i, &group)) in candidates.iter().zip(&groups).enumerate() {
+        for (j, ((&i, &group), &order)) in candidates.iter().zip(&groups).zip(&orders).enumerate() {
             let sample = &mut samples[unit(i as usize).expect("a candidate row has a unit")];
-            let row = rows.row(j);
-            bytes.clear();
-            bytes.extend_from_slice(row.as_ref());
-            push_hash(&mut bytes, sample.unit_hash().expect("hashed when screened"));
-            let order = self.order.hash(&bytes);
-            change += sample.offer(self.limits(), group, order, row.as_ref());
+            change += sample.offer(self.limits(), group, order, rows.row(j).as_ref());
         }
         Ok(change)
     }
@@ -686,6 +702,47 @@ mod tests {
                     assert_eq!(kept_values(&mut acc), want, "{arg:?}, L = {l}, K = {k}, batches of {size}");
                 }
             }
+        }
+    }
+
+    /// Keys and columns of variable width (text) take the one-at-a-time hashes, not the lanes:
+    /// the same rows as the definition (and, control, not the same as a bound of one row less).
+    #[test]
+    fn keeps_what_the_definition_keeps_with_text_keys_and_columns() {
+        use datafusion::arrow::array::StringArray;
+        let n = 300;
+        let gs: ArrayRef = Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("g{}", i * 7 % 23))));
+        let xs: ArrayRef = Arc::new(StringArray::from_iter_values((0..n).map(|i| "v".repeat(i * 13 % 29))));
+        let h = hashes(order().hashes(&[ints(vec![42; n])]).unwrap());
+        let group_orders = order().hashes(&[Arc::clone(&h), Arc::clone(&gs)]).unwrap();
+        let row_orders = order().hashes(&[Arc::clone(&xs), h]).unwrap();
+        let (l, k) = (4, 3);
+        let mut distinct = group_orders.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let want: Vec<String> = distinct[..l]
+            .iter()
+            .flat_map(|&g| {
+                let mut rows: Vec<(u128, usize)> =
+                    (0..n).filter(|&i| group_orders[i] == g).map(|i| (row_orders[i], i)).collect();
+                rows.sort_unstable();
+                rows.into_iter().take(k).map(|(_, i)| xs.as_string::<i32>().value(i).to_string())
+            })
+            .collect();
+        for (rows, equal) in [(k, true), (k - 1, false)] {
+            let udf = UnitBound::new(l as u64, rows as u64, order(), 1, UnitArg::Value);
+            let bound = Bound::new(&udf, &DataType::Int64, &[DataType::Utf8], &[DataType::Utf8]).unwrap();
+            assert!(!bound.fixed_keys && !bound.fixed_columns);
+            let mut acc = UnitBoundAccumulator { bound, sample: Sample::default() };
+            for from in (0..n).step_by(64) {
+                let len = 64.min(n - from);
+                acc.update_batch(&[ints(vec![42; len]), gs.slice(from, len), xs.slice(from, len)]).unwrap();
+            }
+            let ScalarValue::List(kept) = acc.evaluate().unwrap() else { panic!() };
+            let kept = kept.value(0);
+            let got: Vec<String> =
+                kept.as_struct().column(0).as_string::<i32>().iter().map(|v| v.unwrap().to_string()).collect();
+            assert_eq!(got == want, equal, "K = {rows}");
         }
     }
 

@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 
 use super::chunked::Chunked;
 use super::max_heap::{self, IndexedHeap, Keyed, Order};
+use super::prefetch_hint::prefetch;
 
 /// One kept row's encoding: inline when short (most rows of a few numeric columns), so that
 /// keeping and dropping rows does not allocate.
@@ -229,8 +230,11 @@ impl Groups {
     }
 }
 
-/// One unit's kept groups.
+/// One unit's kept groups. The two orders every row reads (the screen) come first, in the
+/// sample's first 32 bytes ([`Self::prefetch_screen`]); the groups, which only a candidate row
+/// reads, after them.
 #[derive(Debug)]
+#[repr(C)]
 pub(super) struct Sample {
     /// A row can be kept only if its group order is at most this: the `L`-th kept group's order
     /// once `L` groups are kept, the largest order before.
@@ -275,6 +279,15 @@ impl Sample {
 
     pub(super) fn set_unit_hash(&mut self, hash: u128) {
         self.unit_hash = Order::new(hash);
+    }
+
+    /// Asks for the cache lines of the orders a row's screen reads ([`Self::unit_hash`],
+    /// [`Self::admits`]): the sample's first 32 bytes, which may straddle two lines. The line of
+    /// byte 31 is the line of byte 32 (the groups) unless a line starts at byte 32 — and then
+    /// all 32 bytes are in the sample's first line.
+    pub(super) fn prefetch_screen(&self) {
+        prefetch(self);
+        prefetch(&self.groups);
     }
 
     /// Whether a row of group order `group` could be kept.
@@ -343,13 +356,16 @@ const SAMPLES_PER_CHUNK: usize = 512;
 mod tests {
     use super::*;
 
-    /// The layout the memory plan counts on: a one-row unit in 104 bytes, a group in 64.
+    /// The layout the memory plan counts on: a one-row unit in 104 bytes, a group in 64; the
+    /// screen's orders first.
     #[test]
     fn a_unit_of_one_row_is_one_small_sample() {
         assert_eq!(size_of::<Entry>(), 40);
         assert_eq!(size_of::<Kept>(), 64);
         assert_eq!(size_of::<Groups>(), 72);
         assert_eq!(size_of::<Sample>(), 104);
+        // What a row's screen reads is the first 32 bytes, which `prefetch_screen` brings.
+        assert_eq!((std::mem::offset_of!(Sample, unit_hash), std::mem::offset_of!(Sample, groups)), (16, 32));
         // With an integer unit's 65 bytes in the table: a new unit is the worst row.
         assert_eq!(Sample::most_bytes_per_row(65, 0, 3), 170);
         assert_eq!(Sample::most_bytes_per_row(65, 0, 10_000), 170, "a unit's share of many groups is less");
