@@ -307,7 +307,8 @@ impl Bound {
             None => None,
         };
         let mut units: Option<Rows> = None;
-        let (mut candidates, mut groups) = (Vec::<u32>::new(), Vec::<u128>::new());
+        // Each candidate row's index, group order and unit hash.
+        let (mut candidates, mut groups, mut unit_hashes) = (Vec::<u32>::new(), Vec::<u128>::new(), Vec::new());
         // The rows' group orders, a block of rows at a time: each row's message (its unit's hash,
         // then its group key) is written first, then the block's messages are hashed side by side
         // (when the keys are of fixed width: a fact of their type), then each row is screened.
@@ -348,7 +349,7 @@ impl Bound {
                 if let Some(k) = &keys {
                     messages.extend_from_slice(k.row(i).as_ref());
                 }
-                rows.push((i, u));
+                rows.push((i, u, unit_hash));
                 ends.push(messages.len());
             }
             match (self.fixed_keys, ends.first()) {
@@ -357,10 +358,11 @@ impl Bound {
                     ends.iter().scan(0, |from, &to| Some(self.order.hash(&messages[std::mem::replace(from, to)..to]))),
                 ),
             }
-            for (&(i, u), &group) in rows.iter().zip(&orders) {
+            for (&(i, u, unit_hash), &group) in rows.iter().zip(&orders) {
                 if samples[u].admits(group) {
                     candidates.push(i as u32);
                     groups.push(group);
+                    unit_hashes.push(unit_hash);
                 }
             }
         }
@@ -382,21 +384,25 @@ impl Bound {
         }
         let rows = self.columns.convert_columns(&columns)?;
         // The candidates' row orders (each row's encoded columns, then its unit's hash): side by
-        // side when the columns are of fixed width (a fact of their type), else one at a time.
-        messages.clear();
-        ends.clear();
+        // side when the columns are of fixed width (a fact of their type: the messages take at
+        // most a batch's rows of that width), else one at a time in one row's scratch, so that a
+        // long value is not copied twice.
         orders.clear();
-        for (j, &i) in candidates.iter().enumerate() {
-            messages.extend_from_slice(rows.row(j).as_ref());
-            let sample = &samples[unit(i as usize).expect("a candidate row has a unit")];
-            push_hash(&mut messages, sample.unit_hash().expect("hashed when screened"));
-            ends.push(messages.len());
-        }
-        match self.fixed_columns {
-            true => self.order.hash_each(&messages, messages.len() / candidates.len(), &mut orders),
-            false => orders.extend(
-                ends.iter().scan(0, |from, &to| Some(self.order.hash(&messages[std::mem::replace(from, to)..to]))),
-            ),
+        let message = |j: usize, into: &mut Vec<u8>| {
+            into.extend_from_slice(rows.row(j).as_ref());
+            push_hash(into, unit_hashes[j]);
+        };
+        if self.fixed_columns {
+            messages.clear();
+            (0..candidates.len()).for_each(|j| message(j, &mut messages));
+            self.order.hash_each(&messages, messages.len() / candidates.len(), &mut orders);
+        } else {
+            let mut scratch = Vec::new();
+            orders.extend((0..candidates.len()).map(|j| {
+                scratch.clear();
+                message(j, &mut scratch);
+                self.order.hash(&scratch)
+            }));
         }
         let mut change = 0;
         for (j, ((&i, &group), &order)) in candidates.iter().zip(&groups).zip(&orders).enumerate() {
