@@ -489,8 +489,8 @@ async fn mass_and_spills(s: &AnalystSession, sql: &str) -> datafusion::common::R
 }
 
 /// More units than the memory limit holds: the bound's states spill to disk instead of failing,
-/// and keep exactly the rows they keep in memory. 4·10⁵ units under the smallest limit (64 MiB;
-/// their states need ≈ 80 MB), by integer id (grouped by value) and by string (grouped by hash):
+/// and keep exactly the rows they keep in memory. 4.8·10⁵ units under the smallest limit (64 MiB;
+/// their states could need ≈ 78 MB: 163 bytes a row), by integer id (grouped by value) and by string (grouped by hash):
 /// the released mass is bit-identical to a session whose limit holds them all, and a neighbour
 /// with one more, heavy unit (20 000 rows) succeeds too and moves the mass by its one kept row.
 /// The operator's metrics show that it spilled under the small limit and not under the large one.
@@ -498,7 +498,7 @@ async fn mass_and_spills(s: &AnalystSession, sql: &str) -> datafusion::common::R
 #[tokio::test]
 async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
     let dir = TempDir::new("units-spill");
-    let units = 400_000usize;
+    let units = 480_000usize;
     let ids: Vec<i64> = (0..units).map(|i| (i * 7919 % units) as i64).collect();
     // Inside [0.2, 0.8]: every row's kernel lies in the range.
     let xs: Vec<f64> = (0..units).map(|i| 0.2 + 0.6 * (i % 997) as f64 / 997.0).collect();

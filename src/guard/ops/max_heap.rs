@@ -15,8 +15,6 @@ use std::mem::size_of;
 pub(super) struct Order([u64; 2]);
 
 impl Order {
-    pub(super) const MAX: Self = Self([u64::MAX; 2]);
-
     pub(super) fn new(v: u128) -> Self {
         Self([(v >> 64) as u64, v as u64])
     }

@@ -31,7 +31,6 @@
 
 use std::fmt;
 use std::mem::size_of_val;
-use std::ops::IndexMut;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
@@ -47,7 +46,7 @@ use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility};
 
 use super::sample_order::{SampleOrder, decoded_as};
-use super::unit_sample::{INLINE, Sample, Samples};
+use super::unit_sample::{INLINE, Sample, Samples, Units};
 
 /// The function's name.
 pub const NAME: &str = "dpcurve_unit_bound";
@@ -177,7 +176,7 @@ impl AggregateUDFImpl for UnitBound {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(UnitBoundAccumulator { bound: self.bound_for(&args)?, sample: Sample::default() }))
+        Ok(Box::new(UnitBoundAccumulator::new(self.bound_for(&args)?)))
     }
 
     fn groups_accumulator_supported(&self, _args: AccumulatorArgs) -> bool {
@@ -292,12 +291,24 @@ impl Bound {
             + self.columns.size()
     }
 
+    /// The order of each message of `messages` (ending at `ends`), appended to `out`: side by
+    /// side when every message has one width (`fixed`: a fact of the key types), else one at a
+    /// time.
+    fn hash_all(&self, fixed: bool, messages: &[u8], ends: &[usize], out: &mut Vec<u128>) {
+        match (fixed, ends.first()) {
+            (true, Some(&width)) => self.order.hash_each(messages, width, out),
+            _ => out.extend(
+                ends.iter().scan(0, |from, &to| Some(self.order.hash(&messages[std::mem::replace(from, to)..to]))),
+            ),
+        }
+    }
+
     /// Offers the rows of `values` (unit, group keys…, columns…) to `samples[unit(i)]` for row
     /// `i` (None: the row is filtered out); returns the change in heap bytes. Rows whose group
     /// cannot be kept are rejected before their columns are encoded and hashed.
-    fn update<S: IndexMut<usize, Output = Sample> + ?Sized>(
+    fn update<const N: usize>(
         &self,
-        samples: &mut S,
+        samples: &mut Units<N>,
         values: &[ArrayRef],
         unit: impl Fn(usize) -> Option<usize>,
     ) -> Result<isize> {
@@ -321,29 +332,27 @@ impl Bound {
             ends.clear();
             orders.clear();
             for i in start..(start + BLOCK).min(n) {
-                // The sample of a row a few rows ahead is requested now, so that the units'
-                // samples (far larger than the caches) arrive in parallel instead of one miss per
-                // row.
+                // The screen of a row a few rows ahead is requested now, so that the units'
+                // screens (larger than the nearest caches) arrive in parallel instead of one miss
+                // per row.
                 if let Some(ahead) = (i + AHEAD < n).then(|| unit(i + AHEAD)).flatten() {
-                    samples[ahead].prefetch_screen();
+                    samples.prefetch_screen(ahead);
                 }
                 let Some(u) = unit(i) else { continue };
-                let sample = &mut samples[u];
-                let unit_hash = match sample.unit_hash() {
-                    Some(h) => h,
-                    None => {
-                        let h = match &self.unit {
-                            None => order_value(values[0].as_fixed_size_binary().value(i))?,
-                            Some(c) => {
-                                if units.is_none() {
-                                    units = Some(c.convert_columns(&values[..1])?);
-                                }
-                                self.order.hash(units.as_ref().expect("encoded above").row(i).as_ref())
+                let unit_hash = match &self.unit {
+                    // The plan computed it: read in the row's order, not from the unit's screen.
+                    None => order_value(values[0].as_fixed_size_binary().value(i))?,
+                    Some(c) => match samples.screen(u).unit_hash() {
+                        Some(h) => h,
+                        None => {
+                            if units.is_none() {
+                                units = Some(c.convert_columns(&values[..1])?);
                             }
-                        };
-                        sample.set_unit_hash(h);
-                        h
-                    }
+                            let h = self.order.hash(units.as_ref().expect("encoded above").row(i).as_ref());
+                            samples.screen_mut(u).set_unit_hash(h);
+                            h
+                        }
+                    },
                 };
                 push_hash(&mut messages, unit_hash);
                 if let Some(k) = &keys {
@@ -352,14 +361,10 @@ impl Bound {
                 rows.push((i, u, unit_hash));
                 ends.push(messages.len());
             }
-            match (self.fixed_keys, ends.first()) {
-                (true, Some(&width)) => self.order.hash_each(&messages, width, &mut orders),
-                _ => orders.extend(
-                    ends.iter().scan(0, |from, &to| Some(self.order.hash(&messages[std::mem::replace(from, to)..to]))),
-                ),
-            }
+            self.hash_all(self.fixed_keys, &messages, &ends, &mut orders);
             for (&(i, u, unit_hash), &group) in rows.iter().zip(&orders) {
-                if samples[u].admits(group) {
+                if samples.screen(u).admits(group) {
+                    samples.prefetch_sample(u);
                     candidates.push(i as u32);
                     groups.push(group);
                     unit_hashes.push(unit_hash);
@@ -369,14 +374,12 @@ impl Bound {
         if candidates.is_empty() {
             return Ok(0);
         }
-        // Read every candidate's kept groups now, in one pass of independent loads, so that the
-        // memory system fetches them in parallel while the rows are encoded and hashed, instead
-        // of one cache miss at a time in the offers below.
-        let mut touched = 0u64;
+        // Every candidate's sample was asked for when it passed its screen; its kept groups are
+        // asked for now, so that the memory system fetches them in parallel while the rows are
+        // encoded and hashed, instead of one cache miss at a time in the offers below.
         for &i in &candidates {
-            touched ^= samples[unit(i as usize).expect("a candidate row has a unit")].touch();
+            samples.prefetch_kept(unit(i as usize).expect("a candidate row has a unit"));
         }
-        std::hint::black_box(touched);
         let mut columns: Vec<ArrayRef> = values[self.first_column..].to_vec();
         if candidates.len() < n {
             let indices = UInt32Array::from(candidates.clone());
@@ -406,8 +409,8 @@ impl Bound {
         }
         let mut change = 0;
         for (j, ((&i, &group), &order)) in candidates.iter().zip(&groups).zip(&orders).enumerate() {
-            let sample = &mut samples[unit(i as usize).expect("a candidate row has a unit")];
-            change += sample.offer(self.limits(), group, order, rows.row(j).as_ref());
+            let u = unit(i as usize).expect("a candidate row has a unit");
+            change += samples.offer(u, self.limits(), group, order, rows.row(j).as_ref());
         }
         Ok(change)
     }
@@ -415,10 +418,10 @@ impl Bound {
     /// Merges the states in `lists` (each a list of (group order, row order, encoded row)) into
     /// `samples[into(l)]` for list `l` — read from the lists' flat entries, without a sliced
     /// array per list; returns the change in heap bytes.
-    fn merge_lists<S: IndexMut<usize, Output = Sample> + ?Sized>(
+    fn merge_lists<const N: usize>(
         &self,
         lists: &ListArray,
-        samples: &mut S,
+        samples: &mut Units<N>,
         into: impl Fn(usize) -> usize,
     ) -> Result<isize> {
         let entries = lists.values().as_struct();
@@ -430,10 +433,10 @@ impl Bound {
             if lists.is_null(l) {
                 continue;
             }
-            let sample = &mut samples[into(l)];
+            let unit = into(l);
             for i in offsets[l] as usize..offsets[l + 1] as usize {
                 let (group, order) = (order_value(g.value(i))?, order_value(o.value(i))?);
-                change += sample.offer(self.limits(), group, order, r.value(i));
+                change += samples.offer(unit, self.limits(), group, order, r.value(i));
             }
         }
         Ok(change)
@@ -478,7 +481,13 @@ impl Bound {
 /// One unit's sample (DataFusion's per-group form).
 struct UnitBoundAccumulator {
     bound: Bound,
-    sample: Sample,
+    unit: Units<1>,
+}
+
+impl UnitBoundAccumulator {
+    fn new(bound: Bound) -> Self {
+        Self { bound, unit: Units::of(1) }
+    }
 }
 
 impl fmt::Debug for UnitBoundAccumulator {
@@ -489,28 +498,31 @@ impl fmt::Debug for UnitBoundAccumulator {
 
 impl Accumulator for UnitBoundAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.bound.update(std::slice::from_mut(&mut self.sample), values, |_| Some(0))?;
+        self.bound.update(&mut self.unit, values, |_| Some(0))?;
         Ok(())
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        self.bound.merge_lists(states[0].as_list::<i32>(), std::slice::from_mut(&mut self.sample), |_| 0)?;
+        self.bound.merge_lists(states[0].as_list::<i32>(), &mut self.unit, |_| 0)?;
         Ok(())
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        self.sample.sort();
-        let state = self.bound.state(std::iter::once(&self.sample))?;
+        self.unit.sort();
+        let state = self.bound.state(self.unit.iter())?;
         Ok(vec![ScalarValue::List(Arc::new(state))])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
-        self.sample.sort();
-        Ok(ScalarValue::List(Arc::new(self.bound.evaluate(std::iter::once(&self.sample))?)))
+        self.unit.sort();
+        Ok(ScalarValue::List(Arc::new(self.bound.evaluate(self.unit.iter())?)))
     }
 
     fn size(&self) -> usize {
-        size_of_val(self) + self.bound.encoders_size() + self.sample.heap()
+        size_of_val(self)
+            + self.bound.encoders_size()
+            + self.unit.size()
+            + self.unit.iter().map(Sample::heap).sum::<usize>()
     }
 }
 
@@ -555,7 +567,7 @@ impl UnitBoundGroups {
     fn emit(&mut self, emit_to: EmitTo, what: Emitted) -> Result<ListArray> {
         let out = match emit_to {
             EmitTo::All => {
-                self.samples.iter_mut().for_each(Sample::sort);
+                self.samples.sort();
                 let out = self.bound.emit(self.samples.iter(), what)?;
                 self.samples.clear();
                 out
@@ -599,9 +611,10 @@ impl GroupsAccumulator for UnitBoundGroups {
 
     fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
         // Each row its own unit: a list of its one entry (none when filtered out).
-        let mut samples: Vec<Sample> = (0..values[0].len()).map(|_| Sample::default()).collect();
-        self.bound.update(samples.as_mut_slice(), values, |i| passes(opt_filter, i).then_some(i))?;
-        Ok(vec![Arc::new(self.bound.state(sorted(samples).iter())?)])
+        let mut samples = Samples::of(values[0].len());
+        self.bound.update(&mut samples, values, |i| passes(opt_filter, i).then_some(i))?;
+        samples.sort();
+        Ok(vec![Arc::new(self.bound.state(samples.iter())?)])
     }
 
     fn size(&self) -> usize {
@@ -647,7 +660,7 @@ mod tests {
     }
 
     fn accumulator(arg: UnitArg, groups: usize, rows: usize) -> UnitBoundAccumulator {
-        UnitBoundAccumulator { bound: bound(arg, groups, rows), sample: Sample::default() }
+        UnitBoundAccumulator::new(bound(arg, groups, rows))
     }
 
     fn floats(a: &ArrayRef) -> Vec<f64> {
@@ -674,7 +687,7 @@ mod tests {
         for g in distinct.into_iter().take(l) {
             let mut rows: Vec<(u128, f64)> =
                 (0..n).filter(|&i| group_orders[i] == g).map(|i| (row_orders[i], xs[i])).collect();
-            rows.sort_by(|a, b| a.0.cmp(&b.0));
+            rows.sort_by_key(|a| a.0);
             out.extend(rows.into_iter().take(k).map(|(_, x)| x));
         }
         out
@@ -739,7 +752,7 @@ mod tests {
             let udf = UnitBound::new(l as u64, rows as u64, order(), 1, UnitArg::Value);
             let bound = Bound::new(&udf, &DataType::Int64, &[DataType::Utf8], &[DataType::Utf8]).unwrap();
             assert!(!bound.fixed_keys && !bound.fixed_columns);
-            let mut acc = UnitBoundAccumulator { bound, sample: Sample::default() };
+            let mut acc = UnitBoundAccumulator::new(bound);
             for from in (0..n).step_by(64) {
                 let len = 64.min(n - from);
                 acc.update_batch(&[ints(vec![42; len]), gs.slice(from, len), xs.slice(from, len)]).unwrap();

@@ -1,5 +1,6 @@
-//! One privacy unit's kept rows ([`Sample`]) and the store of a partition's samples
-//! ([`Samples`]), laid out so that the most bytes one row can add to them is small: the bound's
+//! One privacy unit's kept rows ([`Sample`]), what every row reads of its unit ([`Screen`]) and
+//! the store of a partition's units ([`Samples`]), laid out so that a row that cannot be kept reads
+//! only its unit's screen, and so that the most bytes one row can add to them is small: the bound's
 //! memory is planned from that worst case (every row a new unit), so it decides how often the
 //! bound spills ([`super::unit_bound::UnitBound::most_bytes_per_row`]).
 //!
@@ -7,8 +8,8 @@
 //!   inline in its sample, and a short row's encoding inline in its entry.
 //! * A unit's vector of kept groups grows by one group at a time (it never shrinks, so it is
 //!   reallocated at most `L − 1` times over the unit's life); a group's kept rows at most double.
-//! * The samples sit in fixed chunks, so the store never holds room for twice its units (a vector
-//!   of samples doubles) nor copies them when it grows.
+//! * The screens and the samples sit in fixed chunks, so the store never holds room for twice its
+//!   units (a vector of samples doubles) nor copies them when it grows.
 
 use std::mem::size_of;
 
@@ -16,7 +17,7 @@ use smallvec::SmallVec;
 
 use super::chunked::Chunked;
 use super::max_heap::{self, IndexedHeap, Keyed, Order};
-use super::prefetch_hint::prefetch;
+use super::prefetch_hint::{prefetch, prefetch_whole};
 
 /// One kept row's encoding: inline when short (most rows of a few numeric columns), so that
 /// keeping and dropping rows does not allocate.
@@ -193,24 +194,30 @@ impl Groups {
             Self::Few(v) => match v.binary_search_by(|k| group.cmp(&k.group)) {
                 Ok(at) => Some((at, 0)),
                 Err(0) if v.len() == limit => None,
-                Err(mut at) => {
-                    let mut dropped = 0;
-                    if v.len() == limit {
-                        // The largest kept group leaves first, so the vector never grows past
-                        // the bound and a full sample never reallocates.
-                        dropped = v.remove(0).heap();
-                        max_heap::moved(v.len());
-                        at -= 1;
-                    } else if v.len() == FEW {
-                        *self = Self::Many(Box::new(IndexedHeap::new(std::mem::take(v))));
-                        return self.place(limit, group);
+                Err(at) if v.len() == limit => {
+                    // The largest kept group leaves and the new one takes its place, then moves
+                    // down to its position one swap at a time (at most `FEW` groups of 64 bytes:
+                    // moves the compiler writes in place, where removing and inserting called
+                    // the library's memmove twice per displaced group). The vector never grows
+                    // past the bound, so a full sample never reallocates.
+                    let dropped = std::mem::replace(&mut v[0], Kept::new(group)).heap();
+                    for j in 1..at {
+                        v.swap(j - 1, j);
                     }
+                    max_heap::moved(at);
+                    Some((at - 1, dropped))
+                }
+                Err(_) if v.len() == FEW => {
+                    *self = Self::Many(Box::new(IndexedHeap::new(std::mem::take(v))));
+                    self.place(limit, group)
+                }
+                Err(at) => {
                     if v.len() == v.capacity() {
                         v.reserve_exact(1);
                     }
                     max_heap::moved(v.len() - at);
                     v.insert(at, Kept::new(group));
-                    Some((at, dropped))
+                    Some((at, 0))
                 }
             },
             Self::Many(h) => {
@@ -230,25 +237,52 @@ impl Groups {
     }
 }
 
-/// One unit's kept groups. The two orders every row reads (the screen) come first, in the
-/// sample's first 32 bytes ([`Self::prefetch_screen`]); the groups, which only a candidate row
-/// reads, after them.
-#[derive(Debug)]
+/// What every row reads of its unit before it can be a candidate (the screen), held apart from
+/// the unit's [`Sample`] in an array of its own: the unit's hash and the high word of the sample's
+/// threshold. At 24 bytes a unit the screens of a partition's units take a third of the bytes of
+/// their samples, and a row's screen is one or two lines that hold nothing else (the sample itself
+/// is read only by a candidate). Keeping the hash costs less than hashing each row's unit again
+/// (measured: one more SipHash per row costs more than the 16 bytes a unit).
+#[derive(Clone, Copy, Debug)]
 #[repr(C)]
-pub(super) struct Sample {
-    /// A row can be kept only if its group order is at most this: the `L`-th kept group's order
-    /// once `L` groups are kept, the largest order before.
-    threshold: Order,
-    /// The unit's hash; `Order::MAX` until known (a unit whose hash is `MAX` has it computed
-    /// again each time, which gives the same value).
-    unit_hash: Order,
-    groups: Groups,
+pub(super) struct Screen {
+    /// The unit's hash (`[MAX, MAX]` until known: a unit whose hash is `u128::MAX` has it
+    /// computed again each time, which gives the same value).
+    hash: [u64; 2],
+    /// A row can be kept only if its group order's high word is at most this: the high word of
+    /// the `L`-th kept group's order once `L` groups are kept, `u64::MAX` before. The sample's
+    /// offer decides exactly ([`Sample::offer`]); this only rejects rows early.
+    threshold: u64,
 }
 
-impl Default for Sample {
+impl Default for Screen {
     fn default() -> Self {
-        Self { threshold: Order::MAX, unit_hash: Order::MAX, groups: Groups::None }
+        Self { hash: [u64::MAX; 2], threshold: u64::MAX }
     }
+}
+
+impl Screen {
+    /// The unit's hash, if known.
+    pub(super) fn unit_hash(&self) -> Option<u128> {
+        let hash = (u128::from(self.hash[0]) << 64) | u128::from(self.hash[1]);
+        (hash != u128::MAX).then_some(hash)
+    }
+
+    pub(super) fn set_unit_hash(&mut self, hash: u128) {
+        self.hash = [(hash >> 64) as u64, hash as u64];
+    }
+
+    /// Whether a row of group order `group` could be kept: its high word is at most the
+    /// threshold's (every row the sample would keep passes; a few it would not pass too).
+    pub(super) fn admits(&self, group: u128) -> bool {
+        (group >> 64) as u64 <= self.threshold
+    }
+}
+
+/// One unit's kept groups.
+#[derive(Debug, Default)]
+pub(super) struct Sample {
+    groups: Groups,
 }
 
 impl Sample {
@@ -256,13 +290,13 @@ impl Sample {
     /// group and row inline), half of a unit's first two rows when the second adds a group (its
     /// groups then leave the sample: two groups), a unit's share of its indexed heap over more
     /// than [`FEW`] groups (each at most `2K + 16` bytes), or a kept row in a group's vector,
-    /// which at most doubles — plus `per_unit` bytes held elsewhere for each unit (its key) and
-    /// `row` bytes of a row encoding too long to hold inline. A unit of `r` rows over `m ≥ 2`
+    /// which at most doubles — plus the unit's [`Screen`], `per_unit` bytes held elsewhere for
+    /// each unit (its key) and `row` bytes of a row encoding too long to hold inline. A unit of `r` rows over `m ≥ 2`
     /// groups holds at most `S + K·m + 2E·(r − m)` (with `S`, `K`, `E` the sizes of a sample, a
     /// group, a row entry), or `S + H + (2K + 16)·m + 2E·(r − m)` past [`FEW`] groups (`H` the
     /// heap's header), at most `r` times this.
     pub(super) fn most_bytes_per_row(per_unit: usize, row: usize, groups: usize) -> usize {
-        let unit = per_unit + size_of::<Self>() + Samples::POINTER_BYTES_PER_ITEM;
+        let unit = per_unit + size_of::<Self>() + size_of::<Screen>() + Samples::POINTER_BYTES_PER_UNIT;
         let two_groups = (unit + 2 * size_of::<Kept>()).div_ceil(2);
         let many = if groups > FEW {
             (unit + size_of::<IndexedHeap<Kept>>()).div_ceil(FEW + 1) + IndexedHeap::<Kept>::MOST_BYTES_PER_ITEM
@@ -272,35 +306,17 @@ impl Sample {
         unit.max(two_groups).max(many).max(2 * size_of::<Entry>()) + row
     }
 
-    /// The unit's hash, if known.
-    pub(super) fn unit_hash(&self) -> Option<u128> {
-        (self.unit_hash != Order::MAX).then(|| self.unit_hash.get())
-    }
-
-    pub(super) fn set_unit_hash(&mut self, hash: u128) {
-        self.unit_hash = Order::new(hash);
-    }
-
-    /// Asks for the cache lines of the orders a row's screen reads ([`Self::unit_hash`],
-    /// [`Self::admits`]): the sample's first 32 bytes, which may straddle two lines. The line of
-    /// byte 31 is the line of byte 32 (the groups) unless a line starts at byte 32 — and then
-    /// all 32 bytes are in the sample's first line.
-    pub(super) fn prefetch_screen(&self) {
-        prefetch(self);
-        prefetch(&self.groups);
-    }
-
-    /// Whether a row of group order `group` could be kept.
-    pub(super) fn admits(&self, group: u128) -> bool {
-        Order::new(group) <= self.threshold
-    }
-
-    /// Reads the kept groups' first, middle and last orders (to bring them into the caches).
-    pub(super) fn touch(&self) -> u64 {
-        let kept = self.groups.slice();
-        [0, kept.len() / 2, kept.len().saturating_sub(1)]
-            .iter()
-            .fold(0, |t, &at| t ^ kept.get(at).map_or(0, |k| k.group.low()))
+    /// Asks for the lines of the kept groups' first, middle and last orders, where an offer's
+    /// search starts (reading the sample for where they are).
+    pub(super) fn prefetch_kept(&self) {
+        if let Groups::Few(_) | Groups::Many(_) = &self.groups {
+            let kept = self.groups.slice();
+            for at in [0, kept.len() / 2, kept.len().saturating_sub(1)] {
+                if let Some(k) = kept.get(at) {
+                    prefetch(&k.group);
+                }
+            }
+        }
     }
 
     /// Heap bytes held.
@@ -313,11 +329,16 @@ impl Sample {
     pub(super) fn offer(&mut self, (groups, rows): (usize, usize), group: u128, order: u128, row: &[u8]) -> isize {
         let spine = self.groups.spine();
         let Some((at, dropped)) = self.groups.place(groups, Order::new(group)) else { return 0 };
-        if self.groups.slice().len() == groups {
-            self.threshold = self.groups.largest().unwrap_or(Order::MAX);
-        }
         let change = self.groups.spine() as isize - spine as isize - dropped as isize;
         change + self.groups.slice_mut()[at].offer(rows, Order::new(order), row)
+    }
+
+    /// The screen's threshold under a bound of `groups` groups ([`Screen::threshold`]).
+    fn threshold(&self, groups: usize) -> u64 {
+        match self.groups.largest() {
+            Some(largest) if self.groups.slice().len() == groups => (largest.get() >> 64) as u64,
+            _ => u64::MAX,
+        }
     }
 
     /// Puts the kept groups and rows in order (before [`Self::rows`]).
@@ -345,30 +366,121 @@ impl Sample {
     }
 }
 
-/// A partition's samples, indexed by the unit's group index, in chunks (the first allocated up
-/// front): room for at most one chunk more than its units, and growing moves no sample.
-pub(super) type Samples = Chunked<Sample, SAMPLES_PER_CHUNK>;
+/// A partition's units, indexed by the unit's group index: their screens and their samples, each
+/// in chunks of `N` (the first allocated up front): room for at most one chunk more than its
+/// units, and growing moves no sample.
+pub(super) struct Units<const N: usize> {
+    screens: Chunked<Screen, N>,
+    samples: Chunked<Sample, N>,
+}
 
-/// Samples per chunk of [`Samples`].
+/// The units of a partition ([`Units`] in chunks of 512).
+pub(super) type Samples = Units<SAMPLES_PER_CHUNK>;
+
+/// Units per chunk of [`Samples`].
 const SAMPLES_PER_CHUNK: usize = 512;
+
+impl<const N: usize> Units<N> {
+    /// Bytes of the chunks' pointers per unit.
+    pub(super) const POINTER_BYTES_PER_UNIT: usize =
+        Chunked::<Screen, N>::POINTER_BYTES_PER_ITEM + Chunked::<Sample, N>::POINTER_BYTES_PER_ITEM;
+
+    /// Empty, with room for a first chunk of units.
+    pub(super) fn with_first_chunk() -> Self {
+        Self { screens: Chunked::with_first_chunk(), samples: Chunked::with_first_chunk() }
+    }
+
+    /// `n` units, each with nothing kept.
+    pub(super) fn of(n: usize) -> Self {
+        let mut units = Self { screens: Chunked::new(), samples: Chunked::new() };
+        units.resize(n);
+        units
+    }
+
+    /// Holds at least `n` units (new ones with nothing kept); never shrinks.
+    pub(super) fn resize(&mut self, n: usize) {
+        self.screens.resize(n);
+        self.samples.resize(n);
+    }
+
+    /// Bytes held by the stores (not by what the samples own: [`Sample::heap`]).
+    pub(super) fn size(&self) -> usize {
+        self.screens.size() + self.samples.size()
+    }
+
+    pub(super) fn screen(&self, unit: usize) -> &Screen {
+        &self.screens[unit]
+    }
+
+    pub(super) fn screen_mut(&mut self, unit: usize) -> &mut Screen {
+        &mut self.screens[unit]
+    }
+
+    /// Asks for the cache lines of a unit's screen (24 bytes may straddle two lines).
+    pub(super) fn prefetch_screen(&self, unit: usize) {
+        prefetch_whole(&self.screens[unit]);
+    }
+
+    /// Asks for the lines of a unit's sample.
+    pub(super) fn prefetch_sample(&self, unit: usize) {
+        prefetch_whole(&self.samples[unit]);
+    }
+
+    /// Asks for the lines of a unit's kept groups ([`Sample::prefetch_kept`]).
+    pub(super) fn prefetch_kept(&self, unit: usize) {
+        self.samples[unit].prefetch_kept();
+    }
+
+    /// Offers one row to a unit ([`Sample::offer`]) and moves its screen's threshold with it;
+    /// returns the change in heap bytes.
+    pub(super) fn offer(&mut self, unit: usize, limits: (usize, usize), group: u128, order: u128, row: &[u8]) -> isize {
+        let sample = &mut self.samples[unit];
+        let change = sample.offer(limits, group, order, row);
+        self.screens[unit].threshold = sample.threshold(limits.0);
+        change
+    }
+
+    /// The samples, by unit.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Sample> + Clone {
+        self.samples.iter()
+    }
+
+    /// Puts every sample in order ([`Sample::sort`]).
+    pub(super) fn sort(&mut self) {
+        self.samples.iter_mut().for_each(Sample::sort);
+    }
+
+    /// Forgets every unit, keeping the chunks.
+    pub(super) fn clear(&mut self) {
+        self.screens.clear();
+        self.samples.clear();
+    }
+
+    /// Takes out the first `n` units' samples; the others move down by `n`.
+    pub(super) fn take_first(&mut self, n: usize) -> Vec<Sample> {
+        self.screens.take_first(n);
+        self.samples.take_first(n)
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The layout the memory plan counts on: a one-row unit in 104 bytes, a group in 64; the
-    /// screen's orders first.
+    /// The layout the memory plan counts on: a one-row unit in a 72-byte sample and a 24-byte
+    /// screen, a group in 64.
     #[test]
     fn a_unit_of_one_row_is_one_small_sample() {
         assert_eq!(size_of::<Entry>(), 40);
         assert_eq!(size_of::<Kept>(), 64);
         assert_eq!(size_of::<Groups>(), 72);
-        assert_eq!(size_of::<Sample>(), 104);
-        // What a row's screen reads is the first 32 bytes, which `prefetch_screen` brings.
-        assert_eq!((std::mem::offset_of!(Sample, unit_hash), std::mem::offset_of!(Sample, groups)), (16, 32));
+        assert_eq!(size_of::<Sample>(), 72);
+        // A screen is three words, which `prefetch_screen` asks for by its first and last bytes.
+        assert_eq!((size_of::<Screen>(), std::mem::offset_of!(Screen, threshold)), (24, 16));
+        assert_eq!(Samples::POINTER_BYTES_PER_UNIT, 2);
         // With an integer unit's 65 bytes in the table: a new unit is the worst row.
-        assert_eq!(Sample::most_bytes_per_row(65, 0, 3), 170);
-        assert_eq!(Sample::most_bytes_per_row(65, 0, 10_000), 170, "a unit's share of many groups is less");
+        assert_eq!(Sample::most_bytes_per_row(65, 0, 3), 163);
+        assert_eq!(Sample::most_bytes_per_row(65, 0, 10_000), 163, "a unit's share of many groups is less");
         assert_eq!(Sample::most_bytes_per_row(0, 0, 10_000), 153);
         let mut s = Sample::default();
         assert_eq!(s.offer((3, 10), 5, 7, &[1; INLINE]), 0, "held inline");
@@ -385,6 +497,37 @@ mod tests {
         assert_eq!(dropped, -long);
         s.sort();
         assert_eq!(s.rows().map(|(g, ..)| g).collect::<Vec<_>>(), [1, 4, 5]);
+    }
+
+    /// The screen passes every row its sample would keep: fed only the rows its screen admits (the
+    /// high words tie often here), a unit keeps exactly what a sample offered every row keeps.
+    /// Control: a screen that also rejects a high word equal to the threshold's loses rows.
+    #[test]
+    fn the_screen_passes_every_row_the_sample_keeps() {
+        let run = |strict: bool| {
+            let mut state = 11u64;
+            let (mut all, mut units, mut screened) = (Sample::default(), Units::<1>::of(1), 0);
+            for i in 0..4000u64 {
+                state = state.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i);
+                let (group, row) = (order(state >> 62, state % 50), order(0, i));
+                all.offer((3, 2), group, row, &[1]);
+                let screen = units.screen(0);
+                let passes = if strict { ((group >> 64) as u64) < screen.threshold } else { screen.admits(group) };
+                if passes {
+                    units.offer(0, (3, 2), group, row, &[1]);
+                } else {
+                    screened += 1;
+                }
+            }
+            all.sort();
+            units.sort();
+            let kept: Vec<_> = units.iter().flat_map(|s| s.rows().map(|(g, o, _)| (g, o))).collect();
+            (all.rows().map(|(g, o, _)| (g, o)).collect::<Vec<_>>() == kept, screened)
+        };
+        let (same, screened) = run(false);
+        assert!(same);
+        assert!(screened > 2000, "the screen rejects most rows early: {screened}");
+        assert!(!run(true).0, "a strict screen loses rows");
     }
 
     /// A 128-bit order from `i`: a splitmix64 low word (the table's hash), `high` above.
