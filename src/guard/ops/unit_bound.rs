@@ -317,6 +317,12 @@ impl Bound {
             Some(c) => Some(c.convert_columns(&values[1..self.first_column])?),
             None => None,
         };
+        // Each row's unit hash: the plan's column (read once per batch as an array, not per row),
+        // or the unit's screen, hashed from the unit's value (`units`) the first time it is seen.
+        let from_plan = match &self.unit {
+            None => Some(values[0].as_fixed_size_binary()),
+            Some(_) => None,
+        };
         let mut units: Option<Rows> = None;
         // Each candidate row's index, group order and unit hash.
         let (mut candidates, mut groups, mut unit_hashes) = (Vec::<u32>::new(), Vec::<u128>::new(), Vec::new());
@@ -339,13 +345,14 @@ impl Bound {
                     samples.prefetch_screen(ahead);
                 }
                 let Some(u) = unit(i) else { continue };
-                let unit_hash = match &self.unit {
+                let unit_hash = match (from_plan, &self.unit) {
                     // The plan computed it: read in the row's order, not from the unit's screen.
-                    None => order_value(values[0].as_fixed_size_binary().value(i))?,
-                    Some(c) => match samples.screen(u).unit_hash() {
+                    (Some(plan), _) => order_value(plan.value(i))?,
+                    (None, unit) => match samples.screen(u).unit_hash() {
                         Some(h) => h,
                         None => {
                             if units.is_none() {
+                                let c = unit.as_ref().expect("a unit that is not a hash comes as its value");
                                 units = Some(c.convert_columns(&values[..1])?);
                             }
                             let h = self.order.hash(units.as_ref().expect("encoded above").row(i).as_ref());
