@@ -1,7 +1,8 @@
 //! Cluster mode on a loopback Ballista cluster: a `dpcurve scheduler` and two
 //! `dpcurve executor` processes started by the test. With the noise off (test hook) every
 //! release equals, bit for bit, the single-process release — ungrouped, grouped by declared
-//! keys, with privacy units, with partition selection; charges are exact and made on the
+//! keys, with privacy units, with partition selection, over text keys read plain or as
+//! dictionaries; charges are exact and made on the
 //! client; private tables stay unreadable; a lost cluster fails the query after the debit,
 //! without a refund and without a release.
 #![cfg(feature = "cluster")]
@@ -16,17 +17,19 @@ use std::time::{Duration, Instant};
 
 use common::TempDir;
 use datafusion::arrow::array::{
-    ArrayRef, Float64Array, Float64Builder, Int64Array, ListBuilder, StringArray, StructArray,
+    ArrayRef, DictionaryArray, Float64Array, Float64Builder, Int64Array, ListBuilder, StringArray, StructArray,
 };
-use datafusion::arrow::datatypes::{Field, Fields, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Fields, Int32Type, Schema};
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use dpcurve::mechanism::noise::budget::Budget;
 use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 
 /// Four files of 1 500 rows: region a/b/c/z (z undeclared), city (3 big, many tiny), person
-/// (the unit of table `u`: 1–6 rows each), x in [0, 1], a curve of 8 points.
-fn write_table(dir: &std::path::Path) {
+/// (the unit of table `u`: 1–6 rows each), x in [0, 1], a curve of 8 points. With `dictionary`
+/// the text columns are written dictionary-encoded, so that they are read back as
+/// `Dictionary(Int32, Utf8)` (what Parquet files written from dictionaries give a scan).
+fn write_table(dir: &std::path::Path, dictionary: bool) {
     std::fs::create_dir_all(dir).unwrap();
     let regions = ["a", "b", "c", "z"];
     for file in 0..4usize {
@@ -46,11 +49,18 @@ fn write_table(dir: &std::path::Path) {
             }
             curves.append(true);
         }
+        let text = |values: Vec<&str>| -> ArrayRef {
+            if dictionary {
+                Arc::new(values.into_iter().collect::<DictionaryArray<Int32Type>>())
+            } else {
+                Arc::new(StringArray::from(values))
+            }
+        };
         common::write_columns(
             &dir.join(format!("part-{file}.parquet")),
             vec![
-                ("region", Arc::new(StringArray::from(region)) as ArrayRef),
-                ("city", Arc::new(StringArray::from(city))),
+                ("region", text(region)),
+                ("city", text(city.iter().map(String::as_str).collect())),
                 ("person", Arc::new(Int64Array::from(person))),
                 ("x", Arc::new(Float64Array::from(xs))),
                 ("load", Arc::new(curves.finish())),
@@ -64,20 +74,22 @@ struct Fixture {
     admin: Admin,
 }
 
-/// `p` (the row is the unit), `u` (`person` the unit: 3 rows, 2 groups), both private, and the
-/// public `open`, each over its own copy of the files.
+/// `p` (the row is the unit), `u` (`person` the unit: 3 rows, 2 groups), both private, `pd`
+/// and `ud` (the same with dictionary-encoded text columns), and the public `open`, each over its
+/// own copy of the files.
 async fn fixture(tag: &str) -> Fixture {
     let dir = TempDir::new(tag);
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-    for t in ["p", "u"] {
-        write_table(&dir.path(t));
+    for t in ["p", "u", "pd", "ud"] {
+        write_table(&dir.path(t), t.ends_with('d'));
         admin.register(t, &dir.str(t)).await.unwrap();
         admin.make_private(t, 1000.0, 1e-2).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
     }
     admin.set_privacy_unit("u", "person", 3, 2).await.unwrap();
-    write_table(&dir.path("public"));
+    admin.set_privacy_unit("ud", "person", 3, 2).await.unwrap();
+    write_table(&dir.path("public"), false);
     admin.register("open", &dir.str("public")).await.unwrap();
     Fixture { dir, admin }
 }
@@ -115,6 +127,16 @@ fn queries() -> Vec<String> {
         // Partition selection over privacy units: its counting pass bounds the units too.
         "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian', \
          select_epsilon => 1, select_delta => 1e-6) AS kde FROM u GROUP BY city ORDER BY city"
+            .into(),
+        // The same groupings over keys read as dictionaries: declared keys, selected keys, each
+        // with rows and with privacy units as the unit of privacy.
+        format!("SELECT region, {KDE} AS kde FROM pd GROUP BY region ORDER BY region"),
+        format!("SELECT region, {KDE} AS kde FROM ud GROUP BY region ORDER BY region"),
+        "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian', \
+         select_epsilon => 1, select_delta => 1e-6) AS kde FROM pd GROUP BY city ORDER BY city"
+            .into(),
+        "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian', \
+         select_epsilon => 1, select_delta => 1e-6) AS kde FROM ud GROUP BY city ORDER BY city"
             .into(),
     ]
 }
@@ -183,11 +205,53 @@ async fn noiseless_releases_on_the_cluster_equal_a_single_process_bit_for_bit() 
         let remote_part = plan.split_once("ClusterExec").unwrap_or_else(|| panic!("no cluster in\n{plan}")).1;
         assert!(remote_part.contains(want) && !plan.contains("mode=Partial"), "{want}:\n{plan}");
     }
+    let mut results = Vec::new();
     for sql in queries() {
         let want = local.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         let got = remote.query(&sql).await.unwrap_or_else(|e| panic!("on the cluster: {sql}: {e}"));
         assert!(!want.is_empty() && want.iter().map(|b| b.num_rows()).sum::<usize>() > 0, "{sql}");
         assert_same(&got, &want, &sql);
+        results.push(got);
+    }
+    // The dictionary tables' keys are read as dictionaries, and release what the plain ones do.
+    let file = std::fs::File::open(f.dir.path("pd").join("part-0.parquet")).unwrap();
+    let schema = datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .schema()
+        .clone();
+    for column in ["region", "city"] {
+        let t = schema.field_with_name(column).unwrap().data_type().clone();
+        assert!(matches!(t, DataType::Dictionary(..)), "{column}: {t}");
+    }
+    // (Their result's key column is a dictionary too: compared as the plain table's text type.)
+    let as_text = |batches: &[RecordBatch], text: &DataType| -> Vec<RecordBatch> {
+        batches
+            .iter()
+            .map(|b| {
+                let mut columns = b.columns().to_vec();
+                columns[0] = datafusion::arrow::compute::cast(&columns[0], text).unwrap();
+                let mut fields: Vec<Field> = b.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+                fields[0] = Field::new(fields[0].name(), text.clone(), fields[0].is_nullable());
+                RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+            })
+            .collect()
+    };
+    for (dictionary, plain) in [(9, 2), (10, 5), (11, 6), (12, 8)] {
+        assert!(matches!(results[dictionary][0].column(0).data_type(), DataType::Dictionary(..)));
+        let text = results[plain][0].column(0).data_type().clone();
+        // (Compared as Arrow data, bit for bit in the doubles: the cast's text views may hold
+        // their bytes in other buffers than the scan's, which the IPC bytes would show.)
+        let (d, p) = (as_text(&results[dictionary], &text), &results[plain]);
+        assert_eq!(d.len(), p.len(), "{}", queries()[dictionary]);
+        for (a, b) in d.iter().zip(p) {
+            assert!(without_release_ids(a) == without_release_ids(b), "{}", queries()[dictionary]);
+        }
+        // Control: the comparison tells apart releases of other statistics (the rows against
+        // the units' bounded rows of the same files).
+        if dictionary == 9 {
+            let units = as_text(&results[10], &text);
+            assert!(without_release_ids(&d[0]) != without_release_ids(&units[0]), "rows and units release alike");
+        }
     }
     // Negative control: the byte comparison tells apart statistics of slightly different rows.
     let all = remote.query(&queries()[0]).await.unwrap();

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use ballista_core::config::BallistaConfig;
 use ballista_core::execution_plans::execute_physical_plan;
 use ballista_core::extension::SessionConfigExt;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::execution::TaskContext;
@@ -181,7 +184,11 @@ impl ExecutionPlan for ClusterExec {
             )
             .await
         };
-        let results = futures::stream::once(submit).try_flatten().boxed();
+        let declared = Arc::clone(&schema);
+        let results = futures::stream::once(submit)
+            .try_flatten()
+            .map(move |batch| batch.and_then(|b| as_declared(b, &declared)))
+            .boxed();
         // Every batch must arrive before the deadline; past it the query fails (and, below the
         // gate, the analyst sees the withheld error: the budget was spent).
         let bounded = futures::stream::unfold(Some(results), move |state| async move {
@@ -197,6 +204,25 @@ impl ExecutionPlan for ClusterExec {
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, bounded)))
     }
+}
+
+/// `batch` with the declared schema's column types: an executor's Flight stream sends every
+/// dictionary column as its values (arrow-flight's encoder hydrates dictionaries), so a group key
+/// read as a dictionary arrives as plain text and is encoded again here. A function of the plan's
+/// types only; re-encoding fails only for a batch with more distinct keys than the dictionary's key
+/// type can index (more than 127 in one batch of a file's `Int8` dictionary), which a partial
+/// aggregate's output over declared or selected keys reaches only with that many keys, a public fact.
+fn as_declared(batch: RecordBatch, declared: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema().fields().iter().zip(declared.fields()).all(|(a, b)| a.data_type() == b.data_type()) {
+        return Ok(RecordBatch::try_new(Arc::clone(declared), batch.columns().to_vec())?);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(declared.fields())
+        .map(|(c, f)| if c.data_type() == f.data_type() { Ok(Arc::clone(c)) } else { cast(c, f.data_type()) })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(declared), columns)?)
 }
 
 /// A session id for the scheduler (not secret: it names the job there).
