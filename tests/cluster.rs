@@ -75,12 +75,12 @@ struct Fixture {
 }
 
 /// `p` (the row is the unit), `u` (`person` the unit: 3 rows, 2 groups), both private, `pd`
-/// and `ud` (the same with dictionary-encoded text columns), and the public `open`, each over its
-/// own copy of the files.
+/// and `ud` (the same with dictionary-encoded text columns), `cd` (dictionary-encoded, `city` the
+/// unit), and the public `open`, each over its own copy of the files.
 async fn fixture(tag: &str) -> Fixture {
     let dir = TempDir::new(tag);
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
-    for t in ["p", "u", "pd", "ud"] {
+    for t in ["p", "u", "pd", "ud", "cd"] {
         write_table(&dir.path(t), t.ends_with('d'));
         admin.register(t, &dir.str(t)).await.unwrap();
         admin.make_private(t, 1000.0, 1e-2).unwrap();
@@ -89,6 +89,7 @@ async fn fixture(tag: &str) -> Fixture {
     }
     admin.set_privacy_unit("u", "person", 3, 2).await.unwrap();
     admin.set_privacy_unit("ud", "person", 3, 2).await.unwrap();
+    admin.set_privacy_unit("cd", "city", 3, 2).await.unwrap();
     write_table(&dir.path("public"), false);
     admin.register("open", &dir.str("public")).await.unwrap();
     Fixture { dir, admin }
@@ -138,6 +139,8 @@ fn queries() -> Vec<String> {
         "SELECT city, private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian', \
          select_epsilon => 1, select_delta => 1e-6) AS kde FROM ud GROUP BY city ORDER BY city"
             .into(),
+        // A unit read as a dictionary (its rows shuffled to the executor that bounds it).
+        format!("SELECT region, {KDE} AS kde FROM cd GROUP BY region ORDER BY region"),
     ]
 }
 
