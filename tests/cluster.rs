@@ -85,6 +85,7 @@ async fn fixture(tag: &str) -> Fixture {
         admin.register(t, &dir.str(t)).await.unwrap();
         admin.make_private(t, 1000.0, 1e-2).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+        admin.set_bounds(t, "person", 0.0, 6000.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
     }
     admin.set_privacy_unit("u", "person", 3, 2).await.unwrap();
@@ -141,6 +142,14 @@ fn queries() -> Vec<String> {
             .into(),
         // A unit read as a dictionary (its rows shuffled to the executor that bounds it).
         format!("SELECT region, {KDE} AS kde FROM cd GROUP BY region ORDER BY region"),
+        // The other functions' partial states: the distribution function (tree), quantiles, the
+        // automatic bandwidth (count, pilot and release from one state), 2-D, regression.
+        "SELECT private_cdf(x, 0.5, 0, points => 16) AS c FROM p".into(),
+        "SELECT region, private_quantiles(x, [0.25, 0.5, 0.75], 0.5, 0) AS q FROM u GROUP BY region ORDER BY region"
+            .into(),
+        "SELECT private_kde(x, 'auto', 0.5, 0, points => 64) AS k FROM p".into(),
+        "SELECT private_kde2d(x, person, 0.05, 300, 0.5, 1e-6, points_x => 16, points_y => 16) AS k FROM p".into(),
+        "SELECT private_kernel_regression(person, x, 0.5, 1e-6, bandwidth => 0.05) AS f FROM p".into(),
     ]
 }
 
@@ -210,6 +219,10 @@ async fn noiseless_releases_on_the_cluster_equal_a_single_process_bit_for_bit() 
     }
     let mut results = Vec::new();
     for sql in queries() {
+        // Every query's aggregate reads its files on the cluster.
+        let plan = remote.physical_plan_for_tests(&sql).await.unwrap();
+        let plan = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        assert!(plan.contains("ClusterExec"), "{sql} runs in the client:\n{plan}");
         let want = local.query(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         let got = remote.query(&sql).await.unwrap_or_else(|e| panic!("on the cluster: {sql}: {e}"));
         assert!(!want.is_empty() && want.iter().map(|b| b.num_rows()).sum::<usize>() > 0, "{sql}");
