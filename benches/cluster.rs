@@ -13,7 +13,7 @@
 //! paper estimate extrapolates from the per-row and per-task costs measured here.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod common;
 
 use std::path::{Path, PathBuf};

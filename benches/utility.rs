@@ -489,7 +489,8 @@ fn report(o: &Options, cells: &BTreeMap<Key, Cell>) {
         };
         let h20 =
             cell.ise.get(&("opendp histogram".to_string(), "bins=20".to_string())).map_or(f64::NAN, |v| auto / mean(v));
-        let goal_ok = ratio <= 1.25 && !(h20 > 1.0);
+        // (A missing 20-bin histogram, NaN, does not fail the goal.)
+        let goal_ok = ratio <= 1.25 && h20.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater);
         if ratio.is_finite() {
             worst = worst.max(ratio);
             if !goal_ok {
@@ -951,7 +952,8 @@ async fn quantiles_study(o: &Options) {
     let exact = DpSession::new(SessionOptions { noise: dpcurve::NoiseSource::Off, ..SessionOptions::default() });
     // The floor at n ≥ 1e5, ε = 1: the release at fixed leaf counts (the best of them is an oracle's choice) and
     // the same release without noise (the sample's roughness inside a leaf, which no noise level removes).
-    let mut floor: BTreeMap<(usize, usize, usize), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    type Floor = BTreeMap<(usize, usize, usize), (Vec<f64>, Vec<f64>)>;
+    let mut floor: Floor = BTreeMap::new();
     let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
     let mut files: BTreeMap<String, Key> = BTreeMap::new();
     let mut by_grid: BTreeMap<&str, Vec<serde_json::Value>> = BTreeMap::new();
@@ -1022,7 +1024,8 @@ async fn quantiles_study(o: &Options) {
         let p = |b: &Option<(String, f64)>| b.as_ref().map_or("—".to_string(), |b| b.0.clone());
         let ratio = v(&tree) / ours;
         let goal = if n >= 100_000 && eps == 1.0 { 1.5 } else { 1.0 };
-        let ok = !(ratio < goal);
+        // (A NaN ratio counts as met, as before: nothing was measured to miss.)
+        let ok = ratio.partial_cmp(&goal) != Some(std::cmp::Ordering::Less);
         if !ok {
             misses.push(format!("{} n={n} ε={eps}: {ratio:.2}", Dist::ALL[d].name()));
         }
@@ -1206,10 +1209,10 @@ async fn main() {
                                 cell.rank.entry(id).or_default().push(rank_error(&quantiles, &xs));
                             }
                         };
-                    record(AUTO, String::new(), release(&s, &t, "'auto'", eps, lo, hi).await);
+                    record(AUTO, String::new(), release(s, &t, "'auto'", eps, lo, hi).await);
                     if o.tuned {
                         for h in fixed_bandwidths(lo, hi) {
-                            record(TUNED, format!("h={h:.4}"), release(&s, &t, &format!("{h}"), eps, lo, hi).await);
+                            record(TUNED, format!("h={h:.4}"), release(s, &t, &format!("{h}"), eps, lo, hi).await);
                         }
                     }
                 }

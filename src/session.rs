@@ -763,25 +763,6 @@ impl Admin {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn catalog_sessions_never_skip_partial_aggregation() {
-        let ratio =
-            |e: &Engine| e.ctx.state().config().options().execution.skip_partial_aggregation_probe_ratio_threshold;
-        // Negative control: a session without a catalog keeps DataFusion's default, which skips.
-        let plain = Engine::new(&SessionOptions::default(), None, None).unwrap();
-        assert!(ratio(&plain) < 1.0);
-        let path = crate::policy::catalog::fresh_test_path("no-skip");
-        let catalog = Arc::new(Catalog::create_or_open(&path).unwrap());
-        let analyst = Engine::new(&SessionOptions::default(), Some(catalog), None).unwrap();
-        // A ratio of distinct groups to rows never exceeds 1: the probe never fires.
-        assert!(ratio(&analyst) >= 1.0);
-    }
-}
-
 /// `statement_sha256(sql)`: the SHA-256 under which the ledger records a statement (see
 /// [`crate::statements::statement_sha256`]) — what a client matches against
 /// `dpcurve.releases` and `dpcurve.results` to find its own earlier executions. Text in, text
@@ -812,4 +793,23 @@ fn statement_sha256_udf() -> datafusion::logical_expr::ScalarUDF {
             }
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_sessions_never_skip_partial_aggregation() {
+        let ratio =
+            |e: &Engine| e.ctx.state().config().options().execution.skip_partial_aggregation_probe_ratio_threshold;
+        // Negative control: a session without a catalog keeps DataFusion's default, which skips.
+        let plain = Engine::new(&SessionOptions::default(), None, None).unwrap();
+        assert!(ratio(&plain) < 1.0);
+        let path = crate::policy::catalog::fresh_test_path("no-skip");
+        let catalog = Arc::new(Catalog::create_or_open(&path).unwrap());
+        let analyst = Engine::new(&SessionOptions::default(), Some(catalog), None).unwrap();
+        // A ratio of distinct groups to rows never exceeds 1: the probe never fires.
+        assert!(ratio(&analyst) >= 1.0);
+    }
 }

@@ -46,7 +46,7 @@ fn predicate(rng: &mut ChaCha20Rng, depth: u32) -> String {
         "substr(name, 1, 2) = 'al'",
         "starts_with(unit, 'u1')",
     ];
-    if depth == 0 || rng.next_u32() % 3 == 0 {
+    if depth == 0 || rng.next_u32().is_multiple_of(3) {
         return pick(rng, ATOMS).to_string();
     }
     let (a, b) = (predicate(rng, depth - 1), predicate(rng, depth - 1));
@@ -102,7 +102,7 @@ fn statement(rng: &mut ChaCha20Rng, table: &str) -> String {
 fn query(rng: &mut ChaCha20Rng) -> String {
     let table = pick(rng, &["p", "q"]);
     let first = statement(rng, table);
-    if rng.next_u32() % 5 == 0 { format!("{first}; {}", statement(rng, "p")) } else { first }
+    if rng.next_u32().is_multiple_of(5) { format!("{first}; {}", statement(rng, "p")) } else { first }
 }
 
 #[tokio::test]

@@ -76,7 +76,7 @@ fn rows(with_alice: bool) -> Vec<Row> {
             s: format!("{}", 10 + i % 50),
             small: (i % 50) as i8,
             dec: 100 * (i as i128 % 90),
-            t: 1_600_000_000_000_000_000 + i as i64 * 1_000_000_000,
+            t: 1_600_000_000_000_000_000 + i * 1_000_000_000,
             d: 18_000 + i as i32,
         })
         .collect();
@@ -87,7 +87,7 @@ fn rows(with_alice: bool) -> Vec<Row> {
             k: 0,
             s: "abc".into(),
             small: 127,
-            dec: 99_999_999_99,
+            dec: 9_999_999_999,
             t: i64::MAX,
             d: i32::MAX,
         });

@@ -34,10 +34,10 @@ fn shown(e: &(dyn std::error::Error + 'static)) -> String {
         };
         if let Some(s) = status {
             for kv in s.metadata().iter() {
-                if let tonic::metadata::KeyAndValueRef::Ascii(k, v) = kv {
-                    if k.as_str().starts_with("dpcurve-") {
-                        details.push(format!("{}={}", k.as_str(), v.to_str().unwrap()));
-                    }
+                if let tonic::metadata::KeyAndValueRef::Ascii(k, v) = kv
+                    && k.as_str().starts_with("dpcurve-")
+                {
+                    details.push(format!("{}={}", k.as_str(), v.to_str().unwrap()));
                 }
             }
         }

@@ -171,10 +171,10 @@ async fn no_branch_is_skipped_on_private_rows() {
                     if x.downcast_ref::<CaseExpr>().is_some() {
                         lazy.push(format!("{} in {}", x, node.name()));
                     }
-                    if let Some(b) = x.downcast_ref::<BinaryExpr>() {
-                        if matches!(b.op(), Operator::And | Operator::Or) {
-                            lazy.push(format!("{} in {}", x, node.name()));
-                        }
+                    if let Some(b) = x.downcast_ref::<BinaryExpr>()
+                        && matches!(b.op(), Operator::And | Operator::Or)
+                    {
+                        lazy.push(format!("{} in {}", x, node.name()));
                     }
                     if x.to_string().starts_with("dpcurve_") {
                         eager += 1;

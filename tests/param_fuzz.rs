@@ -54,12 +54,12 @@ fn float(rng: &mut ChaCha20Rng) -> f64 {
 /// A boundary value one time in three, otherwise one of the plausible `valid` values (so
 /// that releases run often enough to be exercised).
 fn mostly(rng: &mut ChaCha20Rng, valid: &[f64]) -> f64 {
-    if rng.next_u32() % 3 == 0 { float(rng) } else { pick(rng, valid) }
+    if rng.next_u32().is_multiple_of(3) { float(rng) } else { pick(rng, valid) }
 }
 
 /// A δ-like value: mostly small probabilities, sometimes anything.
 fn delta(rng: &mut ChaCha20Rng) -> f64 {
-    if rng.next_u32() % 3 == 0 {
+    if rng.next_u32().is_multiple_of(3) {
         float(rng)
     } else {
         pick(rng, &[1e-19, 1e-18, 1e-12, 1e-6, 1e-5, 0.1, 0.5, 0.999_999])
@@ -327,7 +327,7 @@ async fn sql_with_random_literal_parameters_never_panics() {
     let (mut ok, mut refused) = (0, 0);
     for i in 0..300 {
         let p = |rng: &mut ChaCha20Rng| {
-            if rng.next_u32() % 10 == 0 {
+            if rng.next_u32().is_multiple_of(10) {
                 pick(rng, &["'abc'", "NULL", "true", "9223372036854775807"]).to_string()
             } else {
                 literal(float(rng))

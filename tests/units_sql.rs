@@ -243,10 +243,10 @@ async fn grouped_releases_keep_at_most_max_groups_per_unit_and_charge_once() {
     // …and by private keys through partition selection (noise off: only the meter whose row count
     // reaches τ = 15 when the row is the unit).
     let b = s
-        .query(&format!(
+        .query(
             "SELECT meter, private_mean_curve(load, 1.0, 1e-6, points => 8, clip => 10, select_epsilon => 1, \
-             select_delta => 1e-6)['n'] FROM rowwise GROUP BY meter"
-        ))
+             select_delta => 1e-6)['n'] FROM rowwise GROUP BY meter",
+        )
         .await
         .unwrap();
     assert_eq!(b.iter().map(|b| b.num_rows()).sum::<usize>(), 1);

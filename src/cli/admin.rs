@@ -166,7 +166,7 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     };
     let v: f64 = num.parse().map_err(|_| format!("SIZE must be a number with an optional unit, got '{text}'"))?;
     let bytes = v * scale as f64;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1.8e19) {
+    if !(bytes.is_finite() && (1.0..1.8e19).contains(&bytes)) {
         return Err(format!("SIZE is out of range: '{text}'"));
     }
     Ok(bytes as u64)
@@ -254,8 +254,8 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
         Command::List => {
             println!("analyst sessions' memory limit: {}", human_bytes(admin.memory_limit().map_err(err)?));
             println!(
-                "{:<20} {:<8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}",
-                "table", "access", "ε total", "ε spent", "ε left", "δ total", "δ spent", "δ left", "bounds / location"
+                "{:<20} {:<8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  bounds / location",
+                "table", "access", "ε total", "ε spent", "ε left", "δ total", "δ spent", "δ left"
             );
             for t in admin.tables().map_err(err)? {
                 match &t.policy {

@@ -314,7 +314,7 @@ mod tests {
         assert!(doc.starts_with("<svg") && doc.trim_end().ends_with("</svg>"));
         assert_eq!(doc.matches(r#"class="cell""#).count(), 21 * 21);
         let top = colour(1.0);
-        assert_eq!(doc.matches(&format!(r#"class="cell" x"#)).count(), 441);
+        assert_eq!(doc.matches(&r#"class="cell" x"#.to_string()).count(), 441);
         assert!(doc.contains(&top), "the peak has the top colour");
         assert_eq!(colour(0.0), "#ffffff");
         assert_ne!(colour(0.5), colour(0.6));

@@ -535,14 +535,14 @@ async fn repl(session: &AnySession, printer: &Printer) -> Result<()> {
             }
         }
     }
-    if !buffer.trim().is_empty() {
-        if let Err(e) = session.run(&buffer, printer).await {
-            if OutputClosed::is(&e) {
-                return Err(e);
-            }
-            failed = true;
-            eprintln!("error: {e}");
+    if !buffer.trim().is_empty()
+        && let Err(e) = session.run(&buffer, printer).await
+    {
+        if OutputClosed::is(&e) {
+            return Err(e);
         }
+        failed = true;
+        eprintln!("error: {e}");
     }
     if failed && !interactive {
         return datafusion::common::plan_err!("some statements failed (see above)");

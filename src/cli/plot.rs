@@ -94,6 +94,7 @@ fn value_at(s: &Series, x: f64) -> Option<f64> {
 }
 
 /// Renders the curves as a character plot of `width × height` plot cells.
+#[allow(clippy::needless_range_loop)] // a column index places x and indexes every canvas row
 pub fn terminal(series: &[Series], width: usize, height: usize) -> String {
     let Some((x0, x1, y0, y1)) = bounds(series) else {
         return "(nothing to plot: no finite values)\n".into();

@@ -33,12 +33,11 @@ fn normalize<V: datafusion::sql::sqlparser::ast::VisitMut>(node: &mut V, functio
                 [part] => part.as_ident().map(|i| i.value.to_ascii_lowercase()),
                 _ => None,
             };
-            if let (Some(name), FunctionArguments::List(list)) = (name, &mut f.args) {
-                if let Some(params) = functions.iter().find(|p| p.function == name) {
-                    if let Err(e) = reorder(params, &mut list.args) {
-                        return ControlFlow::Break(e);
-                    }
-                }
+            if let (Some(name), FunctionArguments::List(list)) = (name, &mut f.args)
+                && let Some(params) = functions.iter().find(|p| p.function == name)
+                && let Err(e) = reorder(params, &mut list.args)
+            {
+                return ControlFlow::Break(e);
             }
         }
         ControlFlow::Continue(())

@@ -104,7 +104,7 @@ pub fn mechanism_from_literals(
     }
     let epsilon = p.epsilon(values)?;
     let delta = p.required_float(values, "delta")?;
-    if !(delta >= 0.0 && delta < 1.0) {
+    if !(0.0..1.0).contains(&delta) {
         return Err(
             p.error(format!("argument 'delta' must be in [0, 1) (0 selects the pure-ε mechanism), got {delta}"))
         );
@@ -525,8 +525,8 @@ mod tests {
 
     fn groups(run: KdeRun) -> PrivateGroups<KdeRun> {
         let cx = CallContext { noise: NoiseSource::TestSeed(3), ..Default::default() };
-        let state_types = Kde::default().state_fields(NAME).iter().map(|f| f.data_type().clone()).collect();
-        PrivateGroups::new(NAME, run, cx, DataType::Struct(Kde::default().result_fields()), state_types)
+        let state_types = Kde.state_fields(NAME).iter().map(|f| f.data_type().clone()).collect();
+        PrivateGroups::new(NAME, run, cx, DataType::Struct(Kde.result_fields()), state_types)
     }
 
     /// Three batches over 7 groups (the total grows between batches), with nulls, NaN, values
@@ -577,12 +577,12 @@ mod tests {
                     crate::functions::release::update_groups_by_take(
                         &call,
                         grouped.statistics_mut(),
-                        &[xs.clone()],
+                        std::slice::from_ref(&xs),
                         batch.ordered(),
                     )
                     .unwrap();
                 } else {
-                    grouped.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+                    grouped.update_batch(std::slice::from_ref(&xs), &g, filter.as_ref(), total).unwrap();
                 }
                 for (k, acc) in each.iter_mut().enumerate() {
                     let rows: Vec<u32> = (0..g.len() as u32)
@@ -621,7 +621,7 @@ mod tests {
         use datafusion::logical_expr::GroupsAccumulator;
         let (xs, g, filter, total) = batches().swap_remove(1);
         let mut partial = groups(run(0.1));
-        partial.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        partial.update_batch(std::slice::from_ref(&xs), &g, filter.as_ref(), total).unwrap();
         let state = partial.state(EmitTo::All).unwrap();
         let order: Vec<usize> = (0..total).collect();
         // Merged only: the exact totals, no split buffer (half the bytes of a statistic rows are
@@ -633,9 +633,9 @@ mod tests {
             assert_eq!(s.heap_size(), 16 * len);
         }
         // Rows after a merge: every statistic gets its buffer first and keeps what it merged.
-        merged.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        merged.update_batch(std::slice::from_ref(&xs), &g, filter.as_ref(), total).unwrap();
         let mut twice = groups(run(0.1));
-        twice.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        twice.update_batch(std::slice::from_ref(&xs), &g, filter.as_ref(), total).unwrap();
         twice.update_batch(&[xs], &g, filter.as_ref(), total).unwrap();
         for (a, b) in merged.statistics_mut().iter_mut().zip(twice.statistics_mut()) {
             assert!(a.heap_size() > 16 * len, "a statistic rows are added to has its buffer");
@@ -664,7 +664,7 @@ mod tests {
         for g in &assignments {
             let mut grouped = groups(run(0.1));
             for _ in 0..batches {
-                grouped.update_batch(&[column.clone()], g, None, total).unwrap();
+                grouped.update_batch(std::slice::from_ref(&column), g, None, total).unwrap();
             }
             seen.push(work(&mut grouped));
         }
@@ -692,7 +692,7 @@ mod tests {
         use datafusion::logical_expr::GroupsAccumulator;
         let (xs, g, filter, total) = batches().swap_remove(1);
         let mut direct = groups(run(0.1));
-        direct.update_batch(&[xs.clone()], &g, filter.as_ref(), total).unwrap();
+        direct.update_batch(std::slice::from_ref(&xs), &g, filter.as_ref(), total).unwrap();
         let mut converted = groups(run(0.1));
         let rows = converted.convert_to_state(&[xs], filter.as_ref()).unwrap();
         converted.merge_batch(&rows, &g, total).unwrap();

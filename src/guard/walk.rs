@@ -23,11 +23,11 @@ pub fn private_table_of(scan: &TableScan) -> Option<String> {
 pub fn find_private_scan(plan: &LogicalPlan) -> Option<String> {
     let mut found = None;
     let _ = plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::TableScan(scan) = node {
-            if let Some(t) = private_table_of(scan) {
-                found = Some(t);
-                return Ok(TreeNodeRecursion::Stop);
-            }
+        if let LogicalPlan::TableScan(scan) = node
+            && let Some(t) = private_table_of(scan)
+        {
+            found = Some(t);
+            return Ok(TreeNodeRecursion::Stop);
         }
         Ok(TreeNodeRecursion::Continue)
     });

@@ -7,7 +7,7 @@ pub(super) fn hex(bytes: &[u8]) -> String {
 
 /// The bytes of lower- or upper-case hexadecimal `text` (None: not hexadecimal).
 pub(super) fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()

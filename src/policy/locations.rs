@@ -76,10 +76,10 @@ pub fn reached_files(location: &str) -> BTreeSet<FileId> {
     while let Some(p) = stack.pop() {
         let Ok(real) = std::fs::canonicalize(&p) else { continue };
         if real.is_dir() {
-            if seen_dirs.insert(real.clone()) {
-                if let Ok(entries) = std::fs::read_dir(&real) {
-                    stack.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
-                }
+            if seen_dirs.insert(real.clone())
+                && let Ok(entries) = std::fs::read_dir(&real)
+            {
+                stack.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
             }
         } else if let Some(id) = file_id(&real) {
             files.insert(id);

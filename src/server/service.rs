@@ -585,7 +585,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.metadata_flight_info(&query, &query.clone().into_builder().schema(), request).await
+        self.metadata_flight_info(&query, &query.into_builder().schema(), request).await
     }
 
     async fn do_get_catalogs(
@@ -647,7 +647,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.metadata_flight_info(&query, &query.clone().into_builder().schema(), request).await
+        self.metadata_flight_info(&query, &query.into_builder().schema(), request).await
     }
 
     async fn do_get_table_types(

@@ -298,12 +298,15 @@ fn declared_columns(tuples: &[Vec<ScalarValue>], types: &[DataType]) -> Result<O
     Ok(Some(columns))
 }
 
+/// A plan without a selection's membership test, and the keys that test checked.
+type WithoutMembership = (Arc<dyn ExecutionPlan>, Arc<SelectedKeys>);
+
 /// `input`, a filter holding the membership test of a partition selection on the `key` column,
 /// without that test, and the keys it tests against; None for any other input.
 fn without_membership(
     input: &Arc<dyn ExecutionPlan>,
     key: &Arc<dyn PhysicalExpr>,
-) -> Result<Option<(Arc<dyn ExecutionPlan>, Arc<SelectedKeys>)>> {
+) -> Result<Option<WithoutMembership>> {
     let (Some(filter), Some(key)) = (input.downcast_ref::<FilterExec>(), key.downcast_ref::<Column>()) else {
         return Ok(None);
     };

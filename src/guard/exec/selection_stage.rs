@@ -61,7 +61,8 @@ impl SelectionStage {
         let mut rng = self.noise.release_rng().map_err(|e| DataFusionError::Execution(e.to_string()))?;
         // (noisy count, key hash, the key's canonical encoding when the first pass counted by value,
         // and its value (None: NULL) when that key is one integer column)
-        let mut kept: Vec<(i128, Vec<u8>, Option<Vec<u8>>, Option<Option<i64>>)> = Vec::new();
+        type Candidate = (i128, Vec<u8>, Option<Vec<u8>>, Option<Option<i64>>);
+        let mut kept: Vec<Candidate> = Vec::new();
         for b in batches {
             let keys = b.column(0).as_fixed_size_binary();
             let counts = b.column(1).as_primitive::<Int64Type>();

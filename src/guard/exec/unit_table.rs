@@ -343,6 +343,11 @@ impl UnitTable {
         self.keys.len()
     }
 
+    /// Whether no unit was seen.
+    pub fn is_empty(&self) -> bool {
+        self.keys.len() == 0
+    }
+
     /// Bytes held.
     pub fn size(&self) -> usize {
         self.slots.bytes()

@@ -552,7 +552,8 @@ mod tests {
     fn one_heavy_unit_costs_log_moves_a_row() {
         let n: u64 = 1 << 17;
         let bound = 3 * n * (u64::from(n.ilog2()) + 1);
-        let keys: [(&str, Box<dyn Fn(u64) -> u128>); 3] = [
+        type Order = Box<dyn Fn(u64) -> u128>;
+        let keys: [(&str, Order); 3] = [
             ("ascending", Box::new(|i| order(i, i))),
             ("descending", Box::new(move |i| order(2 * n - i, i))),
             ("random", Box::new(|i| order(i.wrapping_mul(0x2545_f491_4f6c_dd1d), i))),

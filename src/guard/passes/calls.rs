@@ -39,14 +39,14 @@ pub fn private_calls(plan: &LogicalPlan) -> Result<Vec<PrivateCall>> {
                     }
                     Expr::WindowFunction(w) => {
                         let WindowFunction { fun, .. } = w.as_ref();
-                        if let WindowFunctionDefinition::AggregateUDF(f) = fun {
-                            if is_private(f) {
-                                return plan_err!(
-                                    "{}: cannot be used as a window function (OVER …); \
+                        if let WindowFunctionDefinition::AggregateUDF(f) = fun
+                            && is_private(f)
+                        {
+                            return plan_err!(
+                                "{}: cannot be used as a window function (OVER …); \
                                      call it as an aggregate",
-                                    f.name()
-                                );
-                            }
+                                f.name()
+                            );
                         }
                     }
                     _ => {}

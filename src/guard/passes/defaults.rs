@@ -57,21 +57,19 @@ fn fill(e: &Expr, input: &LogicalPlan, defaults: &PolicyView) -> Option<Expr> {
         }
     }
     // A curve whose values lie in [lower, upper] has norm ≤ max(|lower|, |upper|).
-    if let Some((data, clip_i)) = policy.clip {
-        if is_null_literal(args.get(clip_i)) {
-            if let Some(&(lo, hi)) = traced(&args, data).and_then(|key| defaults.bounds.get(&key)) {
-                set(&mut args, clip_i, ScalarValue::Float64(Some(lo.abs().max(hi.abs()))));
-                changed = true;
-            }
-        }
+    if let Some((data, clip_i)) = policy.clip
+        && is_null_literal(args.get(clip_i))
+        && let Some(&(lo, hi)) = traced(&args, data).and_then(|key| defaults.bounds.get(&key))
+    {
+        set(&mut args, clip_i, ScalarValue::Float64(Some(lo.abs().max(hi.abs()))));
+        changed = true;
     }
-    if let Some((data, points_i)) = policy.curve_length {
-        if is_null_literal(args.get(points_i)) {
-            if let Some(&m) = traced(&args, data).and_then(|(table, _)| defaults.curve_length.get(&table)) {
-                set(&mut args, points_i, ScalarValue::Int64(Some(m)));
-                changed = true;
-            }
-        }
+    if let Some((data, points_i)) = policy.curve_length
+        && is_null_literal(args.get(points_i))
+        && let Some(&m) = traced(&args, data).and_then(|(table, _)| defaults.curve_length.get(&table))
+    {
+        set(&mut args, points_i, ScalarValue::Int64(Some(m)));
+        changed = true;
     }
     if !changed {
         return None;

@@ -56,14 +56,12 @@ fn reads_units(plan: &LogicalPlan, units: &UnitsMap) -> bool {
 fn group_counts(plan: &LogicalPlan, keys: &KeysMap) -> Result<Vec<u64>> {
     let mut counts = Vec::new();
     plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::Aggregate(agg) = node {
-            if let Some(t) = find_private_scan(&agg.input) {
-                if let Ok(mode @ (GroupMode::Declared(_) | GroupMode::Private)) = group_mode(agg, keys, &t) {
-                    if let Ok(Some(n)) = mode.most_groups(agg) {
-                        counts.push(n);
-                    }
-                }
-            }
+        if let LogicalPlan::Aggregate(agg) = node
+            && let Some(t) = find_private_scan(&agg.input)
+            && let Ok(mode @ (GroupMode::Declared(_) | GroupMode::Private)) = group_mode(agg, keys, &t)
+            && let Ok(Some(n)) = mode.most_groups(agg)
+        {
+            counts.push(n);
         }
         Ok(TreeNodeRecursion::Continue)
     })?;

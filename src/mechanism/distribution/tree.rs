@@ -74,6 +74,7 @@ impl TreeShape {
 
     /// The least-squares leaf counts from noisy counts `y` at every level (root first, in the
     /// shape of [`Self::level_sizes`]) with per-level variances `variance` (module docs).
+    #[allow(clippy::needless_range_loop)] // a level indexes its values and its branching factor
     pub fn estimate_leaves(&self, y: &[Vec<f64>], variance: &[f64]) -> Vec<f64> {
         let depth = self.levels();
         assert!(y.len() == depth + 1 && variance.len() == depth + 1);
@@ -171,11 +172,12 @@ mod tests {
             let p = (c..leaves).max_by(|&i, &j| a[i][c].abs().total_cmp(&a[j][c].abs())).unwrap();
             a.swap(c, p);
             rhs.swap(c, p);
+            let pivot = a[c];
             for r in 0..leaves {
                 if r != c {
-                    let f = a[r][c] / a[c][c];
-                    for k in 0..leaves {
-                        a[r][k] -= f * a[c][k];
+                    let f = a[r][c] / pivot[c];
+                    for (x, p) in a[r].iter_mut().zip(&pivot).take(leaves) {
+                        *x -= f * p;
                     }
                     rhs[r] -= f * rhs[c];
                 }

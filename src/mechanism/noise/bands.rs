@@ -341,7 +341,7 @@ mod tests {
             covered_half += (sup <= u / 2.0) as usize;
         }
         let cov = covered as f64 / draws as f64;
-        assert!(cov >= 0.95 && cov < 0.985, "coverage {cov} (conservative, not absurdly so)");
+        assert!((0.95..0.985).contains(&cov), "coverage {cov} (conservative, not absurdly so)");
         let half = covered_half as f64 / draws as f64;
         assert!(half < 0.5, "negative control: a band of u/2 covers {half}");
     }

@@ -15,9 +15,13 @@ use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, RwLock};
 
+/// A cache's values, and the bytes they hold in all.
+type Entries<K, V> = (HashMap<K, Arc<V>>, usize);
+
 /// A byte-bounded map from public parameters to shared values.
 pub struct PublicCache<K, V> {
-    inner: Mutex<Option<(HashMap<K, Arc<V>>, usize)>>,
+    /// The values and their bytes in all (None until first used).
+    inner: Mutex<Option<Entries<K, V>>>,
     limit: usize,
 }
 
@@ -35,10 +39,10 @@ impl<K: Eq + Hash, V> PublicCache<K, V> {
         bytes: impl Fn(&V) -> usize,
         build: impl FnOnce() -> Result<V, E>,
     ) -> Result<Arc<V>, E> {
-        if let Some((map, _)) = self.inner.lock().expect("cache lock").as_ref() {
-            if let Some(v) = map.get(&key) {
-                return Ok(Arc::clone(v));
-            }
+        if let Some((map, _)) = self.inner.lock().expect("cache lock").as_ref()
+            && let Some(v) = map.get(&key)
+        {
+            return Ok(Arc::clone(v));
         }
         let value = Arc::new(build()?);
         let size = bytes(&value);

@@ -112,6 +112,7 @@ impl DD {
 
     /// Accurate addition (relative error ≤ 3·2^-106).
     #[inline]
+    #[allow(clippy::should_implement_trait)] // named like the operator it computes, in double-double
     pub fn add(self, b: DD) -> DD {
         let (s1, s2) = two_sum(self.hi, b.hi);
         let (t1, t2) = two_sum(self.lo, b.lo);
@@ -122,18 +123,21 @@ impl DD {
 
     /// Negation.
     #[inline]
+    #[allow(clippy::should_implement_trait)] // named like the operator it computes, in double-double
     pub fn neg(self) -> DD {
         DD { hi: -self.hi, lo: -self.lo }
     }
 
     /// Subtraction.
     #[inline]
+    #[allow(clippy::should_implement_trait)] // named like the operator it computes, in double-double
     pub fn sub(self, b: DD) -> DD {
         self.add(b.neg())
     }
 
     /// Multiplication.
     #[inline]
+    #[allow(clippy::should_implement_trait)] // named like the operator it computes, in double-double
     pub fn mul(self, b: DD) -> DD {
         self.mul_by::<Dekker>(b)
     }
@@ -480,7 +484,8 @@ mod tests {
             .collect();
         let full = dd_fft_with::<Dekker>(&x, m);
         // Every kernel this CPU can run, the portable one included.
-        let mut kernels: Vec<(&str, fn(&[DD], usize) -> Vec<(DD, DD)>)> =
+        type Transform = fn(&[DD], usize) -> Vec<(DD, DD)>;
+        let mut kernels: Vec<(&str, Transform)> =
             vec![("portable", |x: &[DD], n: usize| dd_fft_with::<Dekker>(x, n)), ("dispatched", dd_fft)];
         #[cfg(target_arch = "x86_64")]
         {

@@ -149,7 +149,7 @@ impl LatticeMechanism {
         blocks: f64,
         noise_for: impl Fn(f64) -> Option<Noise>,
     ) -> Result<Self, LatticeError> {
-        if !(sensitivity.is_finite() && sensitivity > 0.0 && dim > 0 && blocks >= 1.0 && blocks < 1e15) {
+        if !(sensitivity.is_finite() && sensitivity > 0.0 && dim > 0 && (1.0..1e15).contains(&blocks)) {
             return Err(LatticeError(format!("invalid lattice mechanism: sensitivity {sensitivity}, dim {dim}")));
         }
         let g0 = (spread / sensitivity).log2().ceil() + SLACK_BITS as f64;

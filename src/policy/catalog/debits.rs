@@ -23,6 +23,9 @@ use super::*;
 use crate::policy::query_log::QueryRecord;
 use crate::policy::shares::{debit_share, require_active};
 
+/// What a committed debit returns: the charges' log ids and the first reserved release id.
+type Debited = (Vec<i64>, i64);
+
 /// One execution's debit waiting for a commit, and its result once committed.
 #[derive(Debug)]
 struct Pending {
@@ -30,7 +33,7 @@ struct Pending {
     query: QueryRecord,
     analyst: Option<String>,
     releases: u64,
-    outcome: Mutex<Option<Result<(Vec<i64>, i64), PolicyError>>>,
+    outcome: Mutex<Option<Result<Debited, PolicyError>>>,
 }
 
 /// Debits waiting for the next commit of this process's ledger connection.
@@ -92,7 +95,7 @@ impl Catalog {
         query: &QueryRecord,
         analyst: Option<&str>,
         releases: u64,
-    ) -> Result<(Vec<i64>, i64), PolicyError> {
+    ) -> Result<Debited, PolicyError> {
         let me = Arc::new(Pending {
             charges: charges.to_vec(),
             query: query.clone(),
@@ -134,8 +137,8 @@ impl Catalog {
 
     /// Debits `batch` in order in one transaction, each in its own savepoint; one commit. A
     /// failed commit fails every debit of the batch (none of them happened).
-    fn commit_batch(conn: &mut Connection, batch: &[Arc<Pending>]) -> Vec<Result<(Vec<i64>, i64), PolicyError>> {
-        let mut run = || -> Result<Vec<Result<(Vec<i64>, i64), PolicyError>>, PolicyError> {
+    fn commit_batch(conn: &mut Connection, batch: &[Arc<Pending>]) -> Vec<Result<Debited, PolicyError>> {
+        let mut run = || -> Result<Vec<Result<Debited, PolicyError>>, PolicyError> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(storage)?;
             let mut outcomes = Vec::with_capacity(batch.len());
             for p in batch {
@@ -160,7 +163,7 @@ impl Catalog {
 }
 
 /// The check-and-debit of one execution inside the open transaction `tx`.
-fn debit(tx: &rusqlite::Transaction<'_>, p: &Pending) -> Result<(Vec<i64>, i64), PolicyError> {
+fn debit(tx: &rusqlite::Transaction<'_>, p: &Pending) -> Result<Debited, PolicyError> {
     let mut per_table: BTreeMap<&str, Budget> = BTreeMap::new();
     for c in &p.charges {
         let e = per_table.entry(&c.table).or_default();

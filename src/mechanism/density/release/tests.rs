@@ -23,9 +23,9 @@ fn privacy_map_uses_unit_sensitivity() {
     // σ = 4.5309 (discrete zCDP calibration at ε = 1, δ = 1e-6), rounded up on the
     // lattice by at most a factor 1 + 1/σ_L.
     let s = m.sigma();
-    assert!(s >= 4.53087 && s < 4.53089, "{s}");
+    assert!((4.53087..4.53089).contains(&s), "{s}");
     let classic = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, ..spec() }).unwrap();
-    assert!(classic >= 5.38677 && classic < 5.3868, "{classic}");
+    assert!((5.38677..5.3868).contains(&classic), "{classic}");
     let bad = KdeMechanism::sigma_for(&KdeSpec { calibration: Calibration::Classic, epsilon: 2.0, ..spec() });
     assert!(matches!(bad, Err(MechanismError::Calibration(CalibrationError::ClassicNeedsSmallEpsilon(_)))));
 }
