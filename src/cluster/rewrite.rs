@@ -9,7 +9,7 @@ use ballista_core::config::BallistaConfig;
 use ballista_core::execution_plans::execute_physical_plan;
 use ballista_core::extension::SessionConfigExt;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, plan_err};
@@ -208,21 +208,25 @@ impl ExecutionPlan for ClusterExec {
 
 /// `batch` with the declared schema's column types: an executor's Flight stream sends every
 /// dictionary column as its values (arrow-flight's encoder hydrates dictionaries), so a group key
-/// read as a dictionary arrives as plain text and is encoded again here. A function of the plan's
-/// types only; re-encoding fails only for a batch with more distinct keys than the dictionary's key
-/// type can index (more than 127 in one batch of a file's `Int8` dictionary), which a partial
-/// aggregate's output over declared or selected keys reaches only with that many keys, a public fact.
+/// read as a dictionary arrives as plain text and is encoded again here. Whether a column is cast
+/// is a function of the plan's types only, and the batch keeps its own fields otherwise (their
+/// nullability is not checked again: a check that rows could fail). Re-encoding fails only for a
+/// batch with more distinct values than the dictionary's key type indexes (more than 127 for a
+/// file's `Int8` dictionary); the outputs sent back are partial states keyed by declared or selected
+/// keys, whose number is public, by the hashes or integer values of a selection's candidates (never a
+/// dictionary), or a public table's.
 fn as_declared(batch: RecordBatch, declared: &SchemaRef) -> Result<RecordBatch> {
-    if batch.schema().fields().iter().zip(declared.fields()).all(|(a, b)| a.data_type() == b.data_type()) {
-        return Ok(RecordBatch::try_new(Arc::clone(declared), batch.columns().to_vec())?);
+    let schema = batch.schema();
+    if schema.fields().iter().zip(declared.fields()).all(|(a, b)| a.data_type() == b.data_type()) {
+        return Ok(batch);
     }
-    let columns = batch
-        .columns()
-        .iter()
-        .zip(declared.fields())
-        .map(|(c, f)| if c.data_type() == f.data_type() { Ok(Arc::clone(c)) } else { cast(c, f.data_type()) })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(Arc::clone(declared), columns)?)
+    let (mut fields, mut columns) = (Vec::new(), Vec::new());
+    for ((field, column), want) in schema.fields().iter().zip(batch.columns()).zip(declared.fields()) {
+        let t = want.data_type();
+        fields.push(field.as_ref().clone().with_data_type(t.clone()));
+        columns.push(if column.data_type() == t { Arc::clone(column) } else { cast(column, t)? });
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())), columns)?)
 }
 
 /// A session id for the scheduler (not secret: it names the job there).
