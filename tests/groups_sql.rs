@@ -372,6 +372,51 @@ async fn dictionary_encoded_declared_keys_release_what_plain_text_keys_do() {
     assert_eq!(plain[0], plain[2], "the 2-D densities on one and three partitions");
 }
 
+/// Declared keys that the key column's dictionary type cannot index (200 for a file's `Int8`
+/// dictionary, which indexes 128) are refused while planning — before the debit, nothing charged
+/// — so a cluster, which casts its executors' hydrated keys back to that type, never meets more
+/// keys than it holds. Control: 100 declared keys release.
+#[tokio::test]
+async fn more_declared_keys_than_an_int8_dictionary_indexes_are_refused_before_the_debit() {
+    use datafusion::arrow::array::DictionaryArray;
+    use datafusion::arrow::datatypes::Int8Type;
+    for (declared, refused) in [(200usize, true), (100, false)] {
+        let dir = TempDir::new(&format!("groups-int8-dictionary-{declared}"));
+        let region: Vec<&str> = (0..300).map(|i| ["k0", "k1", "k2"][i % 3]).collect();
+        let x: Vec<f64> = (0..300).map(|i| (i % 101) as f64 / 100.0).collect();
+        common::write_columns(
+            &dir.path("p.parquet"),
+            vec![
+                ("region", Arc::new(region.into_iter().collect::<DictionaryArray<Int8Type>>()) as ArrayRef),
+                ("x", Arc::new(Float64Array::from(x))),
+            ],
+        );
+        let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+        admin.register("p", &dir.str("p.parquet")).await.unwrap();
+        admin.make_private("p", 100.0, 1e-3).unwrap();
+        admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
+        admin.set_keys("p", "region", &(0..declared).map(|k| format!("k{k}")).collect::<Vec<_>>()).await.unwrap();
+        let opts = SessionOptions { noise: NoiseSource::Off, ..Default::default() };
+        let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+        let got = s.query(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await;
+        let spent = admin.tables().unwrap()[0].policy.as_ref().unwrap().spent;
+        match got {
+            Err(e) => {
+                assert!(refused, "{declared} keys: {e}");
+                // (DataFusion's own message, while it plans the filter to the declared keys.)
+                let e = e.to_string();
+                assert!(e.contains("Can not create index of type Int8 from value 128"), "{e}");
+                assert_eq!(spent, Budget::ZERO, "refused before the debit: {e}");
+            }
+            Ok(out) => {
+                assert!(!refused, "{declared} keys released");
+                assert_eq!(out.iter().map(|b| b.num_rows()).sum::<usize>(), declared);
+                assert!(spent != Budget::ZERO);
+            }
+        }
+    }
+}
+
 /// Declared keys over several columns, or text: each row's group is found by its row encoding in
 /// a table of the declared tuples, so every declared group exists in every partition from the
 /// first row on. Each group is still exactly its filtered query (with an aggregate FILTER too,
