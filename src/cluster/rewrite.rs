@@ -213,9 +213,9 @@ impl ExecutionPlan for ClusterExec {
 /// nullability is not checked again: a check that rows could fail). Re-encoding fails only for a
 /// batch with more distinct values than the dictionary's key type indexes (more than 128 for a
 /// file's `Int8` dictionary); the outputs sent back are partial states keyed by declared keys (too
-/// many for this type are refused while planning, before the debit), by selected keys (at most the public cap, cast
-/// alike in one process), by the hashes or integer values of a selection's candidates (never a
-/// dictionary), or a public table's.
+/// many for this type are refused while planning, before the debit), by selected keys (at most the
+/// public cap, cast alike in one process), by the hashes or integer values of a selection's
+/// candidates (never a dictionary), or a public table's.
 fn as_declared(batch: RecordBatch, declared: &SchemaRef) -> Result<RecordBatch> {
     let schema = batch.schema();
     if schema.fields().iter().zip(declared.fields()).all(|(a, b)| a.data_type() == b.data_type()) {
