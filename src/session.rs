@@ -25,6 +25,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::ParquetReadOptions;
 
 use crate::functions::{Permits, private_udafs};
+use crate::guard::passes::column_types::narrow_index;
 use crate::guard::{PrivacyPlanner, no_data_dependent_aggregation};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::noise::budget::Budget;
@@ -623,7 +624,7 @@ impl Admin {
         max_rows: i64,
         max_groups: i64,
     ) -> std::result::Result<(), PolicyError> {
-        self.column_type(name, column).await?;
+        self.readable_column_type(name, column).await?;
         self.catalog.set_privacy_unit(name, column, max_rows, max_groups)
     }
 
@@ -640,10 +641,25 @@ impl Admin {
         Ok(field.data_type().clone())
     }
 
+    /// The type of a column analyst queries may read: not a dictionary with 8- or 16-bit keys
+    /// (rule `narrow-dictionary`: reading one fails once a row group holds more distinct values
+    /// than its keys number).
+    async fn readable_column_type(&self, name: &str, column: &str) -> std::result::Result<DataType, PolicyError> {
+        let t = self.column_type(name, column).await?;
+        match narrow_index(&t) {
+            None => Ok(t),
+            Some(index) => Err(PolicyError::Invalid(format!(
+                "column '{column}' is {t}: a {index} dictionary index fails to read a row group with more \
+                 distinct values than it numbers, so analyst queries may not read it (rule narrow-dictionary); \
+                 rewrite the file with 32-bit dictionary indices or plain values"
+            ))),
+        }
+    }
+
     /// Declares the public group keys of a private table's column: a `GROUP BY` on it then
     /// returns exactly one row per key (SPEC §7). Each value must parse as the column's type.
     pub async fn set_keys(&self, name: &str, column: &str, values: &[String]) -> std::result::Result<(), PolicyError> {
-        let t = &self.column_type(name, column).await?;
+        let t = &self.readable_column_type(name, column).await?;
         // A dictionary-encoded column's keys are values of its value type.
         let t = match t {
             DataType::Dictionary(_, values) => values.as_ref(),

@@ -19,7 +19,7 @@ use common::TempDir;
 use datafusion::arrow::array::{
     ArrayRef, DictionaryArray, Float64Array, Float64Builder, Int64Array, ListBuilder, StringArray, StructArray,
 };
-use datafusion::arrow::datatypes::{DataType, Field, Fields, Int8Type, Int32Type, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Fields, Int32Type, Schema, UInt32Type};
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use dpcurve::mechanism::noise::budget::Budget;
@@ -28,8 +28,9 @@ use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 /// Four files of 1 500 rows: region a/b/c/z (z undeclared), city (3 big, many tiny), person
 /// (the unit of table `u`: 1–6 rows each), x in [0, 1], a curve of 8 points. With `dictionary`
 /// the text columns are written dictionary-encoded, so that they are read back as
-/// dictionaries (what Parquet files written from dictionaries give a scan): the region with `Int8`
-/// keys, the city with `Int32`.
+/// dictionaries (what Parquet files written from dictionaries give a scan): the region with `UInt32`
+/// keys, the city with `Int32` (8- and 16-bit keys are refused on private tables: rule
+/// `narrow-dictionary`).
 fn write_table(dir: &std::path::Path, dictionary: bool) {
     std::fs::create_dir_all(dir).unwrap();
     let regions = ["a", "b", "c", "z"];
@@ -57,9 +58,12 @@ fn write_table(dir: &std::path::Path, dictionary: bool) {
                 Arc::new(StringArray::from(values))
             }
         };
-        // The region, four values, as the narrowest dictionary (a pandas categorical's codes).
-        let region: ArrayRef =
-            if dictionary { Arc::new(region.into_iter().collect::<DictionaryArray<Int8Type>>()) } else { text(region) };
+        // The region, four values, with unsigned keys.
+        let region: ArrayRef = if dictionary {
+            Arc::new(region.into_iter().collect::<DictionaryArray<UInt32Type>>())
+        } else {
+            text(region)
+        };
         common::write_columns(
             &dir.join(format!("part-{file}.parquet")),
             vec![

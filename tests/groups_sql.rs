@@ -372,49 +372,100 @@ async fn dictionary_encoded_declared_keys_release_what_plain_text_keys_do() {
     assert_eq!(plain[0], plain[2], "the 2-D densities on one and three partitions");
 }
 
-/// Declared keys that the key column's dictionary type cannot index (200 for a file's `Int8`
-/// dictionary, which indexes 128) are refused while planning — before the debit, nothing charged
-/// — so a cluster, which casts its executors' hydrated keys back to that type, never meets more
-/// keys than it holds. Control: 100 declared keys release.
-#[tokio::test]
-async fn more_declared_keys_than_an_int8_dictionary_indexes_are_refused_before_the_debit() {
+/// Writes `p.parquet` in `dir`: `region` dictionary-encoded with `index` keys, holding `distinct`
+/// values in one row group (written in batches of at most 100 values each, which an `Int8`
+/// dictionary array can hold), and `x`.
+fn write_dictionary_table(dir: &TempDir, index: DataType, distinct: usize) {
     use datafusion::arrow::array::DictionaryArray;
-    use datafusion::arrow::datatypes::Int8Type;
-    for (declared, refused) in [(200usize, true), (100, false)] {
-        let dir = TempDir::new(&format!("groups-int8-dictionary-{declared}"));
-        let region: Vec<&str> = (0..300).map(|i| ["k0", "k1", "k2"][i % 3]).collect();
-        let x: Vec<f64> = (0..300).map(|i| (i % 101) as f64 / 100.0).collect();
-        common::write_columns(
-            &dir.path("p.parquet"),
-            vec![
-                ("region", Arc::new(region.into_iter().collect::<DictionaryArray<Int8Type>>()) as ArrayRef),
-                ("x", Arc::new(Float64Array::from(x))),
-            ],
-        );
+    use datafusion::arrow::compute::cast;
+    use datafusion::arrow::datatypes::Int32Type;
+    let t = DataType::Dictionary(Box::new(index), Box::new(DataType::Utf8));
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("region", t.clone(), false), Field::new("x", DataType::Float64, false)]));
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(dir.path("p.parquet")).unwrap(), Arc::clone(&schema), None).unwrap();
+    for first in (0..distinct).step_by(100) {
+        let keys: Vec<String> =
+            (first..(first + 100).min(distinct)).flat_map(|k| std::iter::repeat_n(format!("k{k}"), 3)).collect();
+        let x: Vec<f64> = (0..keys.len()).map(|i| (i % 101) as f64 / 100.0).collect();
+        let region = keys.iter().map(String::as_str).collect::<DictionaryArray<Int32Type>>();
+        let region = cast(&region, &t).unwrap();
+        w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![region, Arc::new(Float64Array::from(x))]).unwrap())
+            .unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// A column stored as a dictionary with 8- or 16-bit keys (a pandas categorical) cannot be read
+/// once a row group holds more distinct values than the keys number: Parquet's reader fails. On
+/// a private table one added row with a 128th region would turn a release into a failure after
+/// the debit (SPEC §0; the reader takes an `Int8` dictionary of at most 127 values). The attack,
+/// on neighbouring tables of 127 and 128 regions in one row group (`Int8` keys): every query that reads the column is refused identically, while
+/// planning, with nothing charged — declared keys, a selection, a filter on it, the column as
+/// privacy unit — and so are `set-keys` and `set-privacy-unit` on it; a query that does not read
+/// it releases. Controls: DataFusion itself reads the 127-region table and fails on the
+/// 128-region one (the attack works without the rule), and the same tables with `Int32` keys
+/// release 200 declared keys.
+#[tokio::test]
+async fn narrow_dictionary_columns_of_private_tables_are_refused_before_the_debit_whatever_their_values() {
+    let kde = "private_kde(x, 0.05, 0.5, 1e-6, points => 64, mechanism => 'gaussian')";
+    let reading = [
+        format!("SELECT region, {kde}['mass'] FROM p GROUP BY region"),
+        format!(
+            "SELECT region, {}['mass'] FROM p GROUP BY region",
+            kde.replace("points", "select_epsilon => 1, select_delta => 1e-6, points")
+        ),
+        format!("SELECT {kde}['mass'] FROM p WHERE region <> 'k7'"),
+    ];
+    let mut refusals = Vec::new();
+    for distinct in [127, 128] {
+        let dir = TempDir::new(&format!("groups-narrow-dictionary-{distinct}"));
+        write_dictionary_table(&dir, DataType::Int8, distinct);
+        // Control: the reader alone fails on the neighbour only.
+        let ctx = datafusion::prelude::SessionContext::new();
+        ctx.register_parquet("p", dir.str("p.parquet"), Default::default()).await.unwrap();
+        let raw = ctx.sql("SELECT region FROM p").await.unwrap().collect().await;
+        match &raw {
+            Ok(b) => assert_eq!((distinct, b.iter().map(|b| b.num_rows()).sum::<usize>()), (127, 3 * 127)),
+            Err(e) => assert!(distinct == 128 && e.to_string().contains("dictionary too large for index type"), "{e}"),
+        }
         let admin = Admin::open(&dir.path("catalog.db")).unwrap();
         admin.register("p", &dir.str("p.parquet")).await.unwrap();
         admin.make_private("p", 100.0, 1e-3).unwrap();
         admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
-        admin.set_keys("p", "region", &(0..declared).map(|k| format!("k{k}")).collect::<Vec<_>>()).await.unwrap();
+        let keys: Vec<String> = (0..127).map(|k| format!("k{k}")).collect();
+        let e = admin.set_keys("p", "region", &keys).await.unwrap_err().to_string();
+        assert!(e.contains("narrow-dictionary") && e.contains("'region'"), "{e}");
+        let e = admin.set_privacy_unit("p", "region", 1, 1).await.unwrap_err().to_string();
+        assert!(e.contains("narrow-dictionary"), "{e}");
         let opts = SessionOptions { noise: NoiseSource::Off, ..Default::default() };
         let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
-        let got = s.query(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await;
-        let spent = admin.tables().unwrap()[0].policy.as_ref().unwrap().spent;
-        match got {
-            Err(e) => {
-                assert!(refused, "{declared} keys: {e}");
-                // (DataFusion's own message, while it plans the filter to the declared keys.)
-                let e = e.to_string();
-                assert!(e.contains("Can not create index of type Int8 from value 128"), "{e}");
-                assert_eq!(spent, Budget::ZERO, "refused before the debit: {e}");
-            }
-            Ok(out) => {
-                assert!(!refused, "{declared} keys released");
-                assert_eq!(out.iter().map(|b| b.num_rows()).sum::<usize>(), declared);
-                assert!(spent != Budget::ZERO);
-            }
+        let spent = || admin.tables().unwrap()[0].policy.as_ref().unwrap().spent;
+        let mut refused = Vec::new();
+        for sql in &reading {
+            let e = s.query(sql).await.unwrap_err().to_string();
+            assert!(e.contains("[rule narrow-dictionary] column 'region' of private table 'p'"), "{sql}: {e}");
+            assert_eq!(spent(), Budget::ZERO, "{sql}: refused before the debit");
+            refused.push(e);
         }
+        refusals.push(refused);
+        let out = s.query(&format!("SELECT {kde}['mass'] FROM p")).await.unwrap();
+        assert_eq!(out[0].num_rows(), 1, "a query that does not read the column releases");
+        assert!(spent() != Budget::ZERO);
     }
+    assert_eq!(refusals[0], refusals[1], "the neighbours' refusals are the same");
+    // Control: 32-bit keys read any row group, and 200 declared keys release.
+    let dir = TempDir::new("groups-wide-dictionary");
+    write_dictionary_table(&dir, DataType::Int32, 200);
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("p", &dir.str("p.parquet")).await.unwrap();
+    admin.make_private("p", 100.0, 1e-3).unwrap();
+    admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
+    admin.set_keys("p", "region", &(0..200).map(|k| format!("k{k}")).collect::<Vec<_>>()).await.unwrap();
+    let opts = SessionOptions { noise: NoiseSource::Off, ..Default::default() };
+    let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+    let out = s.query(&reading[0]).await.unwrap();
+    assert_eq!(out.iter().map(|b| b.num_rows()).sum::<usize>(), 200);
 }
 
 /// Declared keys over several columns, or text: each row's group is found by its row encoding in

@@ -211,11 +211,10 @@ impl ExecutionPlan for ClusterExec {
 /// read as a dictionary arrives as plain text and is encoded again here. Whether a column is cast
 /// is a function of the plan's types only, and the batch keeps its own fields otherwise (their
 /// nullability is not checked again: a check that rows could fail). Re-encoding fails only for a
-/// batch with more distinct values than the dictionary's key type indexes (more than 128 for a
-/// file's `Int8` dictionary); the outputs sent back are partial states keyed by declared keys (too
-/// many for this type are refused while planning, before the debit), by selected keys (at most the
-/// public cap, cast alike in one process), by the hashes or integer values of a selection's
-/// candidates (never a dictionary), or a public table's.
+/// batch with more distinct values than the dictionary's key type indexes: a private table's
+/// columns have 32- or 64-bit keys (narrower ones are refused while planning, rule
+/// `narrow-dictionary`), which index any batch; a public table's keys may fail, as they would in
+/// one process reading the file.
 fn as_declared(batch: RecordBatch, declared: &SchemaRef) -> Result<RecordBatch> {
     let schema = batch.schema();
     if schema.fields().iter().zip(declared.fields()).all(|(a, b)| a.data_type() == b.data_type()) {

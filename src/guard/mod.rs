@@ -46,6 +46,7 @@ pub const CHECKS: &[(&str, Pass)] = &[
     ("set privacy units' sensitivity", passes::contributions::run),
     ("validate private calls", passes::calls::run),
     ("total, cheap expressions on private rows", passes::expressions::run),
+    ("columns the reader could fail on", passes::column_types::run),
     ("shape rules and pricing", passes::shape::run),
     ("calls and memory per query", passes::limits::run),
 ];

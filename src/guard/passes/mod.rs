@@ -1,8 +1,9 @@
 //! The guard's passes over the optimized logical plan, one rule each: fill policy defaults, set
-//! unit sensitivities, validate the calls and expressions, check the shape and price it, enforce
+//! unit sensitivities, validate the calls, expressions and column types, check the shape and price it, enforce
 //! limits; then, for execution, filter groups, give permits, split selections, bound units.
 
 pub mod calls;
+pub mod column_types;
 pub mod contributions;
 pub mod defaults;
 pub mod expressions;
