@@ -115,6 +115,8 @@ async fn private_kde(catalog: &Path, partitions: usize, cluster: Option<String>,
 
 #[tokio::main]
 async fn main() {
+    // As the dpcurve binary (and the cluster's processes) do.
+    dpcurve::allocator::keep_freed_memory();
     let o = options();
     let data = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cluster-bench-{}", o.rows));
     write_data(&data, o.rows);

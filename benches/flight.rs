@@ -160,6 +160,8 @@ async fn flight_client(addr: &str, token: &str) -> FlightSqlServiceClient<Channe
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    // As `dpcurve serve` does.
+    dpcurve::allocator::keep_freed_memory();
     let o = options();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-data/flight");
     let _ = std::fs::remove_dir_all(&dir);

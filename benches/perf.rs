@@ -931,11 +931,19 @@ async fn gate(o: &Options, report: &mut Report) {
 
 #[tokio::main]
 async fn main() {
+    // As the dpcurve binary does; DPCURVE_BENCH_MALLOC=default measures glibc's defaults instead.
+    let kept =
+        std::env::var("DPCURVE_BENCH_MALLOC").as_deref() != Ok("default") && dpcurve::allocator::keep_freed_memory();
     let o = Options::parse();
     std::fs::create_dir_all(&o.data).unwrap();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let profile = if cfg!(debug_assertions) { "debug assertions on (not a release build!)" } else { "optimised" };
-    println!("dpcurve benchmark: {cores} cores, {profile}, {} repetitions, data in {}", o.reps, o.data.display());
+    let malloc = if kept { "freed memory kept" } else { "allocator defaults" };
+    println!(
+        "dpcurve benchmark: {cores} cores, {profile}, {malloc}, {} repetitions, data in {}",
+        o.reps,
+        o.data.display()
+    );
     let mut report = Report::default();
     let mut kde_runs = Vec::new();
     if o.wants("kde") || o.wants("peers") {

@@ -237,6 +237,8 @@ fn welch_t(a: &[f64], b: &[f64]) -> f64 {
 
 #[tokio::main]
 async fn main() {
+    // As the dpcurve binary (and the cluster's processes) do.
+    dpcurve::allocator::keep_freed_memory();
     let o = Options::parse();
     let dbs = catalogs(&o).await;
     let open = |db: &PathBuf| {

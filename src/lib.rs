@@ -11,6 +11,7 @@
 // rewrites of these negations (`x < lo || x > hi`) would accept it.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::nonminimal_bool)]
 
+pub mod allocator;
 pub mod cli;
 #[cfg(feature = "cluster")]
 pub mod cluster;

@@ -2,6 +2,7 @@
 
 #[tokio::main]
 async fn main() {
+    dpcurve::allocator::keep_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let command = args.first().map(String::as_str);
     // Like other command-line tools, end quietly when the reader of our output goes away

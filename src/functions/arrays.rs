@@ -19,10 +19,21 @@ pub(crate) fn fixed_point_state(values: &[i128]) -> Result<ScalarValue> {
     Ok(ScalarValue::List(Arc::new(list)))
 }
 
-/// Fixed-point statistics as a list state column, one row each, written into one buffer (what
-/// [`fixed_point_state`] gives each, concatenated).
-pub(crate) fn fixed_point_states<'a>(statistics: impl Iterator<Item = &'a [i128]> + Clone) -> Result<ArrayRef> {
-    Ok(Arc::new(fixed_point_lists(statistics)?))
+/// Fixed-point statistics as a list state column, one row each, each appended by `append`
+/// straight into the column's one buffer of `capacity` entries (what [`fixed_point_state`] gives
+/// each, concatenated).
+pub(crate) fn fixed_point_states<T>(
+    statistics: &[T],
+    capacity: usize,
+    append: impl Fn(&T, &mut Vec<i128>),
+) -> Result<ArrayRef> {
+    let (mut values, mut lengths) = (Vec::with_capacity(capacity), Vec::with_capacity(statistics.len()));
+    for s in statistics {
+        let before = values.len();
+        append(s, &mut values);
+        lengths.push(values.len() - before);
+    }
+    Ok(Arc::new(fixed_point_list(values, lengths)?))
 }
 
 fn fixed_point_lists<'a>(statistics: impl Iterator<Item = &'a [i128]> + Clone) -> Result<ListArray> {
@@ -31,6 +42,11 @@ fn fixed_point_lists<'a>(statistics: impl Iterator<Item = &'a [i128]> + Clone) -
         values.extend_from_slice(s);
         lengths.push(s.len());
     }
+    fixed_point_list(values, lengths)
+}
+
+/// Concatenated fixed-point values as a list of the given row lengths.
+fn fixed_point_list(values: Vec<i128>, lengths: Vec<usize>) -> Result<ListArray> {
     let values = Decimal128Array::from(values).with_data_type(fixed_point_type());
     let field = Arc::new(Field::new_list_field(fixed_point_type(), true));
     Ok(ListArray::try_new(field, OffsetBuffer::from_lengths(lengths), Arc::new(values), None)?)

@@ -118,10 +118,11 @@ impl Statistic for BufferedSums {
         Ok(vec![fixed_point_state(self.totals())?])
     }
 
-    /// Every statistic's totals written straight into one list column (no value per group).
-    fn states(mut statistics: Vec<Self>, _types: &[DataType]) -> Result<Vec<ArrayRef>> {
-        statistics.iter_mut().for_each(BufferedSums::flush);
-        Ok(vec![fixed_point_states(statistics.iter().map(BufferedSums::flushed_totals))?])
+    /// Every statistic's totals written straight into one list column (no value per group),
+    /// buffers included, in one pass over each statistic.
+    fn states(statistics: Vec<Self>, _types: &[DataType]) -> Result<Vec<ArrayRef>> {
+        let capacity = statistics.iter().map(BufferedSums::len).sum();
+        Ok(vec![fixed_point_states(&statistics, capacity, BufferedSums::append_totals)?])
     }
 
     fn merge(&mut self, function: &str, states: &[ArrayRef]) -> Result<()> {

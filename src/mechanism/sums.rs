@@ -128,9 +128,24 @@ impl BufferedSums {
         &self.totals
     }
 
-    /// The exact totals as of the last [`Self::flush`] (what [`Self::totals`] gives right after it).
-    pub fn flushed_totals(&self) -> &[i128] {
-        &self.totals
+    /// Appends to `out` the exact sums [`Self::totals`] would give, in one pass that leaves this
+    /// statistic as it is (for one about to be dropped: writing its buffer into its totals first
+    /// would move every entry twice more). The same saturating additions in the same order as
+    /// [`Self::flush`], so the values are bit-identical.
+    pub fn append_totals(&self, out: &mut Vec<i128>) {
+        if !self.pending.is_empty() {
+            out.extend(self.totals.iter().zip(&self.pending).map(|(t, p)| t.saturating_add(*p as i128)));
+        } else if let Some((_, entries)) = self.split.split_last() {
+            let unit = self.split_unit as i128;
+            let mut carry = 0i128;
+            out.extend(self.totals.iter().zip(entries).map(|(t, &[rows, right])| {
+                let t = t.saturating_add(carry).saturating_add(rows as i128 * unit - right as i128);
+                carry = right as i128;
+                t
+            }));
+        } else {
+            out.extend_from_slice(&self.totals);
+        }
     }
 
     /// Number of sums.
@@ -222,6 +237,51 @@ mod tests {
         // 5·10^6 rows > flush_rows: flushed in between, and nothing wrapped.
         assert_eq!(s.totals(), &reference[..]);
         assert_eq!(reference.iter().sum::<i128>(), 5_000_000 * unit as i128);
+    }
+
+    #[test]
+    fn appended_totals_are_the_flushed_totals_bit_for_bit() {
+        // Every kind of buffer, rows pending in it (after an earlier flush, and a total near
+        // saturation), a dropped row in the split buffer's spare entry.
+        let (len, unit) = (11, 1i64 << 40);
+        for buffers in [Buffers::Plain, Buffers::Split, Buffers::None] {
+            let mut s = BufferedSums::new(len, 100, buffers);
+            let mut near_max = vec![0i128; len];
+            near_max[3] = i128::MAX - 5;
+            s.merge(&near_max);
+            for (batch, rows) in [100, 37].into_iter().enumerate() {
+                match buffers {
+                    Buffers::Plain => {
+                        let b = s.buffer(rows);
+                        for (l, r) in split_rows(rows, len - 1, batch) {
+                            b[l] += r + 1;
+                        }
+                    }
+                    Buffers::Split => {
+                        let b = s.buffer_split(rows, unit);
+                        for (l, r) in split_rows(rows, len, batch) {
+                            b[l][0] += 1;
+                            b[l][1] += if l < len - 1 { r } else { 0 };
+                        }
+                    }
+                    Buffers::None => s.merge(&vec![batch as i128 + 7; len]),
+                }
+            }
+            let mut appended = vec![42];
+            s.append_totals(&mut appended);
+            let unchanged = s.flushes();
+            assert_eq!(&appended[1..], s.totals(), "{buffers:?}");
+            assert_eq!(s.flushes(), unchanged + 1, "appending flushed nothing");
+            assert_eq!(appended[4], i128::MAX, "saturated as the flush saturates");
+        }
+        // Negative control: a statistic with other rows appends other totals.
+        let (mut a, mut b) = (BufferedSums::new(3, 10, Buffers::Split), BufferedSums::new(3, 10, Buffers::Split));
+        a.buffer_split(1, unit)[0] = [1, 5];
+        b.buffer_split(1, unit)[0] = [1, 6];
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        a.append_totals(&mut x);
+        b.append_totals(&mut y);
+        assert_ne!(x, y);
     }
 
     #[test]
