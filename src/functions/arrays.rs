@@ -15,7 +15,7 @@ pub(crate) fn fixed_point_type() -> DataType {
 
 /// A fixed-point statistic as a one-row list state value.
 pub(crate) fn fixed_point_state(values: &[i128]) -> Result<ScalarValue> {
-    let list = fixed_point_lists(std::iter::once(values))?;
+    let list = fixed_point_lists(&[values], values.len(), |v, out| out.extend_from_slice(v))?;
     Ok(ScalarValue::List(Arc::new(list)))
 }
 
@@ -27,26 +27,16 @@ pub(crate) fn fixed_point_states<T>(
     capacity: usize,
     append: impl Fn(&T, &mut Vec<i128>),
 ) -> Result<ArrayRef> {
+    Ok(Arc::new(fixed_point_lists(statistics, capacity, append)?))
+}
+
+fn fixed_point_lists<T>(statistics: &[T], capacity: usize, append: impl Fn(&T, &mut Vec<i128>)) -> Result<ListArray> {
     let (mut values, mut lengths) = (Vec::with_capacity(capacity), Vec::with_capacity(statistics.len()));
     for s in statistics {
         let before = values.len();
         append(s, &mut values);
         lengths.push(values.len() - before);
     }
-    Ok(Arc::new(fixed_point_list(values, lengths)?))
-}
-
-fn fixed_point_lists<'a>(statistics: impl Iterator<Item = &'a [i128]> + Clone) -> Result<ListArray> {
-    let (mut values, mut lengths) = (Vec::with_capacity(statistics.clone().map(<[i128]>::len).sum()), Vec::new());
-    for s in statistics {
-        values.extend_from_slice(s);
-        lengths.push(s.len());
-    }
-    fixed_point_list(values, lengths)
-}
-
-/// Concatenated fixed-point values as a list of the given row lengths.
-fn fixed_point_list(values: Vec<i128>, lengths: Vec<usize>) -> Result<ListArray> {
     let values = Decimal128Array::from(values).with_data_type(fixed_point_type());
     let field = Arc::new(Field::new_list_field(fixed_point_type(), true));
     Ok(ListArray::try_new(field, OffsetBuffer::from_lengths(lengths), Arc::new(values), None)?)
