@@ -136,7 +136,7 @@ async fn with_a_unit_the_selection_counts_people_not_rows() {
 /// spills follow from the file's footer and the memory limit, never from how many candidate groups
 /// the rows have (DataFusion's aggregate spilled when they no longer fit: one more group could make
 /// the query spill and run visibly longer) — over one partition too, where DataFusion plans one
-/// phase of its own.
+/// phase of its own; over two, a partial count holding at most a window's keys comes first.
 #[tokio::test]
 async fn the_first_pass_counts_with_memory_planned_from_public_facts() {
     let f = fixture("sel-planned").await;
@@ -144,7 +144,9 @@ async fn the_first_pass_counts_with_memory_planned_from_public_facts() {
         let opts =
             SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
         let s = AnalystSession::open(&f.dir.path("catalog.db"), opts).await.unwrap();
-        for (t, planned) in [("rows", 1), ("people", 2)] {
+        // Over two partitions the count runs in two phases: counts per partition as the rows come,
+        // exchanged by key, added up.
+        for (t, planned) in [("rows", partitions), ("people", partitions + 1)] {
             let sql = format!("SELECT city, {}['mass'] FROM {t} GROUP BY city", kde(SELECT));
             let plan = s.physical_plan_for_tests(&sql).await.unwrap();
             let gate = plan.downcast_ref::<dpcurve::guard::BudgetGateExec>().expect("the gate at the root");
@@ -153,6 +155,10 @@ async fn the_first_pass_counts_with_memory_planned_from_public_facts() {
             assert!(text.contains("aggr=[count], input rows <= 1804, memory <= "), "{t}, {partitions}:\n{text}");
             assert_eq!(text.matches("PlannedAggregateExec").count(), planned, "{t}, {partitions}:\n{text}");
             assert!(!text.contains("AggregateExec: mode="), "{t}, {partitions}: no aggregate of DataFusion's\n{text}");
+            let phases = text.contains("aggr=[count], input rows <= 1804, partial, every 32768 rows")
+                && text.contains("aggr=[count], input rows <= 1804, memory <= ")
+                && text.contains(", final");
+            assert_eq!(phases, partitions == 2, "{t}, {partitions}:\n{text}");
             // The release's own bound too.
             let main = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
             assert!(t == "rows" || main.contains("aggr=[dpcurve_unit_bound], input rows <= 1804"), "{main}");

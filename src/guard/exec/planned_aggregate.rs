@@ -7,8 +7,14 @@
 //! * a partition selection's count of each candidate group (`count`, aliased
 //!   [`selected::COUNT_COLUMN`], grouped by the key's keyed hash or its integer value).
 //!
-//! [`super::unit_phase`] plans both in one phase: rows exchanged by key, then one aggregate per
-//! partition grouped by the key (DataFusion's `SinglePartitioned` mode). DataFusion's own aggregate
+//! [`super::unit_phase`] plans the bound in one phase: rows exchanged by key, then one aggregate per
+//! partition grouped by the key (DataFusion's `SinglePartitioned` mode). In this process the count
+//! runs in two ([`Phase`]): each file partition counts its rows' keys as they come and passes the
+//! counts on every [`PARTIAL_WINDOW`] rows — a window's keys, at most its rows, so the partial phase's
+//! memory is bounded by a constant and reserved whole before its first row — then the counts are
+//! exchanged by key and added up by a final phase planned like the one phase (exchanging the rows
+//! themselves cost more than counting them). How many counts a window passes on is its number of
+//! keys: the count's time grows with the candidate groups, as it did before, never with a threshold. DataFusion's own aggregate
 //! would spend most of the bound's time finding each row's unit — the units' samples evict its
 //! interning table from the caches, and it waits on its misses one row at a time — and would spill
 //! when its groups no longer fit, a threshold the rows decide. [`PlannedAggregateExec`] computes the
@@ -66,6 +72,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
@@ -82,9 +89,12 @@ use crate::guard::ops::unit_bound::{self, UnitBound};
 #[derive(Debug, Clone)]
 pub struct PlannedAggregateExec {
     input: Arc<dyn ExecutionPlan>,
+    /// The schema of the aggregate's rows (for a final phase, the partial phase's input's).
+    input_schema: SchemaRef,
     key: Arc<dyn PhysicalExpr>,
     call: Arc<AggregateFunctionExpr>,
     kind: Call,
+    phase: Phase,
     key_type: DataType,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
@@ -100,26 +110,36 @@ pub struct PlannedAggregateExec {
 
 impl PlannedAggregateExec {
     /// The operator for `agg` when it is the one-phase aggregate (`SinglePartitioned`, grouped by
-    /// one key of a fixed-width type) of one unfiltered call it runs (module docs); None for any
-    /// other aggregate. Its input's rows are unknown until [`Self::with_rows`].
+    /// one key of a fixed-width type) of one unfiltered call it runs, or a phase of a selection's
+    /// count (`Partial`, `FinalPartitioned`; module docs); None for any other aggregate. Its
+    /// input's rows are unknown until [`Self::with_rows`].
     pub fn try_new(agg: &AggregateExec) -> Result<Option<Self>> {
         let groups = agg.group_expr();
         let ([(key, _)], [call], [None]) = (groups.expr(), agg.aggr_expr(), agg.filter_expr()) else {
             return Ok(None);
         };
         let Some(kind) = Call::of(call) else { return Ok(None) };
-        if *agg.mode() != AggregateMode::SinglePartitioned || !groups.is_single() {
+        let phase = match (agg.mode(), kind) {
+            (AggregateMode::SinglePartitioned, _) => Phase::One,
+            (AggregateMode::Partial, Call::Count) => Phase::Partial,
+            (AggregateMode::FinalPartitioned, Call::Count) => Phase::Final,
+            _ => return Ok(None),
+        };
+        if !groups.is_single() {
             return Ok(None);
         }
-        let key_type = key.data_type(&agg.input_schema())?;
+        // The key over the operator's own input (a final phase's: the partial phase's output).
+        let key_type = key.data_type(&agg.input().schema())?;
         if key_width(&key_type).is_none() {
             return Ok(None);
         }
         Ok(Some(Self {
             input: Arc::clone(agg.input()),
+            input_schema: agg.input_schema(),
             key: Arc::clone(key),
             call: Arc::clone(call),
             kind,
+            phase,
             key_type,
             schema: agg.schema(),
             properties: Arc::clone(agg.properties()),
@@ -132,6 +152,11 @@ impl PlannedAggregateExec {
     /// Whether it runs the privacy-unit bound (else a partition selection's count).
     pub fn is_unit_bound(&self) -> bool {
         self.kind == Call::UnitBound
+    }
+
+    /// The phase of its aggregate it computes.
+    pub fn phase(&self) -> Phase {
+        self.phase
     }
 
     /// The same operator over an input of at most `rows` rows, a public bound.
@@ -154,20 +179,35 @@ impl PlannedAggregateExec {
         self.share
     }
 
-    /// The one-phase aggregate this operator computes, over `input` (of the same schema as its
-    /// own): what [`Self::try_new`] takes back. A cluster's codec sends the operator as that
+    /// The aggregate (or phase of one) this operator computes, over `input` (of the same schema as
+    /// its own): what [`Self::try_new`] takes back. A cluster's codec sends the operator as that
     /// aggregate over an empty input, with its public facts.
     pub fn aggregate_over(&self, input: Arc<dyn ExecutionPlan>) -> Result<AggregateExec> {
         let name = self.schema.field(0).name().clone();
-        let input_schema = self.input.schema();
+        let mode = match self.phase {
+            Phase::One => AggregateMode::SinglePartitioned,
+            Phase::Partial => AggregateMode::Partial,
+            Phase::Final => AggregateMode::FinalPartitioned,
+        };
         AggregateExec::try_new(
-            AggregateMode::SinglePartitioned,
+            mode,
             PhysicalGroupBy::new_single(vec![(Arc::clone(&self.key), name)]),
             vec![Arc::clone(&self.call)],
             vec![None],
             input,
-            input_schema,
+            Arc::clone(&self.input_schema),
         )
+    }
+
+    /// What each row of its input gives the call: the call's arguments, or for a final phase the
+    /// partial phase's state columns (after the key).
+    fn arguments(&self) -> Result<Vec<Arc<dyn PhysicalExpr>>> {
+        if self.phase != Phase::Final {
+            return Ok(self.call.expressions());
+        }
+        let schema = self.input.schema();
+        let states = self.call.state_fields()?.len();
+        Ok((1..=states).map(|i| Arc::new(Column::new(schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>).collect())
     }
 
     /// The schema of a spill file: the key, then the call's state.
@@ -229,6 +269,23 @@ impl Call {
     }
 }
 
+/// The phase of its aggregate an operator computes. The bound always runs in one phase; a
+/// selection's count in one phase over one partition, else in two in this process (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Rows in (all of a key's in its partition), each key's value out.
+    One,
+    /// A count's partial phase: a partition's rows in, as they come; every [`PARTIAL_WINDOW`] rows
+    /// the window's keys and their counts go on, and its table is emptied.
+    Partial,
+    /// A count's final phase: partial counts exchanged by key in, each key's total out.
+    Final,
+}
+
+/// Rows of a partition a partial count holds before it passes their keys' counts on: its memory
+/// is at most this many keys', whatever the rows (module docs).
+pub const PARTIAL_WINDOW: usize = 1 << 15;
+
 impl DisplayAs for PlannedAggregateExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PlannedAggregateExec: key={}, aggr=[{}]", self.key, self.kind.name())?;
@@ -236,9 +293,13 @@ impl DisplayAs for PlannedAggregateExec {
             Some(rows) => write!(f, ", input rows <= {rows}"),
             None => write!(f, ", input rows unknown"),
         }?;
-        match self.share {
-            Some(bytes) => write!(f, ", memory <= {bytes}"),
-            None => Ok(()),
+        if let Some(bytes) = self.share {
+            write!(f, ", memory <= {bytes}")?;
+        }
+        match self.phase {
+            Phase::One => Ok(()),
+            Phase::Partial => write!(f, ", partial, every {PARTIAL_WINDOW} rows"),
+            Phase::Final => write!(f, ", final"),
         }
     }
 }
@@ -292,25 +353,40 @@ impl ExecutionPlan for PlannedAggregateExec {
             (MemoryLimit::Finite(bytes), None) => Some(unit_bound::memory_share(bytes)),
             (_, planned) => planned,
         };
-        // The most units a partition holds at once: all the input's rows, or what its share holds.
-        let most_units = [self.rows, limit.map(|l| (l / per_row.max(1)) as u64)].into_iter().flatten().min();
-        let table = table.sized_for(most_units);
-        let layout = Layout::of(&Facts {
-            rows: self.rows,
-            per_row,
-            exact,
-            fixed: table.most_fixed_bytes(batch) + accumulator.size(),
-            share: limit,
-            partitions: self.properties.partitioning.partition_count().max(1),
-        });
+        let (table, layout, floor) = match self.phase {
+            // A partial count holds at most a window's keys, whatever the share: reserved whole.
+            Phase::Partial => {
+                let table = table.sized_for(Some(PARTIAL_WINDOW as u64));
+                let floor = PARTIAL_WINDOW * per_row + table.most_fixed_bytes(batch) + accumulator.size();
+                (table, Layout::Emitting { window: PARTIAL_WINDOW }, floor)
+            }
+            Phase::One | Phase::Final => {
+                // The most units a partition holds at once: all the input's rows, or what its share holds.
+                let most_units = [self.rows, limit.map(|l| (l / per_row.max(1)) as u64)].into_iter().flatten().min();
+                let table = table.sized_for(most_units);
+                let layout = Layout::of(&Facts {
+                    rows: self.rows,
+                    per_row,
+                    exact,
+                    fixed: table.most_fixed_bytes(batch) + accumulator.size(),
+                    share: limit,
+                    partitions: self.properties.partitioning.partition_count().max(1),
+                });
+                (table, layout, 0)
+            }
+        };
         let run = Run {
             input: Some(input),
+            started: false,
             key: Arc::clone(&self.key),
-            arguments: self.call.expressions(),
+            arguments: self.arguments()?,
+            merges: self.phase == Phase::Final,
+            states: self.phase == Phase::Partial,
             table,
             accumulator,
             groups: Vec::new(),
             reservation,
+            floor,
             context,
             schema: Arc::clone(&self.schema),
             spill_schema: self.spill_schema()?,
@@ -352,6 +428,8 @@ enum Layout {
     /// Samples written every `window` rows to files of `bits[0]` bits; a file of level `l` split
     /// by `bits[l + 1]` more while there is a next level, then merged.
     Spilled { window: usize, bits: Vec<u32> },
+    /// A partial phase's: every `window` rows the keys' states are passed on and the table emptied.
+    Emitting { window: usize },
 }
 
 /// The fewest rows between spills (a limit too small for the fixed bytes is not refused: the
@@ -390,13 +468,21 @@ impl Layout {
 struct Run {
     /// The rows, until all are read.
     input: Option<SendableRecordBatchStream>,
+    /// Whether the first row was asked for (the spill files are opened then).
+    started: bool,
     key: Arc<dyn PhysicalExpr>,
     arguments: Vec<Arc<dyn PhysicalExpr>>,
+    /// Whether its input's rows are partial states to merge (a final phase).
+    merges: bool,
+    /// Whether it emits its keys' states, not their values (a partial phase).
+    states: bool,
     table: UnitTable,
     accumulator: Box<dyn GroupsAccumulator>,
     /// Scratch: one batch's group indices.
     groups: Vec<usize>,
     reservation: MemoryReservation,
+    /// Bytes held whatever the rows (a partial phase reserves its window's bound whole).
+    floor: usize,
     context: Arc<TaskContext>,
     schema: SchemaRef,
     spill_schema: SchemaRef,
@@ -420,18 +506,28 @@ impl Run {
             if let Some(batch) = self.output.pop_front() {
                 return Ok(Some(batch));
             }
-            if let Some(mut input) = self.input.take() {
-                if let Layout::Spilled { bits, .. } = &self.layout {
-                    self.spilled = Some(Partitions::new(0, bits[0], Arc::clone(&self.spill_schema), &self.context)?);
+            if self.input.is_some() {
+                if !self.started {
+                    self.started = true;
+                    if let Layout::Spilled { bits, .. } = &self.layout {
+                        self.spilled =
+                            Some(Partitions::new(0, bits[0], Arc::clone(&self.spill_schema), &self.context)?);
+                    }
+                    self.charge();
                 }
-                while let Some(batch) = input.next().await {
-                    self.update(&batch?)?;
-                }
-                match self.spilled.take() {
-                    None => self.emit()?,
-                    Some(mut partitions) => {
-                        self.spill_into(&mut partitions)?;
-                        self.files.extend(partitions.finish()?);
+                // One batch at a time: a partial phase's windows go on as they fill.
+                let next = self.input.as_mut().expect("checked above").next().await;
+                match next {
+                    Some(batch) => self.update(&batch?)?,
+                    None => {
+                        self.input = None;
+                        match self.spilled.take() {
+                            None => self.emit(false)?,
+                            Some(mut partitions) => {
+                                self.spill_into(&mut partitions)?;
+                                self.files.extend(partitions.finish()?);
+                            }
+                        }
                     }
                 }
                 continue;
@@ -454,18 +550,20 @@ impl Run {
         self.table.size() + self.accumulator.size()
     }
 
-    /// Charges what is held now to the pool, infallibly: the layout bounded it before any row.
+    /// Charges what is held now to the pool, infallibly: the layout bounded it before any row (a
+    /// partial phase charges its bound whole, whatever it holds).
     fn charge(&mut self) {
         let size = self.size();
-        self.reservation.resize(size);
+        self.reservation.resize(size.max(self.floor));
         self.peak.set_max(size);
     }
 
-    /// Adds a batch's rows, spilling at every window's last row (spilled layout).
+    /// Adds a batch's rows, spilling (spilled layout) or passing the keys' states on (a partial
+    /// phase's) at every window's last row.
     fn update(&mut self, batch: &RecordBatch) -> Result<()> {
         let window = match &self.layout {
             Layout::InMemory => return self.add(batch),
-            Layout::Spilled { window, .. } => *window,
+            Layout::Spilled { window, .. } | Layout::Emitting { window } => *window,
         };
         let mut from = 0;
         while from < batch.num_rows() {
@@ -473,10 +571,14 @@ impl Run {
             self.add(&batch.slice(from, take))?;
             (from, self.in_window) = (from + take, self.in_window + take);
             if self.in_window == window {
-                let mut partitions =
-                    self.spilled.take().ok_or_else(|| DataFusionError::Internal("no spill files".into()))?;
-                self.spill_into(&mut partitions)?;
-                self.spilled = Some(partitions);
+                if let Layout::Emitting { .. } = self.layout {
+                    self.emit(true)?;
+                } else {
+                    let mut partitions =
+                        self.spilled.take().ok_or_else(|| DataFusionError::Internal("no spill files".into()))?;
+                    self.spill_into(&mut partitions)?;
+                    self.spilled = Some(partitions);
+                }
                 self.in_window = 0;
             }
         }
@@ -489,7 +591,11 @@ impl Run {
         let arguments =
             self.arguments.iter().map(|e| e.evaluate(batch)?.into_array(n)).collect::<Result<Vec<ArrayRef>>>()?;
         self.table.groups_of(key.as_ref(), &mut self.groups)?;
-        self.accumulator.update_batch(&arguments, &self.groups, None, self.table.len())?;
+        if self.merges {
+            self.accumulator.merge_batch(&arguments, &self.groups, self.table.len())?;
+        } else {
+            self.accumulator.update_batch(&arguments, &self.groups, None, self.table.len())?;
+        }
         self.charge();
         Ok(())
     }
@@ -506,12 +612,21 @@ impl Run {
         Ok(())
     }
 
-    /// Every key's value, in batches of the session's size; empties the table.
-    fn emit(&mut self) -> Result<()> {
-        let kept = self.accumulator.evaluate(EmitTo::All)?;
-        let units = self.table.keys()?;
-        self.table.reset();
-        let batch = batch_as(Arc::clone(&self.schema), vec![units, kept])?;
+    /// Every key's value (a partial phase: its state), in batches of the session's size; empties
+    /// the table, keeping its room when more rows follow (`keep_room`) and freeing it otherwise.
+    fn emit(&mut self, keep_room: bool) -> Result<()> {
+        let mut columns = vec![self.table.keys()?];
+        if self.states {
+            columns.extend(self.accumulator.state(EmitTo::All)?);
+        } else {
+            columns.push(self.accumulator.evaluate(EmitTo::All)?);
+        }
+        if keep_room {
+            self.table.clear();
+        } else {
+            self.table.reset();
+        }
+        let batch = batch_as(Arc::clone(&self.schema), columns)?;
         let size = self.context.session_config().batch_size().max(1);
         for from in (0..batch.num_rows()).step_by(size) {
             self.output.push_back(batch.slice(from, size.min(batch.num_rows() - from)));
@@ -544,7 +659,7 @@ impl Run {
             self.accumulator.merge_batch(&batch.columns()[1..], &self.groups, self.table.len())?;
             self.charge();
         }
-        self.emit()
+        self.emit(false)
     }
 }
 
@@ -878,6 +993,66 @@ mod tests {
         let ((spills, splits, _), (spills1, splits1, _)) = (counts(&e), counts(&e1));
         assert_eq!((spills, splits), (spills1, splits1), "under {limit} bytes");
         assert!(spills > 0, "the limit is below what the input's rows could hold");
+    }
+
+    /// A selection's count in two phases — partial counts passed on every [`PARTIAL_WINDOW`] rows,
+    /// exchanged by key, added up — gives the one phase's counts, over few keys and over keys that
+    /// fill every window; a partial phase holds at most a window's keys, which bounds its memory
+    /// whatever the rows, and it passes on no more rows than a window has keys.
+    #[tokio::test]
+    async fn a_count_in_two_phases_counts_as_one_phase_does() {
+        use crate::guard::exec::unit_phase::UnitExchangeExec;
+        let rows = 3 * PARTIAL_WINDOW as i64 + 17;
+        for keys in [100, 1_000_000] {
+            let one = count_of((0..rows).map(|i| (i % 97 != 0).then_some((i * 7919) % keys)).collect());
+            let want = counted(Arc::new(one.clone()), None).await;
+            assert_eq!(want.values().sum::<i64>(), rows);
+            let partial = AggregateExec::try_new(
+                AggregateMode::Partial,
+                one.group_expr().clone(),
+                one.aggr_expr().to_vec(),
+                vec![None],
+                Arc::clone(one.input()),
+                one.input_schema(),
+            )
+            .unwrap();
+            let partial =
+                Arc::new(PlannedAggregateExec::try_new(&partial).unwrap().unwrap().with_rows(Some(rows as u64)));
+            assert_eq!(partial.phase(), Phase::Partial);
+            let key = datafusion::physical_expr::expressions::col("u", &partial.schema()).unwrap();
+            let exchanged = Arc::new(UnitExchangeExec::new(Arc::clone(&partial) as _, vec![key], 3));
+            let total = AggregateExec::try_new(
+                AggregateMode::FinalPartitioned,
+                one.group_expr().as_final(),
+                one.aggr_expr().to_vec(),
+                vec![None],
+                exchanged,
+                one.input_schema(),
+            )
+            .unwrap();
+            let total = exec(&total, Some(rows as u64));
+            assert_eq!(total.phase(), Phase::Final);
+            let got = counted(Arc::clone(&total) as Arc<dyn ExecutionPlan>, None).await;
+            assert!(got == want, "{keys} keys: {} counts against {}", got.len(), want.len());
+            // What the partial phase held and passed on.
+            let table = UnitTable::new(&DataType::Int64).unwrap();
+            let (per_row, _) = partial.bytes_per_row(&table).unwrap();
+            let bound = PARTIAL_WINDOW * per_row + table.most_fixed_bytes(300) + 64 * 1024;
+            let peak = counts(&partial).2;
+            assert!(peak <= bound, "{keys} keys: {peak} > {bound} bytes");
+            let alone = Arc::new(partial.as_ref().clone()) as Arc<dyn ExecutionPlan>;
+            let passed: usize = collect(alone, context(None)).await.unwrap().iter().map(RecordBatch::num_rows).sum();
+            if keys == 100 {
+                assert!(passed <= 4 * 101, "four windows of at most 101 keys: {passed} rows");
+            } else {
+                // Control: nearly every row's key is new to its window (1 in 97 is NULL), and a
+                // window of such keys holds nearly what the bound allows.
+                assert!(
+                    passed as i64 * 100 > rows * 95 && peak * 2 > PARTIAL_WINDOW * per_row,
+                    "{passed} rows, {peak} bytes"
+                );
+            }
+        }
     }
 
     /// A partition selection's count: the counts DataFusion's aggregate gives, in memory and

@@ -8,7 +8,8 @@
 //!   unit bound's kept rows (each one of its input's rows). Any other operator below (a join, an
 //!   unnest of a column) leaves it unknown, and the operator then spills as for an input too large;
 //! * the bytes it may hold: what the private calls' planned memory leaves of the session's limit
-//!   (`passes::limits`), shared equally by the plan's planned aggregates (they may run at once).
+//!   (`passes::limits`), shared equally by the plan's planned aggregates (they may run at once),
+//!   but for a count's partial phase, which holds at most a window's keys whatever the limit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::object_store::ObjectMeta;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::planned_aggregate::PlannedAggregateExec;
+use super::planned_aggregate::{Phase, PlannedAggregateExec};
 use crate::guard::ops::unit_bound;
 
 /// Operators whose output has at most the rows of their inputs together.
@@ -50,12 +51,16 @@ pub async fn with_public_facts(
     session: &dyn Session,
     memory: Option<u64>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let mut bounds = 0u64;
+    // A partial count holds a window's keys whatever the memory: it takes no share.
+    let (mut bounds, mut planned) = (0u64, 0u64);
     plan.apply(|n| {
-        bounds += u64::from(n.downcast_ref::<PlannedAggregateExec>().is_some());
+        if let Some(p) = n.downcast_ref::<PlannedAggregateExec>() {
+            planned += 1;
+            bounds += u64::from(p.phase() != Phase::Partial);
+        }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    if bounds == 0 {
+    if planned == 0 {
         return Ok(plan);
     }
     // Without a plan for the private calls' memory (no privacy unit), the default share of the
@@ -64,7 +69,7 @@ pub async fn with_public_facts(
         MemoryLimit::Finite(bytes) => Some(unit_bound::memory_share(bytes) as u64),
         _ => None,
     });
-    let share = memory.map(|m| m / bounds);
+    let share = memory.map(|m| m / bounds.max(1));
     let mut files: Vec<(ObjectStoreUrl, ObjectMeta)> = Vec::new();
     plan.apply(|node| {
         if let Some(bound) = node.downcast_ref::<PlannedAggregateExec>() {
@@ -90,6 +95,7 @@ pub async fn with_public_facts(
     plan.transform_up(|node| {
         let Some(bound) = node.downcast_ref::<PlannedAggregateExec>() else { return Ok(Transformed::no(node)) };
         let most = most_rows(bound.children()[0], &rows);
+        let share = if bound.phase() == Phase::Partial { None } else { share };
         Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most).with_share(share)) as Arc<dyn ExecutionPlan>))
     })
     .map(|t| t.data)

@@ -11,10 +11,13 @@
 //! unit's value or its hash, always). The kept rows are the same (the bound does not depend on batches or
 //! partitions).
 //!
-//! A partition selection's first pass, a count grouped by the candidate key, is planned the same
-//! way (rows exchanged by key, one count per partition by [`PlannedAggregateExec`]): DataFusion's
-//! count would spill when the candidate groups no longer fit. Over one partition DataFusion plans
-//! either aggregate in one phase of its own (`Single`), which the operator replaces too.
+//! A partition selection's first pass, a count grouped by the candidate key, is run by the same
+//! operator: DataFusion's count would spill when the candidate groups no longer fit. In this
+//! process it keeps two phases — a partial count per file partition passing on each window's keys
+//! and counts, the counts exchanged by key, a final count adding them — since a key's rows, unlike
+//! a unit's, need not meet to be counted; on a cluster, one phase over rows shuffled by key. Over
+//! one partition DataFusion plans either aggregate in one phase of its own (`Single`), which the
+//! operator replaces too.
 //!
 //! On a cluster the same one phase runs on the executors, over rows the cluster shuffles by unit
 //! ([`Exchange::Shuffle`]). DataFusion's two phases would merge the samples in its hash aggregate,
@@ -51,7 +54,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::node::{apply_each, only_child};
-use super::planned_aggregate::{self, PlannedAggregateExec};
+use super::planned_aggregate::{self, Phase, PlannedAggregateExec};
 
 /// Batches a queue of the exchange holds before its senders wait.
 pub const QUEUE_BATCHES: usize = 2;
@@ -69,9 +72,10 @@ pub enum Exchange {
 
 /// Replaces every two-phase aggregate that [`PlannedAggregateExec`] runs — the unit bound and a
 /// partition selection's count (partial → repartition of states → final) — by one phase over rows
-/// sent by `exchange` to the partition of their key (module docs), run by that operator; and the
-/// same aggregate planned in one phase over one partition (`Single`) by that operator over it.
-/// Other plans are returned unchanged.
+/// sent by `exchange` to the partition of their key (module docs), run by that operator, except a
+/// count in this process, whose two phases that operator runs with [`UnitExchangeExec`] between
+/// them; and the same aggregate planned in one phase over one partition (`Single`) by that operator
+/// over it. Other plans are returned unchanged.
 pub fn single_phase_aggregates(plan: Arc<dyn ExecutionPlan>, exchange: Exchange) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let Some(last) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
@@ -86,12 +90,33 @@ pub fn single_phase_aggregates(plan: Arc<dyn ExecutionPlan>, exchange: Exchange)
                 let Some(states) = last.input().downcast_ref::<RepartitionExec>() else {
                     return Ok(Transformed::no(node));
                 };
-                let Partitioning::Hash(_, partitions) = states.partitioning() else { return Ok(Transformed::no(node)) };
+                let Partitioning::Hash(state_keys, partitions) = states.partitioning() else {
+                    return Ok(Transformed::no(node));
+                };
                 let Some(first) = states.input().downcast_ref::<AggregateExec>() else {
                     return Ok(Transformed::no(node));
                 };
                 if *first.mode() != AggregateMode::Partial {
                     return Ok(Transformed::no(node));
+                }
+                // A selection's count in this process: counted per partition as the rows come,
+                // the partial counts exchanged by key and added up (module docs).
+                if exchange == Exchange::InProcess
+                    && let Some(partial) = PlannedAggregateExec::try_new(first)?
+                    && partial.phase() == Phase::Partial
+                {
+                    let exchanged = Arc::new(UnitExchangeExec::new(Arc::new(partial), state_keys.clone(), *partitions));
+                    let total = AggregateExec::try_new(
+                        AggregateMode::FinalPartitioned,
+                        last.group_expr().clone(),
+                        last.aggr_expr().to_vec(),
+                        last.filter_expr().to_vec(),
+                        exchanged,
+                        last.input_schema(),
+                    )?;
+                    if let Some(total) = PlannedAggregateExec::try_new(&total)? {
+                        return Ok(Transformed::yes(Arc::new(total) as Arc<dyn ExecutionPlan>));
+                    }
                 }
                 let keys = first.group_expr().expr().iter().map(|(e, _)| Arc::clone(e)).collect();
                 let input = Arc::clone(first.input());
