@@ -324,8 +324,10 @@ impl Bound {
             Some(_) => None,
         };
         let mut units: Option<Rows> = None;
-        // Each candidate row's index, group order and unit hash.
-        let (mut candidates, mut groups, mut unit_hashes) = (Vec::<u32>::new(), Vec::<u128>::new(), Vec::new());
+        // Each candidate row's index, group order and unit hash, with room for every row (what a
+        // batch allocates does not depend on how many of its rows are candidates).
+        let (mut candidates, mut groups, mut unit_hashes) =
+            (Vec::<u32>::with_capacity(n), Vec::<u128>::with_capacity(n), Vec::<u128>::with_capacity(n));
         // The rows' group orders, a block of rows at a time: each row's message (its unit's hash,
         // then its group key) is written first, then the block's messages are hashed side by side
         // (when the keys are of fixed width: a fact of their type), then each row is screened.
