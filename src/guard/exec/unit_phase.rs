@@ -106,14 +106,7 @@ pub fn single_phase_aggregates(plan: Arc<dyn ExecutionPlan>, exchange: Exchange)
                     && partial.phase() == Phase::Partial
                 {
                     let exchanged = Arc::new(UnitExchangeExec::new(Arc::new(partial), state_keys.clone(), *partitions));
-                    let total = AggregateExec::try_new(
-                        AggregateMode::FinalPartitioned,
-                        last.group_expr().clone(),
-                        last.aggr_expr().to_vec(),
-                        last.filter_expr().to_vec(),
-                        exchanged,
-                        last.input_schema(),
-                    )?;
+                    let total = same_calls(last, AggregateMode::FinalPartitioned, exchanged)?;
                     if let Some(total) = PlannedAggregateExec::try_new(&total)? {
                         return Ok(Transformed::yes(Arc::new(total) as Arc<dyn ExecutionPlan>));
                     }
@@ -130,14 +123,7 @@ pub fn single_phase_aggregates(plan: Arc<dyn ExecutionPlan>, exchange: Exchange)
             }
             _ => return Ok(Transformed::no(node)),
         };
-        let one = AggregateExec::try_new(
-            AggregateMode::SinglePartitioned,
-            first.group_expr().clone(),
-            first.aggr_expr().to_vec(),
-            first.filter_expr().to_vec(),
-            input,
-            first.input_schema(),
-        )?;
+        let one = same_calls(first, AggregateMode::SinglePartitioned, input)?;
         // The same aggregate with its own key table and planned spill, when it can hold the key.
         Ok(Transformed::yes(match PlannedAggregateExec::try_new(&one)? {
             Some(own) => Arc::new(own) as Arc<dyn ExecutionPlan>,
@@ -145,6 +131,18 @@ pub fn single_phase_aggregates(plan: Arc<dyn ExecutionPlan>, exchange: Exchange)
         }))
     })
     .map(|t| t.data)
+}
+
+/// `agg`'s groups and calls in `mode` over `input` (its rows' schema unchanged).
+fn same_calls(agg: &AggregateExec, mode: AggregateMode, input: Arc<dyn ExecutionPlan>) -> Result<AggregateExec> {
+    AggregateExec::try_new(
+        mode,
+        agg.group_expr().clone(),
+        agg.aggr_expr().to_vec(),
+        agg.filter_expr().to_vec(),
+        input,
+        agg.input_schema(),
+    )
 }
 
 /// Rows sent to the output partition of their unit's hash (DataFusion's hash partitioning, so the
