@@ -417,7 +417,8 @@ impl Release for KdeRun {
             }
             KdeCall::Auto(a) => {
                 let (m, lifted, choice) = a.release(state, rng).map_err(|e| PARAMS.error(e))?;
-                (m, lifted, Some((a.layout().bandwidth(), choice.node_spacing, choice.pilot_nodes > 0)))
+                let kernel = m.node_kernel();
+                (m, lifted, Some((a.layout().bandwidth(), choice.node_spacing, choice.pilot_nodes > 0, kernel)))
             }
         };
         // Everything from here on is post-processing of the released coordinates.

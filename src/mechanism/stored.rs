@@ -33,6 +33,7 @@ use crate::mechanism::contribution::Contribution;
 use crate::mechanism::curves::mean_curve::{CovKernel, MeanCurveMechanism, MeanCurveSpec, MeanRelease};
 use crate::mechanism::density::kde::{Grid, KdeLayout};
 use crate::mechanism::density::kde2d::{Kde2dBands, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
+use crate::mechanism::density::kernel::NodeKernel;
 use crate::mechanism::density::release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
 use crate::mechanism::distribution::release::{CdfMechanism, CdfNoise, CdfRelease, CdfSpec, Resolution};
 use crate::mechanism::distribution::tree::TreeShape;
@@ -54,8 +55,9 @@ pub enum Recipe {
         lifted: Vec<f64>,
         /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic and the chosen
         /// node spacing (the release's nodes are laid out on its bins).
-        /// and whether a pilot ran (without one the release had more of the call's ε).
-        layout_bandwidth: Option<(f64, f64, bool)>,
+        /// whether a pilot ran (without one the release had more of the call's ε), and the kernel
+        /// its counts were smoothed with.
+        layout_bandwidth: Option<(f64, f64, bool, NodeKernel)>,
         /// The Sobolev-space (exponential-kernel) release (`space => 'sobolev'`).
         sobolev: bool,
         /// The ICLP (Laplace-process) release (`mechanism => 'iclp'`).
@@ -158,7 +160,7 @@ impl Recipe {
                 if *sobolev {
                     v["space"] = json!("sobolev");
                 }
-                if let Some((lb, node_spacing, pilot)) = layout_bandwidth {
+                if let Some((lb, node_spacing, pilot, kernel)) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
                     // count (and the pilot, if one ran) spent the rest of the call's ε.
                     use crate::mechanism::density::auto_bandwidth::{FINAL_SHARE, NO_PILOT_SHARE, PILOT_SHARE};
@@ -166,6 +168,7 @@ impl Recipe {
                     v["layout_bandwidth"] = json!(lb);
                     v["node_spacing"] = json!(node_spacing);
                     v["pilot"] = json!(pilot);
+                    v["kernel"] = json!(kernel.name());
                     let share = if *pilot { FINAL_SHARE } else { NO_PILOT_SHARE };
                     let pilot_share = if *pilot { PILOT_SHARE } else { 0.0 };
                     v["pilot_epsilon"] = json!(spec.epsilon / share * pilot_share);
@@ -292,6 +295,11 @@ impl Recipe {
                         p.get("node_spacing").and_then(Value::as_f64).unwrap_or(field(&p, "bandwidth")? / 2.0),
                         // Releases stored before the no-pilot rule all had a pilot.
                         p.get("pilot").and_then(Value::as_bool).unwrap_or(true),
+                        // Releases stored before the sixth-order kernel were Gaussian.
+                        match p.get("kernel").and_then(Value::as_str) {
+                            None => NodeKernel::Gaussian,
+                            Some(k) => NodeKernel::parse(k).ok_or("stored release: bad kernel")?,
+                        },
                     )),
                     None => None,
                 },
@@ -485,9 +493,11 @@ impl StoredCurve {
                     None if *iclp => KdeMechanism::iclp(spec.clone(), *contribution),
                     None if *sobolev => KdeMechanism::sobolev(spec.clone(), *contribution),
                     None => KdeMechanism::with_contribution(spec.clone(), *contribution),
-                    Some((lb, s, _)) => KdeLayout::new(spec.grid, *lb)
-                        .map_err(MechanismError::Kde)
-                        .and_then(|layout| KdeMechanism::pure_epsilon_on(spec.clone(), layout, *contribution, *s)),
+                    Some((lb, s, _, kernel)) => {
+                        KdeLayout::new(spec.grid, *lb).map_err(MechanismError::Kde).and_then(|layout| {
+                            KdeMechanism::pure_epsilon_with_kernel(spec.clone(), layout, *contribution, *s, *kernel)
+                        })
+                    }
                 }
                 .map_err(|e| e.to_string())?;
                 if lifted.len() != mechanism.lattice().dim() {
@@ -704,13 +714,13 @@ mod tests {
 
     #[test]
     fn an_automatic_release_keeps_its_chosen_node_spacing_and_old_records_read_as_half_h() {
-        use crate::mechanism::density::auto_bandwidth::AutoKde;
+        use crate::mechanism::density::auto_bandwidth::{AutoKde, FINAL_KERNEL};
         let grid = Grid { lo: 0.0, hi: 1.0, points: 101 };
         let auto = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW).unwrap();
         let h = 0.05;
         let mut st = auto.layout().empty_state();
         auto.layout().add_all(&mut st, &(0..500).map(|i| 0.2 + 0.5 * (i as f64 * 0.618).fract()).collect::<Vec<_>>());
-        for spacing in [h / 2.0, 1.5 * h] {
+        for spacing in [h / 2.0, 1.25 * h] {
             let m = auto.mechanism_at(h, spacing, true).unwrap();
             let lifted = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(3)));
             let release = m.post_process(&m.curve_from_lifted(&lifted));
@@ -719,7 +729,7 @@ mod tests {
                 contribution: Contribution::ROW,
                 alpha: 0.05,
                 lifted,
-                layout_bandwidth: Some((auto.layout().bandwidth(), spacing, true)),
+                layout_bandwidth: Some((auto.layout().bandwidth(), spacing, true, FINAL_KERNEL)),
                 sobolev: false,
                 iclp: false,
             };
@@ -735,6 +745,15 @@ mod tests {
             old.as_object_mut().unwrap().remove("node_spacing");
             let legacy = Recipe::decode(recipe.function(), &old.to_string(), &recipe.data()).unwrap();
             assert_eq!(StoredCurve::build(&legacy).is_ok(), spacing == h / 2.0, "spacing {spacing}");
+            // A record from before the kernel was stored reads as the Gaussian it was: it
+            // rebuilds, as a different curve.
+            let mut old: Value = serde_json::from_str(&recipe.parameters()).unwrap();
+            assert_eq!(old["kernel"], json!(FINAL_KERNEL.name()));
+            old.as_object_mut().unwrap().remove("kernel");
+            let gaussian =
+                StoredCurve::build(&Recipe::decode(recipe.function(), &old.to_string(), &recipe.data()).unwrap());
+            let mid = release.x[50];
+            assert_ne!(gaussian.unwrap().eval(mid), curve.eval(mid));
         }
     }
 

@@ -8,6 +8,7 @@ pub mod binning;
 pub mod error;
 pub mod kde;
 pub mod kde2d;
+pub mod kernel;
 pub mod normalise;
 pub mod release;
 pub mod sobolev;

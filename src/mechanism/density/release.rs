@@ -28,6 +28,7 @@ use rustfft::{FftPlanner, num_complex::Complex};
 
 use crate::mechanism::contribution::Contribution;
 use crate::mechanism::density::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS};
+use crate::mechanism::density::kernel::{GaussianSum, NodeKernel};
 use crate::mechanism::density::sobolev::SobolevMap;
 use crate::mechanism::noise::bands::{self, Taps};
 use crate::mechanism::noise::cache::{PublicCache, stored_quantile};
@@ -177,6 +178,9 @@ struct LaplaceNodes {
     spacing: f64,
     /// Number of nodes.
     nodes: usize,
+    /// The kernel applied to the noisy counts, and its components at (h, spacing).
+    kernel: NodeKernel,
+    parts: GaussianSum,
 }
 
 impl KdeMechanism {
@@ -284,19 +288,22 @@ impl KdeMechanism {
         c: Contribution,
         node_spacing: f64,
     ) -> Result<Self, MechanismError> {
-        Self::pure_epsilon_spaced(spec, layout, c, node_spacing)
+        Self::pure_epsilon_with_kernel(spec, layout, c, node_spacing, NodeKernel::Gaussian)
     }
 
     fn pure_epsilon(spec: KdeSpec, layout: KdeLayout, c: Contribution) -> Result<Self, MechanismError> {
         let spacing = 0.5 * spec.bandwidth;
-        Self::pure_epsilon_spaced(spec, layout, c, spacing)
+        Self::pure_epsilon_with_kernel(spec, layout, c, spacing, NodeKernel::Gaussian)
     }
 
-    fn pure_epsilon_spaced(
+    /// [`Self::pure_epsilon_on`] smoothing the noisy counts with `kernel` at scale
+    /// `spec.bandwidth` (at least [`NodeKernel::min_ratio`] node spacings).
+    pub fn pure_epsilon_with_kernel(
         spec: KdeSpec,
         layout: KdeLayout,
         c: Contribution,
         node_spacing: f64,
+        kernel: NodeKernel,
     ) -> Result<Self, MechanismError> {
         let Some((origin, bin_spacing, nbins)) = layout.bins() else {
             return Err(needs_binned(&spec, "the pure-ε KDE (delta => 0)", "counts are", ", or delta > 0"));
@@ -309,6 +316,22 @@ impl KdeMechanism {
         }
         let r = ((node_spacing / bin_spacing).floor().min(nbins as f64) as usize).max(1);
         let nodes = (nbins - 1).div_ceil(r) + 1;
+        let spacing = r as f64 * bin_spacing;
+        let parts = match kernel {
+            NodeKernel::Gaussian => Some(GaussianSum::normal(spec.bandwidth)),
+            NodeKernel::Sixth if spec.bandwidth >= kernel.min_ratio() * node_spacing * (1.0 - 1e-9) => {
+                kernel.on_nodes(spec.bandwidth, spacing)
+            }
+            NodeKernel::Sixth => None,
+        };
+        let Some(parts) = parts else {
+            return Err(MechanismError::Noise(format!(
+                "the {} kernel needs a bandwidth of at least {} node spacings, got {} for nodes {node_spacing} apart",
+                kernel.name(),
+                kernel.min_ratio(),
+                spec.bandwidth
+            )));
+        };
         // Each coordinate is an exact integer times the double-double 1/r (relative error
         // ≤ 2 ops): over all nodes the L1 error is ≤ 2·DD_OP_ERR·(total mass ≤ ROW_LIMIT rows).
         let float_error = 2.0 * DD_OP_ERR * ROW_LIMIT;
@@ -319,7 +342,7 @@ impl KdeMechanism {
             layout,
             basis,
             lattice,
-            Form::Laplace(LaplaceNodes { r, origin, spacing: r as f64 * bin_spacing, nodes }),
+            Form::Laplace(LaplaceNodes { r, origin, spacing, nodes, kernel, parts }),
         ))
     }
 
@@ -405,7 +428,7 @@ impl KdeMechanism {
         let mut work = 8 * (b.lift.len() + b.synth.len()) as u64 + 96 * b.m as u64;
         if let Some(n) = &self.laplace {
             // The node tables: at most 2·8h/spacing + 1 weights (and their index) per grid point.
-            let taps = (2.0 * TRUNCATION_BANDWIDTHS * self.spec.bandwidth / n.spacing).ceil() as u64 + 3;
+            let taps = (2.0 * TRUNCATION_BANDWIDTHS * n.parts.widest() / n.spacing).ceil() as u64 + 3;
             work += 8 * taps * self.spec.grid.points as u64;
         }
         (state, work)
@@ -665,7 +688,7 @@ impl KdeMechanism {
             (None, Some((_, spacing, _))) => spacing,
             (None, None) => 0.0,
         };
-        (h * h + s * s / 6.0).sqrt()
+        self.node_kernel().smoothing(h, s)
     }
 
     /// The pure-ε release at x as weights on the nodes: the kernel's values at the nodes within
@@ -673,13 +696,26 @@ impl KdeMechanism {
     /// sum with the node noise).
     fn node_taps(&self, n: &LaplaceNodes, x: f64) -> Taps {
         let h = self.spec.bandwidth;
-        let reach = TRUNCATION_BANDWIDTHS * h;
+        let reach = TRUNCATION_BANDWIDTHS * n.parts.widest();
         let first = (((x - reach - n.origin) / n.spacing).ceil().max(0.0) as usize).min(n.nodes);
         let last = ((((x + reach - n.origin) / n.spacing).floor() + 1.0).max(0.0) as usize).min(n.nodes);
-        let weights = (first..last.max(first))
-            .map(|i| crate::mechanism::density::kde::gaussian_kernel(x, n.origin + i as f64 * n.spacing, h))
-            .collect();
+        let node = |i: usize| n.origin + i as f64 * n.spacing;
+        let weights = match n.kernel {
+            NodeKernel::Gaussian => (first..last.max(first))
+                .map(|i| crate::mechanism::density::kde::gaussian_kernel(x, node(i), h))
+                .collect(),
+            // Scaled like the Gaussian's `exp(−z²/2)`: integrating to √(2π)·h.
+            NodeKernel::Sixth => {
+                let scale = (2.0 * std::f64::consts::PI).sqrt() * h;
+                (first..last.max(first)).map(|i| scale * n.parts.at(x - node(i))).collect()
+            }
+        };
         Taps { first, weights }
+    }
+
+    /// The kernel the pure-ε release applies to its counts (the Gaussian for the others).
+    pub fn node_kernel(&self) -> NodeKernel {
+        self.laplace.as_ref().map_or(NodeKernel::Gaussian, |n| n.kernel)
     }
 
     /// The pure-ε release's band threshold (quantile of the simulated standardised supremum
@@ -691,7 +727,7 @@ impl KdeMechanism {
     fn laplace_threshold(&self, n: &LaplaceNodes, alpha: f64) -> (f64, Vec<f64>) {
         let g = self.spec.grid;
         let h = self.spec.bandwidth;
-        type Key = (usize, usize, u64, u64, u64, u64);
+        type Key = (usize, usize, u64, u64, u64, u64, NodeKernel);
         // The quantile and the profile (kernel weights only: dimensionless, a function of the
         // geometry too), so a cached geometry costs no kernel evaluations.
         static BANDS: PublicCache<Key, (f64, Vec<f64>)> = PublicCache::new(32 << 20);
@@ -702,6 +738,7 @@ impl KdeMechanism {
             (n.spacing / h).to_bits(),
             ((g.lo - n.origin) / h).to_bits(),
             alpha.to_bits(),
+            n.kernel,
         );
         let band = BANDS
             .get_or_try_insert(
@@ -780,12 +817,17 @@ impl KdeMechanism {
         // R(K) = 1/(2√π), correlation exp(−d²/4h²) at lag d. The sum of the two independent
         // errors is no rougher than the noise (its neighbour correlations are averages of the
         // two, so its path angle is at most the noise's): the noise's threshold covers it.
+        // The sixth-order kernel's: `∫K²` of the kernel the data see, whose autocorrelation is
+        // also its noise's (the node sum of `K(x − x_j)·K(y − x_j)` is `(K ∗ K)(x − y)/s`).
+        let rough = match &self.laplace {
+            Some(n) if n.kernel != NodeKernel::Gaussian => n.kernel.effective(h, n.spacing).roughness(),
+            _ => 0.5 / (std::f64::consts::PI.sqrt() * h),
+        };
         let total = (release.mass >= 2.0).then(|| {
-            let rk = 0.5 / std::f64::consts::PI.sqrt();
             density
                 .iter()
                 .enumerate()
-                .map(|(k, &f)| u * root_sum_square(sd(k), f.max(0.0) * rk / (release.mass * h)))
+                .map(|(k, &f)| u * root_sum_square(sd(k), f.max(0.0) * rough / release.mass))
                 .collect()
         });
         Some(KdeBands { noise, total })
