@@ -273,7 +273,8 @@ static DOCUMENTATION: LazyLock<Documentation> = LazyLock::new(|| {
          half-widths of the simultaneous level-band_alpha bands for the privacy noise and for \
          noise plus sampling error, and the bandwidth: the sd of the kernel the release \
          effectively applies (the kernel's h widened by the binning; with bandwidth => 'auto' \
-         the chosen one), which is what the bands describe.",
+         the chosen scale H of its sixth-order kernel 3φ_H − 3φ_√2H + φ_√3H), which is what the bands \
+         describe.",
         "private_kde(value, bandwidth, epsilon, delta [, lo, hi, points, calibration, nonneg, normalize, band_alpha])",
     )
     .with_sql_example(
