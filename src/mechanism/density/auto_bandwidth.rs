@@ -370,7 +370,7 @@ impl AutoKde {
                 .collect()
         };
         let lscv = |k: &GaussianSum| {
-            let own = n * k.parts().iter().map(|&(w, s)| w * (2.0 * phi(s, 0.0) + phi(s, spacing))).sum::<f64>() / 3.0;
+            let own = own_pairs(k, n, spacing);
             terms(k).iter().map(|&(s, w)| w * pair_sum(s)).sum::<f64>() + 2.0 * own / (n * (n - 1.0))
         };
         // The sd the pilot's noise gives the difference of two scores. The difference is the
@@ -465,12 +465,7 @@ impl AutoKde {
                 let on = FINAL_KERNEL.on_nodes(h, spacing);
                 let cross = FINAL_KERNEL.effective(h, spacing).narrowed(2.0 * v);
                 let (Some(on), Some(cross)) = (on, cross) else { return f64::INFINITY };
-                let own = n * cross
-                    .parts()
-                    .iter()
-                    .map(|&(w, s)| w * (2.0 * normal_density(s, 0.0) + normal_density(s, spacing)))
-                    .sum::<f64>()
-                    / 3.0;
+                let own = own_pairs(&cross, n, spacing);
                 let cross_sum = cross.parts().iter().map(|&(w, s)| w * pairs.at(s)).sum::<f64>();
                 let square = on.pairs().map(|(w, s)| w * pairs.at(s)).sum::<f64>();
                 let noise = range * noise_var * on.roughness() / (spacing * n * n);
@@ -527,6 +522,14 @@ impl AutoKde {
 /// the final choice room down to 0.75·h; the Gaussian's h/2 stays h/2).
 fn pilot_spacing(h: f64, f: f64) -> f64 {
     f.min(PILOT_SPACING_FACTOR) * h
+}
+
+/// What n rows' own pairs add to the pair sum of their counts on nodes `spacing` apart with
+/// kernel `k`: a row t of the way between two nodes adds (1−t)² + t² at lag 0 and 2t(1−t) at
+/// lag 1, ⅔·K(0) + ⅓·K(Δ) on average (the cross-validation's self terms).
+fn own_pairs(k: &GaussianSum, n: f64, spacing: f64) -> f64 {
+    n * k.parts().iter().map(|&(w, s)| w * (2.0 * normal_density(s, 0.0) + normal_density(s, spacing))).sum::<f64>()
+        / 3.0
 }
 
 /// The exact MISE of the kernel estimate with kernel `k` (what the data see) for n draws of a
@@ -739,6 +742,42 @@ mod tests {
         // The attack did move h (so the test exercised different final mechanisms).
         let (lo, hi) = chosen.iter().fold((f64::MAX, 0.0f64), |(a, b), h| (a.min(*h), b.max(*h)));
         assert!(hi > 2.0 * lo, "{chosen:?}");
+    }
+
+    #[test]
+    fn at_the_edges_of_the_range_planning_refuses_or_every_neighbour_releases_finite_numbers() {
+        // Attack: a range so narrow or so wide that the sixth-order kernel's squared sds under- or
+        // overflow, hoping a NaN score or ∞ weight reaches the release for one neighbour only.
+        // Either the public parameters are refused at planning, or a table and its neighbour
+        // (one row more, at the edge) both release, on the same number of nodes, a finite
+        // density. The accepted edges must plan (so the releases are exercised there).
+        let mut planned = 0;
+        // The widest and narrowest ranges planning accepts (±1e100, 1e-100 apart), and beyond.
+        for (lo, hi) in [(0.0, 1e-100), (-1e100, 1e100), (0.0, 1e100), (-1.0, 1.0), (0.0, 1e-300), (-1e300, 1e300)] {
+            let grid = Grid { lo, hi, points: 64 };
+            let plan = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW);
+            let Ok(auto) = plan else { continue };
+            planned += 1;
+            let xs: Vec<f64> = (0..2_000).map(|i| lo + (hi - lo) * (0.3 + 0.4 * (i as f64 * 0.618).fract())).collect();
+            for extra in [None, Some(hi)] {
+                let mut st = auto.layout().empty_state();
+                auto.layout().add_all(&mut st, &xs);
+                if let Some(x) = extra {
+                    auto.layout().add(&mut st, x);
+                }
+                for seed in 0..3 {
+                    let (m, lifted, c) = auto.release(&st, Some(&mut ChaCha20Rng::seed_from_u64(seed))).unwrap();
+                    assert!(c.bandwidth.is_finite() && c.bandwidth > 0.0, "[{lo}, {hi}]: {c:?}");
+                    assert_eq!(lifted.len(), m.lattice().dim());
+                    let r = m.post_process(&m.curve_from_lifted(&lifted));
+                    assert!(r.mass.is_finite() && r.bandwidth.is_finite(), "[{lo}, {hi}]");
+                    if let Some(d) = r.density {
+                        assert!(d.iter().all(|v| v.is_finite()), "[{lo}, {hi}]");
+                    }
+                }
+            }
+        }
+        assert_eq!(planned, 4, "the four accepted ranges plan, the two beyond are refused");
     }
 
     #[test]
