@@ -151,7 +151,7 @@ fn queries() -> Vec<String> {
         // A unit read as a dictionary (its rows shuffled to the executor that bounds it).
         format!("SELECT region, {KDE} AS kde FROM cd GROUP BY region ORDER BY region"),
         // The other functions' partial states: the distribution function (tree), quantiles, the
-        // automatic bandwidth (count, pilot and release from one state), 2-D, regression.
+        // automatic bandwidth (count and release from one state), 2-D, regression.
         "SELECT private_cdf(x, 0.5, 0, points => 16) AS c FROM p".into(),
         "SELECT region, private_quantiles(x, [0.25, 0.5, 0.75], 0.5, 0) AS q FROM u GROUP BY region ORDER BY region"
             .into(),

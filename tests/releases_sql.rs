@@ -244,14 +244,18 @@ async fn an_automatic_bandwidth_is_chosen_privately_charged_once_and_kept() {
     // The data sit in [0.3, 0.6] (5 000 values): the density is concentrated there.
     let inside: f64 = xs.iter().zip(&density).filter(|(x, _)| (0.3..=0.6).contains(*x)).map(|(_, d)| d * 0.005).sum();
     assert!(inside > 0.8, "{inside}");
-    // One charge of (ε, 0): the pilot and the release are both pure ε and share the call's ε.
+    // One charge of (ε, 0): the count and the release are both pure ε and share the call's ε.
     assert_eq!(spent(&f.admin, "p"), Budget::charge(1.0, 0.0).unwrap());
     assert_eq!(f.admin.release_log(Some("p")).unwrap().len(), 1);
     let b = s.query(&format!("SELECT parameters FROM dpcurve.releases WHERE release = '{id}'")).await.unwrap();
     let params = b[0].column(0).as_string::<i32>().value(0).to_string();
     assert!(params.contains("\"bandwidth_rule\":\"auto\""), "{params}");
-    let pilot: f64 = params.split("\"pilot_epsilon\":").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
-    assert!((pilot - 0.25).abs() < 1e-12, "{params}");
+    // n·ε = 5 000: the count chose the spacing (2 % of ε), the release has the rest.
+    assert!(params.contains("\"spacing_rule\":\"count\""), "{params}");
+    assert!(params.contains("\"kernel\":\"gaussian6\""), "{params}");
+    let count: f64 =
+        params.split("\"count_epsilon\":").nth(1).unwrap().split([',', '}']).next().unwrap().parse().unwrap();
+    assert!((count - 0.02).abs() < 1e-12, "{params}");
     let chosen: f64 = params.split("\"bandwidth\":").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
     assert!(chosen > 0.0 && chosen < 0.25, "{chosen}");
     // Kept and evaluated like any release: bit-identical at the grid.
@@ -272,9 +276,9 @@ async fn an_automatic_bandwidth_is_chosen_privately_charged_once_and_kept() {
         assert!(e.contains(want), "{sql}: {e}");
     }
     assert_eq!(spent(&f.admin, "p"), Budget::charge(1.0, 0.0).unwrap());
-    // n·ε = 100: no pilot runs (one needs a noisy count ≳ 18 700, 2.7 of the count's noise sds above
-    // n = 5 000; a fixed test seed makes the test deterministic); two counts and the release share the call's ε
-    // (7 % + 93 %), and the stored parameters say so.
+    // n·ε = 100: the reference rule chooses (the spacing rule needs a noisy count ≳ 20 200, 3 of the
+    // count's noise sds above n = 5 000; a fixed test seed makes the test deterministic); two counts and
+    // the release share the call's ε (7 % + 93 %), and the stored parameters say so.
     let number = |params: &str, key: &str| -> f64 {
         params.split(&format!("\"{key}\":")).nth(1).unwrap().split([',', '}']).next().unwrap().parse().unwrap()
     };
@@ -284,8 +288,7 @@ async fn an_automatic_bandwidth_is_chosen_privately_charged_once_and_kept() {
     let id = text(b[0].column(0).as_struct(), "release").unwrap();
     let b = s.query(&format!("SELECT parameters FROM dpcurve.releases WHERE release = '{id}'")).await.unwrap();
     let params = b[0].column(0).as_string::<i32>().value(0).to_string();
-    assert!(params.contains("\"pilot\":false"), "{params}");
-    assert_eq!(number(&params, "pilot_epsilon"), 0.0, "{params}");
+    assert!(params.contains("\"spacing_rule\":\"reference\""), "{params}");
     assert!((number(&params, "count_epsilon") - 0.07 * 0.02).abs() < 1e-12, "{params}");
     assert!((number(&params, "epsilon") - 0.93 * 0.02).abs() < 1e-12, "{params}");
     let both = Budget::charge(1.0, 0.0).unwrap().checked_add(&Budget::charge(0.02, 0.0).unwrap()).unwrap();

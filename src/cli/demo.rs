@@ -201,8 +201,8 @@ pub async fn run(dir: &Path) -> Result<()> {
     print_budgets(&session)?;
     panels.push(Panel { title: r.title, series: r.series, x_label: "x".into(), y_label: "density".into() });
     println!(
-        "\nnoise: the pure-ε mechanism (exact discrete Laplace), its bandwidth chosen privately from a pilot release \
-         within the same ε; the band covers the release's noise and sampling error simultaneously at level 95 %"
+        "\nnoise: the pure-ε mechanism (exact discrete Laplace), its bandwidth chosen privately from a noisy count \
+         and the release's own counts within the same ε; the band covers the release's noise and sampling error simultaneously at level 95 %"
     );
 
     // Functional data: simulated growth-like curves, one per row, private mean curve.

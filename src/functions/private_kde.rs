@@ -63,7 +63,7 @@ pub static PARAMS: FunctionParams = FunctionParams {
 };
 
 /// What one `private_kde` call releases: a fixed bandwidth's mechanism, or the automatic
-/// bandwidth's pilot-choose-release (`bandwidth => 'auto'`).
+/// bandwidth's count-release-choose (`bandwidth => 'auto'`).
 #[derive(Debug, Clone)]
 pub enum KdeCall {
     /// `bandwidth => h`.
@@ -173,10 +173,10 @@ pub fn mechanism_from_literals(
         return Ok((KdeCall::Fixed(Box::new(m)), cost));
     }
     if auto_bandwidth {
-        // The automatic bandwidth releases through the pure-ε mechanism (pilot and final).
+        // The automatic bandwidth releases through the pure-ε mechanism (count and release).
         if matches!(choice, Mechanism::Gaussian | Mechanism::Iclp) {
             return Err(p.error(
-                "bandwidth => 'auto' releases through the pure-ε mechanism (a pilot then the release, both \
+                "bandwidth => 'auto' releases through the pure-ε mechanism (a count then the release, both \
                  discrete Laplace): use mechanism => 'auto' or 'laplace', or give a bandwidth",
             ));
         }
@@ -419,7 +419,7 @@ impl Release for KdeRun {
             KdeCall::Auto(a) => {
                 let (m, lifted, choice) = a.release(state, rng).map_err(|e| PARAMS.error(e))?;
                 let kernel = m.node_kernel();
-                (m, lifted, Some((a.layout().bandwidth(), choice.node_spacing, choice.pilot_nodes > 0, kernel)))
+                (m, lifted, Some((a.layout().bandwidth(), choice.node_spacing, choice.reference, kernel)))
             }
         };
         // Everything from here on is post-processing of the released coordinates.

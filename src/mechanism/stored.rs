@@ -55,8 +55,10 @@ pub enum Recipe {
         lifted: Vec<f64>,
         /// `bandwidth => 'auto'`: the bandwidth whose layout held the statistic and the chosen
         /// node spacing (the release's nodes are laid out on its bins).
-        /// whether a pilot ran (without one the release had more of the call's ε), and the kernel
-        /// its counts were smoothed with.
+        /// whether the reference rule chose them (a small count; the release had
+        /// [`REFERENCE_SHARE`](crate::mechanism::density::auto_bandwidth::REFERENCE_SHARE) of the
+        /// call's ε) rather than the count's spacing rule, and the kernel its counts were
+        /// smoothed with.
         layout_bandwidth: Option<(f64, f64, bool, NodeKernel)>,
         /// The Sobolev-space (exponential-kernel) release (`space => 'sobolev'`).
         sobolev: bool,
@@ -160,19 +162,17 @@ impl Recipe {
                 if *sobolev {
                     v["space"] = json!("sobolev");
                 }
-                if let Some((lb, node_spacing, pilot, kernel)) = layout_bandwidth {
+                if let Some((lb, node_spacing, reference, kernel)) = layout_bandwidth {
                     // The automatic bandwidth: `epsilon` is the final release's share; the
-                    // count (and the pilot, if one ran) spent the rest of the call's ε.
-                    use crate::mechanism::density::auto_bandwidth::{FINAL_SHARE, NO_PILOT_SHARE, PILOT_SHARE};
+                    // count (both counts on the reference path) spent the rest of the call's ε.
+                    use crate::mechanism::density::auto_bandwidth::{FINAL_SHARE, REFERENCE_SHARE};
                     v["bandwidth_rule"] = json!("auto");
                     v["layout_bandwidth"] = json!(lb);
                     v["node_spacing"] = json!(node_spacing);
-                    v["pilot"] = json!(pilot);
+                    v["spacing_rule"] = json!(if *reference { "reference" } else { "count" });
                     v["kernel"] = json!(kernel.name());
-                    let share = if *pilot { FINAL_SHARE } else { NO_PILOT_SHARE };
-                    let pilot_share = if *pilot { PILOT_SHARE } else { 0.0 };
-                    v["pilot_epsilon"] = json!(spec.epsilon / share * pilot_share);
-                    v["count_epsilon"] = json!(spec.epsilon / share * (1.0 - share - pilot_share));
+                    let share = if *reference { REFERENCE_SHARE } else { FINAL_SHARE };
+                    v["count_epsilon"] = json!(spec.epsilon / share * (1.0 - share));
                 }
                 v
             }
@@ -293,8 +293,12 @@ impl Recipe {
                     Some(lb) => Some((
                         lb,
                         p.get("node_spacing").and_then(Value::as_f64).unwrap_or(field(&p, "bandwidth")? / 2.0),
-                        // Releases stored before the no-pilot rule all had a pilot.
-                        p.get("pilot").and_then(Value::as_bool).unwrap_or(true),
+                        // Releases stored before the spacing rule say whether a pilot ran (the
+                        // reference rule chose when none did); before the no-pilot rule, all had one.
+                        match p.get("spacing_rule").and_then(Value::as_str) {
+                            Some(rule) => rule == "reference",
+                            None => !p.get("pilot").and_then(Value::as_bool).unwrap_or(true),
+                        },
                         // Releases stored before the sixth-order kernel were Gaussian.
                         match p.get("kernel").and_then(Value::as_str) {
                             None => NodeKernel::Gaussian,
@@ -720,8 +724,8 @@ mod tests {
         let h = 0.05;
         let mut st = auto.layout().empty_state();
         auto.layout().add_all(&mut st, &(0..500).map(|i| 0.2 + 0.5 * (i as f64 * 0.618).fract()).collect::<Vec<_>>());
-        for spacing in [h / 2.0, 1.25 * h] {
-            let m = auto.mechanism_at(h, spacing, true).unwrap();
+        for (spacing, reference) in [(h / 2.0, true), (1.25 * h, false)] {
+            let m = auto.mechanism_at(h, spacing, reference, FINAL_KERNEL).unwrap();
             let lifted = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(3)));
             let release = m.post_process(&m.curve_from_lifted(&lifted));
             let recipe = Recipe::Kde {
@@ -729,12 +733,20 @@ mod tests {
                 contribution: Contribution::ROW,
                 alpha: 0.05,
                 lifted,
-                layout_bandwidth: Some((auto.layout().bandwidth(), spacing, true, FINAL_KERNEL)),
+                layout_bandwidth: Some((auto.layout().bandwidth(), spacing, reference, FINAL_KERNEL)),
                 sobolev: false,
                 iclp: false,
             };
             let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
             assert_eq!(back, recipe, "exact round trip");
+            let stored: Value = serde_json::from_str(&recipe.parameters()).unwrap();
+            assert_eq!(stored["spacing_rule"], json!(if reference { "reference" } else { "count" }));
+            // A record from before the spacing rule says whether a pilot ran: one that did not
+            // was the reference rule's.
+            let mut old = stored.clone();
+            old.as_object_mut().unwrap().remove("spacing_rule");
+            old["pilot"] = json!(!reference);
+            assert_eq!(Recipe::decode(recipe.function(), &old.to_string(), &recipe.data()).unwrap(), recipe);
             let curve = StoredCurve::build(&back).unwrap();
             for (x, d) in release.x.iter().zip(release.density.as_ref().unwrap()) {
                 assert_eq!(curve.eval(*x), Some(*d), "x = {x}");
