@@ -163,6 +163,10 @@ impl AutoKde {
             }
         }
         for spacing in auto.ladder() {
+            // (At least range/4 ≥ 0.75·range/32 is always there; checked, not assumed.)
+            if auto.final_candidates(spacing).is_empty() {
+                return Err(MechanismError::Noise(format!("no candidate bandwidth for nodes {spacing} apart")));
+            }
             for h in auto.final_candidates(spacing) {
                 auto.mechanism_with_share(h, spacing, FINAL_SHARE, FINAL_KERNEL)?;
             }
