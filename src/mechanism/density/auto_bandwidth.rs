@@ -498,16 +498,24 @@ mod tests {
         density.iter().zip(xs).map(|(d, x)| (d - truth(*x)).powi(2)).sum::<f64>() * step
     }
 
+    /// The automatic release on the claw's range [−3, 3] (`points` grid points, `epsilon`) and
+    /// its statistic of n claw draws from `seed`.
+    fn claw(points: usize, epsilon: f64, n: usize, seed: u64) -> (AutoKde, Vec<i128>) {
+        let auto =
+            AutoKde::new(Grid { lo: -3.0, hi: 3.0, points }, epsilon, Normalise::Project, Contribution::ROW).unwrap();
+        let mut st = auto.layout().empty_state();
+        auto.layout().add_all(&mut st, &draws(n, seed, true));
+        (auto, st)
+    }
+
     #[test]
     fn auto_resolves_the_claw_that_a_fixed_range_over_50_bandwidth_also_gets_and_beats_it_on_error() {
         // n = 10⁵ claw draws on [−3, 3], ε = 1: the automatic choice is near the claw's scale
         // (≤ 0.1), shows the five peaks, and has a lower ISE than h = range/50 = 0.12
         // (negative control: the oversmoothed h = range/10 loses the peaks).
-        let grid = Grid { lo: -3.0, hi: 3.0, points: 601 };
-        let auto = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW).unwrap();
+        let (auto, st) = claw(601, 1.0, 100_000, 3);
         let xs = draws(100_000, 3, true);
-        let mut st = auto.layout().empty_state();
-        auto.layout().add_all(&mut st, &xs);
+        let grid = Grid { lo: -3.0, hi: 3.0, points: 601 };
         let mut rng = ChaCha20Rng::seed_from_u64(9);
         let (m, lifted, choice) = auto.release(&st, Some(&mut rng)).unwrap();
         let r = m.post_process(&m.curve_from_lifted(&lifted));
@@ -660,11 +668,8 @@ mod tests {
         // best of 12 fixed Gaussian bandwidths (chosen with the truth, at the full ε; the
         // sixth-order kernel beats it). Negative control: the same counts' kernel at the
         // smoothest candidate (range/4) lose the fingers, by more than 3×.
+        let (auto, st) = claw(512, 1.0, 1_000_000, 31);
         let grid = Grid { lo: -3.0, hi: 3.0, points: 512 };
-        let auto = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW).unwrap();
-        let xs = draws(1_000_000, 31, true);
-        let mut st = auto.layout().empty_state();
-        auto.layout().add_all(&mut st, &xs);
         let release_ise = |m: &KdeMechanism, seed: u64| {
             let l = m.noisy_lifted(&st, Some(&mut ChaCha20Rng::seed_from_u64(seed)));
             let c = m.post_process(&m.curve_from_lifted(&l));
@@ -729,11 +734,7 @@ mod tests {
         // (sd 0.1, 0.5 apart) from the release's own counts. Over 20 releases the mean ISE is
         // below 0.6 × the same releases on nodes twice as far apart (a spacing the rule gives
         // at a quarter of the count), whose smallest h smooths the fingers away.
-        let grid = Grid { lo: -3.0, hi: 3.0, points: 512 };
-        let auto = AutoKde::new(grid, 1.0, Normalise::Project, Contribution::ROW).unwrap();
-        let xs = draws(1_000, 41, true);
-        let mut st = auto.layout().empty_state();
-        auto.layout().add_all(&mut st, &xs);
+        let (auto, st) = claw(512, 1.0, 1_000, 41);
         let reps = 20;
         let (mut rule, mut coarse) = (0.0, 0.0);
         for seed in 0..reps {
@@ -783,14 +784,7 @@ mod tests {
         // ([0, 1]), the negative control: the same choice that forgets the counts' noise (its
         // variance neither removed from the diagonal nor charged to small h) undersmooths and
         // loses.
-        let claw = {
-            let auto =
-                AutoKde::new(Grid { lo: -3.0, hi: 3.0, points: 512 }, 0.1, Normalise::Project, Contribution::ROW)
-                    .unwrap();
-            let mut st = auto.layout().empty_state();
-            auto.layout().add_all(&mut st, &draws(10_000, 23, true));
-            (auto, st)
-        };
+        let claw = claw(512, 0.1, 10_000, 23);
         let truths: [fn(f64) -> f64; 2] = [claw_density, narrow_mixture_density];
         let mut means = Vec::new();
         for ((auto, st), truth) in [claw, narrow_mixture(10_000, 23)].into_iter().zip(truths) {
