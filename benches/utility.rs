@@ -76,6 +76,10 @@
 //! release alone at fixed node spacings (range/512 … range/16) with h chosen from its own counts,
 //! at `'auto'`'s final share of ε (98 %) and at the whole ε, each cell's ISE over `'auto'`'s:
 //! `cargo bench --bench utility -- --study spacing --n 1e3,1e4,1e5,1e6 --eps 0.1,1 --reps 20 --seed 1000`.
+//!
+//! `--study oracle` asks whether any fixed choice could do at small n·ε: the reference path's release
+//! at every (node spacing range/m, scale H = range/k) of a small grid, each shape's ISE over `'auto'`'s:
+//! `cargo bench --bench utility -- --study oracle --n 1e3 --eps 0.1 --reps 40 --seed 1000`.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -1154,6 +1158,79 @@ async fn spacing_study(o: &Options) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// `--study oracle`: the best fixed (spacing, H) per shape at small n·ε.
+
+/// The reference path's release (its share of ε, the sixth-order kernel) at fixed node spacings
+/// range/m and scales H = range/k, every pair the truth could choose: each shape's mean ISE per
+/// pair over `'auto'`'s on the same files. A pair within reach of every shape is what a rule of
+/// the count alone could pick; when the shapes' best pairs lie apart, the spacing (fixed before
+/// the release) would have to be chosen from the data, and at n·ε ≈ 100 only the release sees it.
+async fn oracle_study(o: &Options) {
+    use dpcurve::mechanism::contribution::Contribution;
+    use dpcurve::mechanism::density::auto_bandwidth::{AutoKde, FINAL_KERNEL};
+    use dpcurve::mechanism::density::kde::Grid;
+    use dpcurve::mechanism::density::release::Normalise;
+    const NODES: [f64; 6] = [10.0, 12.0, 16.0, 20.0, 24.0, 32.0];
+    const SCALES: [f64; 12] = [12.0, 14.0, 16.0, 18.0, 20.0, 23.0, 26.0, 30.0, 35.0, 40.0, 45.0, 51.0];
+    println!("# the reference path's release at fixed (nodes range/m, H = range/k); ISE / 'auto''s, {} reps", o.reps);
+    for dist in Dist::ALL {
+        let (lo, hi) = dist.range();
+        let truth = dist.truth(&grid(lo, hi));
+        for &n in &o.n {
+            let samples: Vec<Vec<f64>> = (0..o.reps).map(|rep| data_file(&o.data, dist, n, rep).1).collect();
+            for &eps in &o.eps {
+                let auto =
+                    AutoKde::new(Grid { lo, hi, points: POINTS }, eps, Normalise::Project, Contribution::ROW).unwrap();
+                let density = |m: &dpcurve::mechanism::density::release::KdeMechanism, lifted: &[f64]| {
+                    m.post_process(&m.curve_from_lifted(lifted)).density.unwrap_or_else(|| vec![0.0; POINTS])
+                };
+                let mechanisms: Vec<Vec<_>> = NODES
+                    .iter()
+                    .map(|m| {
+                        SCALES
+                            .iter()
+                            .map(|k| auto.mechanism_at((hi - lo) / k, (hi - lo) / m, true, FINAL_KERNEL).ok())
+                            .collect()
+                    })
+                    .collect();
+                let mut auto_ise = 0.0;
+                let mut at = [[0.0; SCALES.len()]; NODES.len()];
+                for (rep, xs) in samples.iter().enumerate() {
+                    let mut st = auto.layout().empty_state();
+                    auto.layout().add_all(&mut st, xs);
+                    let mut rng = match o.seed {
+                        Some(s) => rand::rngs::ChaCha20Rng::seed_from_u64(s + rep as u64),
+                        None => rand::rngs::ChaCha20Rng::try_from_rng(&mut rand::rngs::SysRng).expect("OS randomness"),
+                    };
+                    let (m, lifted, _) = auto.release(&st, Some(&mut rng)).unwrap();
+                    auto_ise += ise(&density(&m, &lifted), &truth, lo, hi) / o.reps as f64;
+                    for (i, row) in mechanisms.iter().enumerate() {
+                        for (j, m) in row.iter().enumerate() {
+                            at[i][j] += m.as_ref().map_or(f64::NAN, |m| {
+                                ise(&density(m, &m.noisy_lifted(&st, Some(&mut rng))), &truth, lo, hi) / o.reps as f64
+                            });
+                        }
+                    }
+                }
+                println!("{} n = {n}, ε = {eps}: 'auto' {auto_ise:.3e}", dist.name());
+                print!("{:>10}", "m \\ k");
+                for k in SCALES {
+                    print!(" {k:>6}");
+                }
+                println!();
+                for (i, m) in NODES.iter().enumerate() {
+                    print!("{m:>10}");
+                    for a in &at[i] {
+                        print!(" {:>6.2}", a / auto_ise);
+                    }
+                    println!();
+                }
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let o = Options::parse();
@@ -1165,7 +1242,8 @@ async fn main() {
         Some("iclp") => return iclp_study(&o).await,
         Some("quantiles") => return quantiles_study(&o).await,
         Some("spacing") => return spacing_study(&o).await,
-        Some(other) => panic!("unknown study {other} (sobolev, kde2d, regression, iclp, quantiles, spacing)"),
+        Some("oracle") => return oracle_study(&o).await,
+        Some(other) => panic!("unknown study {other} (sobolev, kde2d, regression, iclp, quantiles, spacing, oracle)"),
         None => {}
     }
     let s = DpSession::new(SessionOptions::default());
