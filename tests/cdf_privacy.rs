@@ -161,3 +161,26 @@ fn an_empirical_audit_of_the_adaptive_release_stays_within_epsilon() {
     let convicted = audit(&m, &loud, &a, &b, 40_000, 4);
     assert!(convicted > epsilon, "the audit has no power: {convicted}");
 }
+
+/// The budget's accepted edges (ε = 1e-12 and 1000) with the largest contribution a unit may have:
+/// the root's share makes its noise scale the largest of the release, and it must still calibrate
+/// (no ∞/NaN reaches the lattice) and release only finite counts, for both noise laws.
+#[test]
+fn the_budget_edges_calibrate_and_release_finite_counts() {
+    let heaviest = Contribution::new(dpcurve::mechanism::contribution::MAX_UNIT_ROWS, 1_000_000).unwrap();
+    let mut rng = ChaCha20Rng::seed_from_u64(0xED6E);
+    for noise in [CdfNoise::Laplace, CdfNoise::Gaussian] {
+        for epsilon in [1e-12, 1000.0] {
+            for contribution in [Contribution::ROW, heaviest] {
+                let m = mechanism(noise, epsilon, Resolution::Auto { max_log2: 12 }, contribution);
+                let leaves = vec![3i128; m.statistic_leaves()];
+                let (k, out) = m.release(&leaves, Some(&mut rng));
+                assert!((3..=12).contains(&k), "{noise:?} ε = {epsilon}: 2^{k} leaves");
+                assert!(
+                    out.iter().flatten().all(|v| v.is_finite()),
+                    "{noise:?} ε = {epsilon} {contribution:?}: a non-finite noisy count"
+                );
+            }
+        }
+    }
+}

@@ -9,7 +9,7 @@
 //!
 //! 1. The total count with noise, a share [`ROOT_SHARE`] of the budget.
 //! 2. The resolution: `2^k` leaves with `2^k ≈ max(sqrt(ñ·ε₁), ñ·ε₁²/72)` (`ε₁` the per-unit noise
-//!    level of one level at the remaining budget, 0.95·ε for Laplace noise; `k` in `[3, K]`), from
+//!    level of one level at the remaining budget, `(1 − ROOT_SHARE)·ε` for Laplace noise; `k` in `[3, K]`), from
 //!    the released count alone — where the noise of a finer tree would cost more than its
 //!    resolution gains (the rank error of a tree's prefix grows like log^1.5 of its leaves; the
 //!    error of interpolating a smooth CDF inside a leaf falls like its width, the sample's own
@@ -330,7 +330,7 @@ impl CdfMechanism {
             Resolution::Fixed { log2 } => log2,
             Resolution::Auto { max_log2 } => {
                 // 2^k ≈ max(sqrt(ñ·ε₁), ñ·ε₁²/72), ε₁ = √2/sd the noise level of one level per unit
-                // (Laplace: 0.95·ε). The first balances the prefix noise against interpolating a
+                // (Laplace: (1 − ROOT_SHARE)·ε). The first balances the prefix noise against interpolating a
                 // smooth CDF inside a leaf; the second against the sample's own roughness inside
                 // a leaf (√(1/(4ñL)) of rank), which takes over at large n·ε² (module docs).
                 let unit = std::f64::consts::SQRT_2 / self.single_level_sd;
