@@ -254,6 +254,32 @@ impl KdeLayout {
         }
     }
 
+    /// The binned layout with every `r`-th bin kept (`r ≥ 1`): bins `r` times as far apart
+    /// (`r as f64 · spacing`), from the same origin, as many as reach the last bin — the same
+    /// lattice, grid and truncation. Linear binning onto these bins gives each of them what
+    /// binning onto the finer bins and then re-binning every fine bin onto its two nearest
+    /// coarse ones gives (a linear interpolation of a linear interpolation), up to the 2^-40
+    /// rounding of each value's weights: the pure-ε release counts rows straight onto its
+    /// nodes with it. A value past the last fine bin but not past the last coarse bin is kept
+    /// (each value's fate still depends on the value alone). None in exact mode.
+    pub fn coarsened(&self, r: usize) -> Option<KdeLayout> {
+        let Mode::Binned { unit, bin_step, grid_step, grid_offset, origin, spacing, nbins, max_lag } = self.mode else {
+            return None;
+        };
+        let r = r.max(1);
+        let mode = Mode::Binned {
+            unit,
+            bin_step: bin_step * r,
+            grid_step,
+            grid_offset,
+            origin,
+            spacing: r as f64 * spacing,
+            nbins: (nbins - 1).div_ceil(r) + 1,
+            max_lag,
+        };
+        Some(KdeLayout { grid: self.grid, bandwidth: self.bandwidth, mode })
+    }
+
     /// Whether the statistic uses linear binning (false: exact kernel values per grid point).
     pub fn is_binned(&self) -> bool {
         matches!(self.mode, Mode::Binned { .. })

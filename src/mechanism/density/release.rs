@@ -291,9 +291,28 @@ impl KdeMechanism {
         Self::pure_epsilon_with_kernel(spec, layout, c, node_spacing, NodeKernel::Gaussian)
     }
 
+    /// The fixed bandwidth's pure-ε release: nodes h/2 apart (at most), known before any row,
+    /// so rows are counted straight onto them ([`Self::counting_on_nodes`]).
     fn pure_epsilon(spec: KdeSpec, layout: KdeLayout, c: Contribution) -> Result<Self, MechanismError> {
         let spacing = 0.5 * spec.bandwidth;
-        Self::pure_epsilon_with_kernel(spec, layout, c, spacing, NodeKernel::Gaussian)
+        Ok(Self::pure_epsilon_with_kernel(spec, layout, c, spacing, NodeKernel::Gaussian)?.counting_on_nodes())
+    }
+
+    /// The same pure-ε release with its statistic laid out on its nodes instead of the bins `r`
+    /// to a node ([`KdeLayout::coarsened`]): the same nodes, so the same release and the same
+    /// stored form, from an `r` times smaller statistic (each row's one read-modify-write lands
+    /// in a table that stays in the nearest caches, and the states partitions hand on shrink
+    /// alike). The lifted basis stays the one of the finer layout (only the memory plan reads
+    /// it). Any other release is returned unchanged.
+    fn counting_on_nodes(mut self) -> Self {
+        if let Some(n) = &mut self.laplace
+            && let Some(nodes) = self.layout.coarsened(n.r)
+        {
+            debug_assert_eq!(nodes.bins(), Some((n.origin, n.spacing, n.nodes)));
+            self.layout = nodes;
+            n.r = 1;
+        }
+        self
     }
 
     /// [`Self::pure_epsilon_on`] smoothing the noisy counts with `kernel` at scale

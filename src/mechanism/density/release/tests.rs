@@ -289,13 +289,102 @@ fn the_bands_root_sum_square_is_hypot() {
     assert!(!(1e200f64 * 1e200 + 1.0).sqrt().is_finite());
 }
 
+/// The pure-ε release at the fixed bandwidth's nodes (h/2 apart), its statistic on the finer
+/// bins `r` to a node (as the automatic bandwidth's is).
+fn on_fine_bins(spec: KdeSpec) -> KdeMechanism {
+    let spec = KdeSpec { delta: 0.0, ..spec };
+    let layout = KdeLayout::new(spec.grid, spec.bandwidth).unwrap();
+    let h = spec.bandwidth;
+    KdeMechanism::pure_epsilon_on(spec, layout, Contribution::ROW, h / 2.0).unwrap()
+}
+
+/// The fixed bandwidth's pure-ε release counts each row straight onto its nodes: the same nodes
+/// as the release that bins rows onto the finer bins and re-bins them (so a stored release
+/// evaluates as before), the same node counts up to each row's 2^-40 rounding, and the same
+/// noiseless curve — for values anywhere (bin and node edges, the range's ends, outside it). A
+/// statistic on nodes one bin too far apart is caught.
+#[test]
+fn the_fixed_pure_epsilon_release_counts_rows_on_its_nodes() {
+    for spec in [
+        spec(),
+        KdeSpec { grid: Grid { lo: -0.2, hi: 1.2, points: 1024 }, bandwidth: 0.02, ..spec() },
+        KdeSpec { grid: Grid { lo: 0.0, hi: 1.0, points: 4001 }, bandwidth: 0.05, ..spec() },
+        KdeSpec { grid: Grid { lo: -3.0, hi: 40.0, points: 64 }, bandwidth: 0.4, ..spec() },
+    ] {
+        let (m, f) = (pure(spec.clone()), on_fine_bins(spec.clone()));
+        let (n, fine) = (m.laplace.clone().unwrap(), f.laplace.clone().unwrap());
+        assert_eq!(m.nodes(), f.nodes(), "the same nodes");
+        assert_eq!((n.r, m.layout().state_len()), (1, n.nodes), "one entry per node");
+        assert!(
+            fine.r > 1 && f.layout().state_len() > (fine.r - 1) * n.nodes,
+            "{} bins, r = {}",
+            f.layout().state_len(),
+            fine.r
+        );
+        let (lo, hi, h) = (spec.grid.lo, spec.grid.hi, spec.bandwidth);
+        let (o, s) = (n.origin, n.spacing);
+        let mut xs: Vec<f64> =
+            (0..20_000).map(|i| lo - 9.0 * h + (i as f64 * 0.618_034).fract() * (hi - lo + 18.0 * h)).collect();
+        // Node and fine-bin edges, the ends of the bins, the grid's ends, non-finite values.
+        let bs = s / fine.r as f64;
+        for j in [0, 1, 2, n.nodes / 2, n.nodes - 2, n.nodes - 1] {
+            xs.extend([o + j as f64 * s, o + j as f64 * s + bs, o + (j as f64 + 0.5) * s]);
+        }
+        let last_fine = o + (f.layout().state_len() - 1) as f64 * bs;
+        xs.extend([last_fine, last_fine + 0.5 * bs, lo, hi, f64::NAN, f64::INFINITY, -f64::INFINITY]);
+        // Values between the last fine bin and the last node: kept on the nodes only.
+        let kept = |layout: &KdeLayout, x: f64| {
+            let (o, s, bins) = layout.bins().unwrap();
+            let p = (x - o) * (1.0 / s);
+            p >= 0.0 && p <= (bins - 1) as f64
+        };
+        let beyond = |x: f64| kept(m.layout(), x) && !kept(f.layout(), x);
+        let inside: Vec<f64> = xs.iter().copied().filter(|&x| !beyond(x)).collect();
+        let count = |m: &KdeMechanism, xs: &[f64]| {
+            let mut st = m.layout().empty_state();
+            m.layout().add_all(&mut st, xs);
+            st
+        };
+        let lifted = |m: &KdeMechanism, st: &[i128]| -> Vec<f64> { m.lifted(st).iter().map(|d| d.to_f64()).collect() };
+        let (st, fst) = (count(&m, &inside), count(&f, &inside));
+        let (w, fw) = (lifted(&m, &st), lifted(&f, &fst));
+        let worst = w.iter().zip(&fw).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst <= inside.len() as f64 * 2f64.powi(-39), "node counts differ by {worst}");
+        let (c, fc) =
+            (m.release::<rand::rngs::ChaCha20Rng>(&st, None), f.release::<rand::rngs::ChaCha20Rng>(&fst, None));
+        let gap = c.density.unwrap().iter().zip(fc.density.unwrap()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(gap < 1e-9, "noiseless curves differ by {gap}");
+        // Every value kept adds one row's mass: those past the last fine bin, not past the last
+        // node, on the nodes only.
+        let added = xs.iter().filter(|&&x| kept(m.layout(), x)).count() as f64
+            - xs.iter().filter(|&&x| kept(f.layout(), x)).count() as f64;
+        assert!(added >= 1.0 || n.nodes == (f.layout().state_len() - 1) / fine.r + 1, "{added}");
+        let total = |v: Vec<f64>| v.iter().sum::<f64>();
+        let gained = total(lifted(&m, &count(&m, &xs))) - total(lifted(&f, &count(&f, &xs)));
+        assert!((gained - added).abs() < 1e-6, "{gained} vs {added}");
+        // Control: nodes one fine bin farther apart are a different statistic.
+        let wrong = f.layout().coarsened(fine.r + 1).unwrap();
+        let mut wst = wrong.empty_state();
+        wrong.add_all(&mut wst, &xs);
+        let moved = wst
+            .iter()
+            .zip(&st)
+            .map(|(&a, &b)| ((a - b) as f64 / crate::mechanism::density::kde::FIXED_ONE).abs())
+            .fold(0.0, f64::max);
+        assert!(moved > 1.0, "{moved}");
+    }
+}
+
 /// The node counts a pure-ε release lifts are the re-binning `Σ v_l·weight` in exact integers:
 /// equal to the overflow-checked sums on states of any size a table within `ROW_LIMIT` rows
 /// reaches, and finite (no overflow, no panic) on states beyond it.
 #[test]
 fn the_pure_epsilon_rebinning_is_exact_and_saturates() {
-    let m = pure(spec());
+    // The re-binning of bins `r > 1` to a node: the automatic bandwidth's statistic (the
+    // fixed bandwidth's counts rows on its nodes, r = 1).
+    let m = on_fine_bins(spec());
     let n = m.laplace.clone().unwrap();
+    assert!(n.r > 1, "{}", n.r);
     let reference = |state: &[i128]| -> Vec<f64> {
         let mut c = vec![0i128; n.nodes];
         for (l, &v) in state.iter().enumerate() {
