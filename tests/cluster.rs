@@ -211,11 +211,11 @@ async fn noiseless_releases_on_the_cluster_equal_a_single_process_bit_for_bit() 
     let local = f.session(NoiseSource::Off, 3, None).await;
     let remote = f.session(NoiseSource::Off, 4, Some(cluster.url())).await;
     // The grouped calls' partial phases run on the executors over known keys, each row's group
-    // found in a table sized before the first row (declared text keys by their row encoding; a
+    // found in a table sized before the first row (declared text keys by their bytes; a
     // selection's text keys in a table with room for as many as it chose).
     let known = [
-        (2, "KnownKeysPartialExec: declared groups=4 (rows)"),
-        (5, "KnownKeysPartialExec: declared groups=4 (rows)"),
+        (2, "KnownKeysPartialExec: declared groups=4 (text)"),
+        (5, "KnownKeysPartialExec: declared groups=4 (text)"),
         (6, "KnownKeysPartialExec: selected keys (first seen)"),
         (8, "KnownKeysPartialExec: selected keys (first seen)"),
     ];

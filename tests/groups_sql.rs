@@ -278,12 +278,14 @@ async fn declared_integer_keys_are_looked_up_not_hashed() {
     };
     let want = [("-7", 0), ("0", alone(0).await), ("1000000000000", 0), ("5", alone(5).await)];
     assert_eq!(rows.iter().map(|(k, m)| (k.as_str(), m.to_bits())).collect::<Vec<_>>(), want);
-    // Text keys are looked up by their row encoding.
+    // One text key is looked up by its bytes, several keys by their row encoding.
     let s = f.session(NoiseSource::Off, 2).await;
-    let plan =
-        s.physical_plan_for_tests(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await.unwrap();
-    let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-    assert!(shown.contains("KnownKeysPartialExec: declared groups=") && shown.contains("(rows)"), "{shown}");
+    for (by, kind) in [("region", "(text)"), ("region, weekday", "(rows)")] {
+        let sql = format!("SELECT {by}, {KDE}['mass'] FROM p GROUP BY {by}");
+        let plan = s.physical_plan_for_tests(&sql).await.unwrap();
+        let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        assert!(shown.contains("KnownKeysPartialExec: declared groups=") && shown.contains(kind), "{shown}");
+    }
     assert!(!shown.contains("mode=Partial"), "{shown}");
 }
 
@@ -330,7 +332,9 @@ async fn dictionary_encoded_declared_keys_release_what_plain_text_keys_do() {
             let sql = format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region");
             let plan = s.physical_plan_for_tests(&sql).await.unwrap();
             let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-            assert!(shown.contains("KnownKeysPartialExec: declared groups=4 (rows)"), "{shown}");
+            // Plain text by its bytes, a dictionary by its row encoding.
+            let kind = if dictionary { "rows" } else { "text" };
+            assert!(shown.contains(&format!("KnownKeysPartialExec: declared groups=4 ({kind})")), "{shown}");
             let out = s.query(&sql).await.unwrap();
             let key_type = out[0].schema().field(0).data_type().clone();
             assert_eq!(matches!(key_type, DataType::Dictionary(..)), dictionary, "{key_type}");
@@ -506,13 +510,13 @@ async fn declared_keys_of_any_columns_hold_every_group_from_the_start() {
             let opts =
                 SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
             let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
-            for (by, groups) in [("region", 4), ("region, weekday", 28)] {
+            for (by, groups, kind) in [("region", 4, "text"), ("region, weekday", 28, "rows")] {
                 for call in [plain.to_string(), filtered.clone()] {
                     let sql = format!("SELECT {by}, {call}['mass'] FROM p GROUP BY {by}");
                     let plan = s.physical_plan_for_tests(&sql).await.unwrap();
                     let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
                     assert!(
-                        shown.contains(&format!("KnownKeysPartialExec: declared groups={groups} (rows)")),
+                        shown.contains(&format!("KnownKeysPartialExec: declared groups={groups} ({kind})")),
                         "{shown}"
                     );
                     assert!(!shown.contains("mode=Partial"), "{shown}");
