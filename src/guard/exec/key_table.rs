@@ -138,6 +138,7 @@ impl KeyTable {
                 return Ok(());
             }
             KeyTable::Text { groups, null } => {
+                out.reserve(keys.first().map_or(0, |k| k.len()));
                 let found = match keys {
                     [key] => each_text(key.as_ref(), |v| {
                         let g = match v {

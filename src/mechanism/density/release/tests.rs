@@ -305,6 +305,7 @@ fn on_fine_bins(spec: KdeSpec) -> KdeMechanism {
 /// statistic on nodes one bin too far apart is caught.
 #[test]
 fn the_fixed_pure_epsilon_release_counts_rows_on_its_nodes() {
+    let mut zones = 0;
     for spec in [
         spec(),
         KdeSpec { grid: Grid { lo: -0.2, hi: 1.2, points: 1024 }, bandwidth: 0.02, ..spec() },
@@ -362,6 +363,25 @@ fn the_fixed_pure_epsilon_release_counts_rows_on_its_nodes() {
         let total = |v: Vec<f64>| v.iter().sum::<f64>();
         let gained = total(lifted(&m, &count(&m, &xs))) - total(lifted(&f, &count(&f, &xs)));
         assert!((gained - added).abs() < 1e-6, "{gained} vs {added}");
+        // Neighbouring tables differing by one value where only the nodes count it (past the last
+        // fine bin), at the last node, just past it, and NaN: the node counts move by exactly one
+        // row's mass in L1, or not at all.
+        let last_node = o + (n.nodes - 1) as f64 * s;
+        let l1 = |extra: f64| {
+            let (a, b) = (count(&m, &inside), count(&m, &[inside.as_slice(), &[extra]].concat()));
+            lifted(&m, &a).iter().zip(lifted(&m, &b)).map(|(x, y)| (x - y).abs()).sum::<f64>()
+        };
+        if last_node > last_fine {
+            let zone = 0.5 * (last_fine + last_node);
+            assert!(beyond(zone));
+            zones += 1;
+            assert!((l1(zone) - 1.0).abs() < 1e-9, "{}", l1(zone));
+        }
+        assert!(!kept(m.layout(), last_node + 0.5 * s) && !kept(m.layout(), f64::NAN));
+        for extra in [last_node, last_node + 0.5 * s, f64::NAN, lo, hi] {
+            let want = if kept(m.layout(), extra) { 1.0 } else { 0.0 };
+            assert!((l1(extra) - want).abs() < 1e-9, "x = {extra}: {} (want {want})", l1(extra));
+        }
         // Control: nodes one fine bin farther apart are a different statistic.
         let wrong = f.layout().coarsened(fine.r + 1).unwrap();
         let mut wst = wrong.empty_state();
@@ -373,6 +393,7 @@ fn the_fixed_pure_epsilon_release_counts_rows_on_its_nodes() {
             .fold(0.0, f64::max);
         assert!(moved > 1.0, "{moved}");
     }
+    assert!(zones >= 1, "no geometry has values only its nodes count");
 }
 
 /// The node counts a pure-ε release lifts are the re-binning `Σ v_l·weight` in exact integers:
