@@ -720,3 +720,52 @@ async fn private_calls_read_only_their_data_columns() {
     let one = s.query(&format!("SELECT {KDE}['mass'] FROM p WHERE region = 'a'")).await.unwrap();
     assert_eq!(grouped[0].1.to_bits(), one[0].column(0).as_primitive::<Float64Type>().value(0).to_bits());
 }
+
+/// Declared text keys are looked up by their bytes: a neighbouring table with one more row whose
+/// key is not declared — a new value, NULL, a prefix of a declared key, one 64 KiB long — releases
+/// the declared groups exactly as without it (noise off: every bit), in the same rows and order.
+/// Control: one more row with a declared key changes its group's mass.
+#[tokio::test]
+async fn one_row_with_an_undeclared_text_key_changes_nothing_released() {
+    let long = "z".repeat(1 << 16);
+    let extras: [Option<Option<&str>>; 6] =
+        [None, Some(Some("zz")), Some(None), Some(Some("")), Some(Some(long.as_str())), Some(Some("b"))];
+    let mut results = Vec::new();
+    for (v, extra) in extras.iter().enumerate() {
+        let dir = TempDir::new(&format!("groups-text-neighbour-{v}"));
+        let mut region: Vec<Option<&str>> = (0..300).map(|i| Some(["a", "b", "c"][i % 3])).collect();
+        let mut x: Vec<f64> = (0..300).map(|i| (i % 101) as f64 / 100.0).collect();
+        if let Some(key) = extra {
+            region.insert(150, *key);
+            x.insert(150, 0.5);
+        }
+        let weekday: Vec<i64> = (0..region.len()).map(|i| (i % 7) as i64).collect();
+        common::write_columns(
+            &dir.path("p.parquet"),
+            vec![
+                ("region", Arc::new(StringArray::from(region))),
+                ("weekday", Arc::new(Int64Array::from(weekday))),
+                ("x", Arc::new(Float64Array::from(x))),
+            ],
+        );
+        private_p(&dir).await;
+        let mut run = Vec::new();
+        for partitions in [1, 3] {
+            let opts =
+                SessionOptions { noise: NoiseSource::Off, target_partitions: Some(partitions), ..Default::default() };
+            let s = AnalystSession::open(&dir.path("catalog.db"), opts).await.unwrap();
+            let out = s.query(&format!("SELECT region, {KDE}['mass'] FROM p GROUP BY region")).await.unwrap();
+            let got: Vec<(String, u64)> =
+                common::keyed_values(&out).into_iter().map(|(k, v)| (k, v.to_bits())).collect();
+            run.push(got);
+        }
+        assert_eq!(run[0], run[1], "extra {v}: partitions change the release");
+        results.push(run.swap_remove(0));
+    }
+    assert_eq!(results[0].len(), 4, "{:?}", results[0]);
+    for (v, r) in results.iter().enumerate().take(5).skip(1) {
+        assert_eq!(r, &results[0], "an undeclared key (extra {v}) moved a release or a row");
+    }
+    // Control: a declared key's row is counted.
+    assert_ne!(results[5], results[0]);
+}
