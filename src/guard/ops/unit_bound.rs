@@ -334,6 +334,8 @@ impl Bound {
         let mut messages = Vec::with_capacity(BLOCK * 64);
         let (mut rows, mut ends, mut orders) =
             (Vec::with_capacity(BLOCK), Vec::with_capacity(BLOCK), Vec::with_capacity(BLOCK));
+        // Candidates before this index have had their kept groups asked for.
+        let mut kept_asked = 0;
         for start in (0..n).step_by(BLOCK) {
             messages.clear();
             rows.clear();
@@ -347,10 +349,12 @@ impl Bound {
                     samples.prefetch_screen(ahead);
                 }
                 let Some(u) = unit(i) else { continue };
+                // The screen is read once: no offer moves a threshold before the batch's rows are screened.
+                let screen = *samples.screen(u);
                 let unit_hash = match (from_plan, &self.unit) {
                     // The plan computed it: read in the row's order, not from the unit's screen.
                     (Some(plan), _) => order_value(plan.value(i))?,
-                    (None, unit) => match samples.screen(u).unit_hash() {
+                    (None, unit) => match screen.unit_hash() {
                         Some(h) => h,
                         None => {
                             if units.is_none() {
@@ -367,12 +371,19 @@ impl Bound {
                 if let Some(k) = &keys {
                     messages.extend_from_slice(k.row(i).as_ref());
                 }
-                rows.push((i, u, unit_hash));
+                rows.push((i, u, unit_hash, screen));
                 ends.push(messages.len());
             }
             self.hash_all(self.fixed_keys, &messages, &ends, &mut orders);
-            for (&(i, u, unit_hash), &group) in rows.iter().zip(&orders) {
-                if samples.screen(u).admits(group) {
+            // The kept groups of the earlier blocks' candidates, whose samples were asked for a
+            // block ago, are asked for now: a few lines at a time between the blocks' hashing,
+            // rather than all of a batch's at once (which waits on the memory system's queue).
+            for &i in &candidates[kept_asked..] {
+                samples.prefetch_kept(unit(i as usize).expect("a candidate row has a unit"));
+            }
+            kept_asked = candidates.len();
+            for (&(i, u, unit_hash, screen), &group) in rows.iter().zip(&orders) {
+                if screen.admits(group) {
                     samples.prefetch_sample(u);
                     candidates.push(i as u32);
                     groups.push(group);
@@ -383,10 +394,11 @@ impl Bound {
         if candidates.is_empty() {
             return Ok(0);
         }
-        // Every candidate's sample was asked for when it passed its screen; its kept groups are
-        // asked for now, so that the memory system fetches them in parallel while the rows are
-        // encoded and hashed, instead of one cache miss at a time in the offers below.
-        for &i in &candidates {
+        // Every candidate's sample was asked for when it passed its screen, and the kept groups
+        // of all but the last block's candidates during the next block; the last block's are
+        // asked for now, so that they arrive while the rows are encoded and hashed, instead of
+        // one cache miss at a time in the offers below.
+        for &i in &candidates[kept_asked..] {
             samples.prefetch_kept(unit(i as usize).expect("a candidate row has a unit"));
         }
         let mut columns: Vec<ArrayRef> = values[self.first_column..].to_vec();
