@@ -66,6 +66,20 @@ async fn private_p(dir: &TempDir) -> Admin {
     admin
 }
 
+/// Writes `p.parquet` in `dir` with columns `region`, `weekday` and `x`, then makes it the private
+/// table `p` ([`private_p`]).
+async fn write_private_p(dir: &TempDir, region: StringArray, weekday: Vec<i64>, x: Vec<f64>) -> Admin {
+    common::write_columns(
+        &dir.path("p.parquet"),
+        vec![
+            ("region", Arc::new(region) as ArrayRef),
+            ("weekday", Arc::new(Int64Array::from(weekday))),
+            ("x", Arc::new(Float64Array::from(x))),
+        ],
+    );
+    private_p(dir).await
+}
+
 impl Fixture {
     async fn session(&self, noise: NoiseSource, partitions: usize) -> AnalystSession {
         let opts = SessionOptions { noise, target_partitions: Some(partitions), ..Default::default() };
@@ -496,15 +510,7 @@ async fn declared_keys_of_any_columns_hold_every_group_from_the_start() {
             weekday.insert(1234, 3);
             x.insert(1234, 0.5);
         }
-        common::write_columns(
-            &dir.path("p.parquet"),
-            vec![
-                ("region", Arc::new(StringArray::from(region)) as ArrayRef),
-                ("weekday", Arc::new(Int64Array::from(weekday))),
-                ("x", Arc::new(Float64Array::from(x))),
-            ],
-        );
-        private_p(&dir).await;
+        write_private_p(&dir, StringArray::from(region), weekday, x).await;
         let mut seen = Vec::new();
         for partitions in [1, 3] {
             let opts =
@@ -740,15 +746,7 @@ async fn one_row_with_an_undeclared_text_key_changes_nothing_released() {
             x.insert(150, 0.5);
         }
         let weekday: Vec<i64> = (0..region.len()).map(|i| (i % 7) as i64).collect();
-        common::write_columns(
-            &dir.path("p.parquet"),
-            vec![
-                ("region", Arc::new(StringArray::from(region))),
-                ("weekday", Arc::new(Int64Array::from(weekday))),
-                ("x", Arc::new(Float64Array::from(x))),
-            ],
-        );
-        private_p(&dir).await;
+        write_private_p(&dir, StringArray::from(region), weekday, x).await;
         let mut run = Vec::new();
         for partitions in [1, 3] {
             let opts =
