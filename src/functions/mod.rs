@@ -19,6 +19,7 @@ pub mod private_kernel_regression;
 pub mod private_mean_curve;
 pub mod registry;
 pub mod release;
+mod release_threads;
 pub mod releases;
 
 pub use call::{CallContext, PolicyArgs, PrivateCall};

@@ -2,7 +2,10 @@
 //! statistic is wrapped on, the kernel's spectrum by Poisson summation, the kept frequencies and
 //! their lift and synthesis factors, and the proven sensitivity. Public, data-independent, cached.
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use rustfft::{Fft, FftPlanner};
 
 use super::error::MechanismError;
 use crate::mechanism::density::kde::{KdeLayout, TRUNCATION_BANDWIDTHS};
@@ -39,6 +42,24 @@ pub struct KdeBasis {
     pub(super) stat_sensitivity: f64,
     /// Bound on the floating-point error of computing w for one table (≤ ROW_LIMIT rows).
     pub(super) float_error: f64,
+    /// The inverse transform over the circle, planned on first use (its twiddles are computed
+    /// once per basis, not once per release).
+    inverse: InversePlan,
+}
+
+/// A basis's planned inverse transform.
+#[derive(Default)]
+struct InversePlan(OnceLock<Arc<dyn Fft<f64>>>);
+
+// A plan is immutable once made (a transform takes its scratch per call), and a panic while one is
+// made leaves the cell empty: a basis stays as usable across `catch_unwind` as it was without it.
+impl std::panic::RefUnwindSafe for InversePlan {}
+impl std::panic::UnwindSafe for InversePlan {}
+
+impl fmt::Debug for InversePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "InversePlan {{ planned: {} }}", self.0.get().is_some())
+    }
 }
 
 /// The spectrum of the periodised lattice kernel at frequency k of a circle of m points
@@ -137,7 +158,7 @@ impl KdeBasis {
         // ‖fl(w) − w‖ ≤ max lift · (DFT error + 2 dd ops) · ‖v‖₂, ‖v‖₂ ≤ ‖v‖₁ ≤ rows·mass.
         let float_error =
             max_lift * (double_double::dft_relative_error(m) + 2.0 * DD_OP_ERR) * ROW_LIMIT * lat.mass_per_row;
-        Ok(Self { m, stride, kmax, lift, synth, stat_sensitivity, float_error })
+        Ok(Self { m, stride, kmax, lift, synth, stat_sensitivity, float_error, inverse: InversePlan::default() })
     }
 
     pub(super) fn cached(layout: &KdeLayout) -> Result<Arc<Self>, MechanismError> {
@@ -145,7 +166,13 @@ impl KdeBasis {
         static CACHE: PublicCache<Key, KdeBasis> = PublicCache::new(256 << 20);
         let g = layout.grid();
         let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, layout.bandwidth().to_bits());
-        CACHE.get_or_try_insert(key, |b| 8 * (b.lift.len() + b.synth.len()), || Self::build(layout))
+        // Counted with the twiddles of its inverse transform (16 bytes a point), planned or not.
+        CACHE.get_or_try_insert(key, |b| 8 * (b.lift.len() + b.synth.len()) + 16 * b.m, || Self::build(layout))
+    }
+
+    /// The inverse transform over the circle of `m` points, planned on first use.
+    pub(super) fn inverse_fft(&self) -> Arc<dyn Fft<f64>> {
+        Arc::clone(self.inverse.0.get_or_init(|| FftPlanner::new().plan_fft_inverse(self.m)))
     }
 
     /// Number of lifted coordinates.

@@ -24,7 +24,7 @@
 use std::sync::{Arc, OnceLock};
 
 use rand::Rng;
-use rustfft::{FftPlanner, num_complex::Complex};
+use rustfft::num_complex::Complex;
 
 use crate::mechanism::contribution::Contribution;
 use crate::mechanism::density::kde::{Grid, KdeLayout, TRUNCATION_BANDWIDTHS};
@@ -563,7 +563,7 @@ impl KdeMechanism {
                 c += 2;
             }
         }
-        FftPlanner::new().plan_fft_inverse(m).process(&mut y);
+        self.basis.inverse_fft().process(&mut y);
         y.into_iter().map(|v| v.re).collect()
     }
 
