@@ -21,6 +21,8 @@ pub const SPECTRUM_CUTOFF: f64 = 1e-13;
 pub const MAX_LATTICE: usize = 1 << 22;
 /// Largest circle of lattice points (the f64 synthesis of the curve runs on it).
 pub const MAX_CIRCLE: usize = 1 << 24;
+/// The largest circle whose inverse transform a cached basis keeps (16 MiB of twiddles).
+const KEPT_PLAN_POINTS: usize = 1 << 20;
 /// Relative accuracy of the computed spectrum (f64 exponentials of arguments ≤ 750).
 const LAMBDA_REL_ERR: f64 = 1e-11;
 
@@ -166,12 +168,27 @@ impl KdeBasis {
         static CACHE: PublicCache<Key, KdeBasis> = PublicCache::new(256 << 20);
         let g = layout.grid();
         let key = (g.lo.to_bits(), g.hi.to_bits(), g.points, layout.bandwidth().to_bits());
-        // Counted with the twiddles of its inverse transform (16 bytes a point), planned or not.
-        CACHE.get_or_try_insert(key, |b| 8 * (b.lift.len() + b.synth.len()) + 16 * b.m, || Self::build(layout))
+        // Counted with the twiddles of the inverse transform it may keep (16 bytes a point), planned
+        // or not.
+        CACHE.get_or_try_insert(
+            key,
+            |b| 8 * (b.lift.len() + b.synth.len()) + b.kept_plan_bytes(),
+            || Self::build(layout),
+        )
     }
 
-    /// The inverse transform over the circle of `m` points, planned on first use.
+    /// Bytes of the inverse transform a basis keeps once planned (none above [`KEPT_PLAN_POINTS`]).
+    fn kept_plan_bytes(&self) -> usize {
+        if self.m <= KEPT_PLAN_POINTS { 16 * self.m } else { 0 }
+    }
+
+    /// The inverse transform over the circle of `m` points: planned on first use and kept, up to
+    /// [`KEPT_PLAN_POINTS`] points; planned for each use above (as every transform was before), so
+    /// that a basis of the largest circles still fits the cache.
     pub(super) fn inverse_fft(&self) -> Arc<dyn Fft<f64>> {
+        if self.m > KEPT_PLAN_POINTS {
+            return FftPlanner::new().plan_fft_inverse(self.m);
+        }
         Arc::clone(self.inverse.0.get_or_init(|| FftPlanner::new().plan_fft_inverse(self.m)))
     }
 
@@ -183,5 +200,37 @@ impl KdeBasis {
     /// Circle size m.
     pub fn circle(&self) -> usize {
         self.m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn basis(m: usize) -> KdeBasis {
+        KdeBasis {
+            m,
+            stride: 1,
+            kmax: 0,
+            lift: vec![1.0],
+            synth: vec![1.0],
+            stat_sensitivity: 1.0,
+            float_error: 0.0,
+            inverse: InversePlan::default(),
+        }
+    }
+
+    /// A basis keeps its inverse transform up to `KEPT_PLAN_POINTS` points (and the cache counts it),
+    /// and plans one per use above, so that the largest circles' bases still fit the cache.
+    #[test]
+    fn a_basis_keeps_its_plan_only_up_to_the_kept_size() {
+        let small = basis(KEPT_PLAN_POINTS);
+        assert!(Arc::ptr_eq(&small.inverse_fft(), &small.inverse_fft()));
+        assert_eq!(small.kept_plan_bytes(), 16 * KEPT_PLAN_POINTS);
+        let large = basis(2 * KEPT_PLAN_POINTS);
+        let (a, b) = (large.inverse_fft(), large.inverse_fft());
+        assert!(!Arc::ptr_eq(&a, &b) && a.len() == 2 * KEPT_PLAN_POINTS, "planned per use, of the right size");
+        assert_eq!(large.kept_plan_bytes(), 0);
+        assert!(large.inverse.0.get().is_none(), "nothing kept");
     }
 }
