@@ -1,17 +1,17 @@
-//! The threads a grouped call's releases are drawn on: one long-lived pool, a thread per core,
-//! started on first use.
+//! The threads a grouped call's releases are drawn on: up to a thread per core, started for the
+//! call, the caller's thread working too. How many releases are drawn at once depends only on how
+//! many groups there are (declared or selected: public) and on the machine.
 //!
-//! Threads started for each call were sometimes placed by the kernel on the core that started
-//! them while the other was idle (on this project's 2-core VM, 100 Gaussian releases then took
-//! 42–44 ms on one core instead of 23–27 ms on two: `docs/performance.md`, "The releases'
-//! threads"); a pool's threads are woken, and a woken thread goes to an idle core. How many releases are
-//! drawn at once depends only on how many groups there are (declared or selected: public) and
-//! on the machine.
+//! The kernel sometimes leaves a thread started this way on the busy core that started it while
+//! the other core is idle (`docs/performance.md`, "The releases' threads": 2 of 12 unit queries
+//! drew their 100 releases on one core). One long-lived pool of threads avoided that but was not
+//! kept: a pool queues one call's releases behind another's (a session with many groups would
+//! hold up every other session's grouped releases until its own are drawn), where threads of
+//! each call share the cores with everyone else's.
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
 
 /// Threads [`in_parallel`] uses for `items` items, at least `per_thread` each.
 pub(crate) fn threads_for(items: usize, per_thread: usize) -> usize {
@@ -19,39 +19,41 @@ pub(crate) fn threads_for(items: usize, per_thread: usize) -> usize {
     cores.min(items / per_thread.max(1)).max(1)
 }
 
-/// The pool, a thread per core; None where it could not be started (a thread limit): the
-/// caller's thread then does the work, slower, never failing.
-fn pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads_for(usize::MAX, 1))
-            .thread_name(|i| format!("dpcurve-release-{i}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
-}
-
 /// `work` over consecutive parts of `items` (at least `per_thread` each) on up to
-/// [`threads_for`] of the pool's threads, results concatenated in order; on the caller's thread
-/// when there is one part or no pool. The first part's error (in order) is the result; a panic
-/// in a part panics the caller.
+/// [`threads_for`] threads, results concatenated in order. The calling thread works too, taking
+/// parts from the same queue, so a thread that cannot be started makes the work slower, never
+/// fail. The first part's error (in order) is the result; a panic in a part panics the caller.
 pub(crate) fn in_parallel<T: Send, R: Send>(
     items: &mut [T],
     per_thread: usize,
     work: impl Fn(&mut [T]) -> Result<Vec<R>> + Sync,
 ) -> Result<Vec<R>> {
     let threads = threads_for(items.len(), per_thread);
-    let pool = match pool() {
-        Some(pool) if threads > 1 => pool,
-        _ => return work(items),
+    if threads == 1 {
+        return work(items);
+    }
+    let parts: Vec<_> = items.chunks_mut(items.len().div_ceil(threads)).enumerate().collect();
+    let done: Mutex<Vec<Option<Result<Vec<R>>>>> = Mutex::new(parts.iter().map(|_| None).collect());
+    let queue = Mutex::new(parts);
+    let run = || {
+        loop {
+            // (A statement of its own: the queue is unlocked while the part is worked on.)
+            let next = queue.lock().expect("release queue").pop();
+            let Some((i, part)) = next else { break };
+            let results = work(part);
+            done.lock().expect("release results")[i] = Some(results);
+        }
     };
-    let part = items.len().div_ceil(threads);
-    let results: Vec<Result<Vec<R>>> = pool.install(|| items.par_chunks_mut(part).map(&work).collect());
-    let mut out = Vec::with_capacity(items.len());
-    for result in results {
-        out.extend(result?);
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            // Not started (a thread limit): the others take its parts.
+            let _ = std::thread::Builder::new().name("dpcurve-release".into()).spawn_scoped(scope, run);
+        }
+        run();
+    });
+    let mut out = Vec::new();
+    for results in done.into_inner().expect("release results") {
+        out.extend(results.expect("every part ran")?);
     }
     Ok(out)
 }
@@ -75,17 +77,6 @@ mod tests {
         assert_eq!(out.iter().map(|o| o.0).collect::<Vec<_>>(), (0..100).map(|i| i * 2).collect::<Vec<_>>());
         let threads: std::collections::HashSet<_> = out.iter().map(|o| o.1).collect();
         assert_eq!(threads.len(), cores.min(100 / 8), "the parts ran on {} threads", threads.len());
-        if cores > 1 {
-            // The pool's threads, not the caller's; and the same threads the next time.
-            assert!(!threads.contains(&std::thread::current().id()));
-            let again = in_parallel(&mut items, 8, |part| {
-                std::thread::sleep(std::time::Duration::from_millis(part.len() as u64));
-                Ok(part.iter().map(|_| std::thread::current().id()).collect())
-            })
-            .unwrap();
-            let again: std::collections::HashSet<_> = again.into_iter().collect();
-            assert_eq!(again, threads, "a new call reuses the pool's threads");
-        }
         // Too few items for a second thread: all on the caller's.
         let mut few = [1u32; 9];
         let out =
