@@ -850,8 +850,9 @@ async fn groups(o: &Options, report: &mut Report) {
         // Every row to its unit's state (10⁵ units), nothing else: what grouping by the unit
         // costs any operator that bounds each unit, before any hashing or sampling.
         "SELECT count(*) FROM (SELECT u, min(x) FROM pub_t GROUP BY u)".to_string(),
-        // What the plain call pays before any binning: the guard keeps only the declared keys
-        // (here 0…99, which it tests as a range).
+        // DataFusion's own test of a run of keys (here 0…99) as a range: two comparison kernels
+        // and an AND. Below a unit bound the guard tests the declared keys with its one-comparison
+        // `declared_key_range` instead; the plain call drops its filter.
         "SELECT g, sum(x) FROM pub_t WHERE g BETWEEN 0 AND 99 GROUP BY g".to_string(),
         format!(
             "SELECT g, {kde}, select_epsilon => 0.001, select_delta => 1e-9, select_max_groups => 100) FROM priv_t GROUP BY g"

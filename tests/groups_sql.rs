@@ -274,6 +274,16 @@ async fn declared_integer_keys_are_looked_up_not_hashed() {
         .indent(false)
         .to_string();
     assert!(!shown.contains("FilterExec"), "{shown}");
+    // So is the range a run of keys is tested as (one comparison per row), which another plan —
+    // a privacy unit's, say — keeps as its filter.
+    f.admin.set_keys("p", "weekday", &["2", "0", "1", "3"].map(String::from)).await.unwrap();
+    let ranged = f.session(NoiseSource::Off, 2).await;
+    let sql = format!("SELECT weekday, {plain}['mass'] FROM p GROUP BY weekday");
+    let shown = datafusion::physical_plan::displayable(ranged.physical_plan_for_tests(&sql).await.unwrap().as_ref())
+        .indent(false)
+        .to_string();
+    assert!(!shown.contains("FilterExec") && shown.contains("declared groups=4 (dense)"), "{shown}");
+    f.admin.set_keys("p", "weekday", &["5", "1000000000000", "0", "-7"].map(String::from)).await.unwrap();
     let sql = format!(
         "SELECT weekday, {plain}['mass'] FROM p WHERE weekday >= 0 AND weekday > -7 AND x >= 0 GROUP BY weekday"
     );

@@ -6,12 +6,14 @@
 //! * a partition selection's membership filter: the key hashes the client's gate selected (the
 //!   subtree is shipped after the gate ran the selection) and the hash's key;
 //! * the total integer division and remainder;
-//! * the eager `CASE`, `AND` and `OR`.
+//! * the eager `CASE`, `AND` and `OR`;
+//! * the declared keys' range filter (its bounds are the call's literal arguments).
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::ScalarUDF;
 
 use crate::guard::ops::eager::{EagerForm, Form};
+use crate::guard::ops::key_range::KeyRange;
 use crate::guard::ops::sample_order::SampleOrder;
 use crate::guard::ops::selected::SelectedFilter;
 use crate::guard::ops::total_div::TotalIntDiv;
@@ -24,6 +26,7 @@ const TAG_MOD: u8 = 5;
 const TAG_CASE: u8 = 6;
 const TAG_AND: u8 = 7;
 const TAG_OR: u8 = 8;
+const TAG_KEY_RANGE: u8 = 9;
 
 /// The bytes of one of dpcurve's scalar functions (None: any other function, which executors
 /// find by name).
@@ -61,6 +64,9 @@ pub(crate) fn encode(udf: &ScalarUDF) -> Option<Vec<u8>> {
     }
     if let Some(div) = inner.downcast_ref::<TotalIntDiv>() {
         return Some(vec![if div.is_modulo() { TAG_MOD } else { TAG_DIV }]);
+    }
+    if inner.is::<KeyRange>() {
+        return Some(vec![TAG_KEY_RANGE]);
     }
     if let Some(eager) = inner.downcast_ref::<EagerForm>() {
         return Some(vec![match eager.form() {
@@ -100,6 +106,7 @@ pub(crate) fn decode(name: &str, buf: &[u8]) -> Result<ScalarUDF> {
         Some(&TAG_CASE) => ScalarUDF::from(EagerForm::new(Form::Case)),
         Some(&TAG_AND) => ScalarUDF::from(EagerForm::new(Form::And)),
         Some(&TAG_OR) => ScalarUDF::from(EagerForm::new(Form::Or)),
+        Some(&TAG_KEY_RANGE) => ScalarUDF::from(KeyRange::default()),
         _ => return Err(bad()),
     };
     if !rest.0.is_empty() || udf.name() != name {
@@ -169,6 +176,7 @@ mod tests {
             let back = round_trip(ScalarUDF::from(EagerForm::new(form)));
             assert_eq!(back.inner().downcast_ref::<EagerForm>().unwrap().form(), form);
         }
+        assert!(round_trip(ScalarUDF::from(KeyRange::default())).inner().is::<KeyRange>());
     }
 
     #[test]

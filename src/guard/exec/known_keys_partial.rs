@@ -64,6 +64,7 @@ use futures::StreamExt;
 use super::key_table::{FirstSeen, KeyTable};
 use super::node::{batch_as, groups_accumulators, only_child};
 use crate::functions::PermitSlot;
+use crate::guard::ops::key_range::KeyRange;
 use crate::guard::ops::selected::{IntegerSelection, SelectedFilter, SelectedKeys};
 
 /// The public groups of a grouped private aggregate, as this operator needs them.
@@ -381,8 +382,8 @@ fn without_key_filters(
     Ok(Arc::new(rest))
 }
 
-/// Whether `e` is built only of columns, literals, comparisons, logic, casts and lists (no
-/// function: nothing that could answer differently on the same key).
+/// Whether `e` is built only of columns, literals, comparisons, logic, casts, lists and the declared
+/// keys' range (no other function: nothing that could answer differently on the same key).
 fn deterministic(e: &Arc<dyn PhysicalExpr>) -> bool {
     let mut only = true;
     let _ = e.apply(|n| {
@@ -393,7 +394,8 @@ fn deterministic(e: &Arc<dyn PhysicalExpr>) -> bool {
             || n.downcast_ref::<NotExpr>().is_some()
             || n.downcast_ref::<IsNullExpr>().is_some()
             || n.downcast_ref::<IsNotNullExpr>().is_some()
-            || n.downcast_ref::<CastExpr>().is_some();
+            || n.downcast_ref::<CastExpr>().is_some()
+            || n.downcast_ref::<ScalarFunctionExpr>().is_some_and(|f| f.fun().inner().is::<KeyRange>());
         Ok(if only { TreeNodeRecursion::Continue } else { TreeNodeRecursion::Stop })
     });
     only

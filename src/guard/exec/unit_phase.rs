@@ -37,15 +37,17 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::array::UInt32Array;
+use datafusion::arrow::compute::take_arrays;
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::hash_utils::create_hashes;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::metrics::Time;
-use datafusion::physical_plan::repartition::{BatchPartitioner, RepartitionExec};
+use datafusion::physical_plan::repartition::{REPARTITION_RANDOM_STATE, RepartitionExec};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
@@ -191,11 +193,11 @@ impl UnitExchangeExec {
         let mut senders = Vec::new();
         for p in 0..self.input.output_partitioning().partition_count() {
             let mut input = self.input.execute(p, Arc::clone(context))?;
-            let mut router = BatchPartitioner::new_hash_partitioner(self.units.clone(), n, Time::new())?;
+            let mut router = Router::new(self.units.clone(), n);
             let txs = txs.clone();
             senders.push(SpawnedTask::spawn(async move {
                 while let Some(batch) = input.next().await {
-                    let routed = batch.and_then(|b| router.partition_iter(b)?.collect::<Result<Vec<_>>>());
+                    let routed = batch.and_then(|b| router.route(&b));
                     match routed {
                         Ok(parts) => {
                             for (to, part) in parts {
@@ -219,6 +221,93 @@ impl UnitExchangeExec {
             }));
         }
         Ok(Running { outputs: rxs.into_iter().map(Some).collect(), senders: Arc::new(senders) })
+    }
+}
+
+/// Each row's output partition, as DataFusion's hash partitioning computes it (`RepartitionExec`'s
+/// hash of the unit, modulo the partitions), and a batch's rows in one `take`, grouped by
+/// partition in their order ([`grouped`]), where DataFusion's partitioner pushes each row's index
+/// onto its partition's vector (a load, a compare and a store of the vector's length per row)
+/// and then concatenates them.
+struct Router {
+    units: Vec<Arc<dyn PhysicalExpr>>,
+    partitions: usize,
+    hashes: Vec<u64>,
+    of: Vec<u32>,
+}
+
+/// The rows' indices grouped by partition (`of[i]` is row i's), each partition's in row order, and
+/// where each partition's start (`partitions + 1` offsets). Up to [`PASSES_UP_TO`] partitions, one
+/// pass per partition writes every index and advances only past its own (no branch, no counter in
+/// memory); more partitions are counted, then placed (a counting sort).
+fn grouped(of: &[u32], partitions: usize) -> (Vec<u32>, Vec<usize>) {
+    let rows = of.len();
+    let mut start = vec![0usize; partitions + 1];
+    if partitions <= PASSES_UP_TO {
+        // One slot past the rows: a pass writes at its next position whether or not the row is
+        // its own, and the last pass's last write may fall there.
+        let mut order = vec![0u32; rows + 1];
+        let mut at = 0;
+        for (p, first) in start.iter_mut().take(partitions).enumerate() {
+            *first = at;
+            for (i, &q) in of.iter().enumerate() {
+                order[at] = i as u32;
+                at += usize::from(q == p as u32);
+            }
+        }
+        start[partitions] = at;
+        order.truncate(rows);
+        return (order, start);
+    }
+    for &p in of {
+        start[p as usize + 1] += 1;
+    }
+    for p in 0..partitions {
+        start[p + 1] += start[p];
+    }
+    let mut at = start.clone();
+    let mut order = vec![0u32; rows];
+    for (i, &p) in of.iter().enumerate() {
+        order[at[p as usize]] = i as u32;
+        at[p as usize] += 1;
+    }
+    (order, start)
+}
+
+/// Partitions up to which [`grouped`] makes one pass per partition.
+const PASSES_UP_TO: usize = 8;
+
+impl Router {
+    fn new(units: Vec<Arc<dyn PhysicalExpr>>, partitions: usize) -> Self {
+        assert!(partitions > 0 && partitions <= u32::MAX as usize, "partitions");
+        Self { units, partitions, hashes: Vec::new(), of: Vec::new() }
+    }
+
+    /// `batch`'s rows as one batch per partition that has any, in row order.
+    fn route(&mut self, batch: &RecordBatch) -> Result<Vec<(usize, RecordBatch)>> {
+        let rows = batch.num_rows();
+        if self.partitions == 1 {
+            return Ok(if rows > 0 { vec![(0, batch.clone())] } else { Vec::new() });
+        }
+        let arrays = self.units.iter().map(|e| e.evaluate(batch)?.into_array(rows)).collect::<Result<Vec<_>>>()?;
+        self.hashes.clear();
+        self.hashes.resize(rows, 0);
+        create_hashes(&arrays, REPARTITION_RANDOM_STATE.random_state(), &mut self.hashes)?;
+        let n = self.partitions as u64;
+        self.of.clear();
+        if n.is_power_of_two() {
+            self.of.extend(self.hashes.iter().map(|h| (h & (n - 1)) as u32));
+        } else {
+            self.of.extend(self.hashes.iter().map(|h| (h % n) as u32));
+        }
+        let (order, start) = grouped(&self.of, self.partitions);
+        let columns = take_arrays(batch.columns(), &UInt32Array::from(order), None)?;
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        let grouped = RecordBatch::try_new_with_options(batch.schema(), columns, &options)?;
+        Ok((0..self.partitions)
+            .filter(|&p| start[p + 1] > start[p])
+            .map(|p| (p, grouped.slice(start[p], start[p + 1] - start[p])))
+            .collect())
     }
 }
 
@@ -392,6 +481,48 @@ mod tests {
         expected.sort_unstable();
         assert_eq!(all, expected);
         assert!(exchange.execute(0, ctx).is_err(), "a partition executes once");
+    }
+
+    /// The router sends each row where DataFusion's hash partitioner does, in the same order, for
+    /// power-of-two partition counts and others, NULL units, several unit columns and one row.
+    #[test]
+    fn rows_go_where_datafusions_hash_partitioning_sends_them() {
+        use datafusion::arrow::array::StringArray;
+        use datafusion::physical_plan::metrics::Time;
+        use datafusion::physical_plan::repartition::BatchPartitioner;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("u", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("i", DataType::Int64, false),
+        ]));
+        for rows in [1usize, 7, 1000] {
+            let u = Int64Array::from_iter((0..rows).map(|i| (i % 11 != 3).then_some((i * 7919 % 503) as i64)));
+            let s = StringArray::from_iter((0..rows).map(|i| (i % 5 != 0).then(|| format!("k{}", i % 37))));
+            let i = Int64Array::from_iter_values(0..rows as i64);
+            let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(u), Arc::new(s), Arc::new(i)]).unwrap();
+            for units in [vec!["u"], vec!["u", "s"]] {
+                let exprs: Vec<Arc<dyn PhysicalExpr>> = units.iter().map(|c| col(c, &schema).unwrap()).collect();
+                for partitions in [1, 2, 3, 4, 7, 8, 9, 16] {
+                    let ours = Router::new(exprs.clone(), partitions).route(&batch).unwrap();
+                    let mut theirs =
+                        BatchPartitioner::new_hash_partitioner(exprs.clone(), partitions, Time::new()).unwrap();
+                    let theirs: Vec<(usize, RecordBatch)> =
+                        theirs.partition_iter(batch.clone()).unwrap().collect::<Result<_>>().unwrap();
+                    let rows_of = |parts: &[(usize, RecordBatch)]| -> Vec<(usize, Vec<i64>)> {
+                        let mut out: Vec<_> = parts
+                            .iter()
+                            .map(|(p, b)| (*p, b.column(2).as_primitive::<Int64Type>().values().to_vec()))
+                            .collect();
+                        out.sort();
+                        out
+                    };
+                    assert_eq!(rows_of(&ours), rows_of(&theirs), "{rows} rows by {units:?} over {partitions}");
+                    for (_, b) in &ours {
+                        assert_eq!(b.schema(), schema);
+                    }
+                }
+            }
+        }
     }
 
     /// Polls each partition of `exchange` (one unit in every row of `source`) up to its first

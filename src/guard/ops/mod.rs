@@ -1,5 +1,5 @@
 //! The functions and operators the passes put into a plan, which run below the gate: eager
-//! `CASE`/`AND`/`OR`, total integer division, the keyed sample order, the per-unit bound and
+//! `CASE`/`AND`/`OR`, total integer division, the declared keys' range filter, the keyed sample order, the per-unit bound and
 //! the partition selection's membership filter, and the prefetch hint their tables use. Import nothing
 //! above them in `guard/`.
 
@@ -7,6 +7,7 @@ pub mod bounding;
 pub(crate) mod chunked;
 pub(crate) mod chunked_count;
 pub mod eager;
+pub mod key_range;
 mod max_heap;
 pub(crate) mod prefetch_hint;
 pub mod sample_order;

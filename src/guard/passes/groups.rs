@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Result, ScalarValue};
-use datafusion::logical_expr::{Between, Expr, Filter, LogicalPlan, in_list};
+use datafusion::logical_expr::{Expr, Filter, LogicalPlan, in_list};
 
 use crate::guard::checking::Checking;
+use crate::guard::ops::key_range;
 use crate::guard::view::{GroupMode, KeysMap, group_mode};
 use crate::guard::walk::{private_aggregate, with_input};
 
@@ -27,41 +28,21 @@ pub fn run(cx: &mut Checking<'_>) -> Result<()> {
     cx.rewrite(|plan| filter_to_declared_keys(plan, &view.keys))
 }
 
-/// `g` is one of `keys`: `g BETWEEN lo AND hi` when the keys are every integer from lo to hi (two
-/// vectorised comparisons per row), else `g IN (keys)` (a hash lookup per row). A NULL `g` is in
+/// `g` is one of `keys`: `g BETWEEN lo AND hi` when the keys are every integer from lo to hi (one
+/// comparison per row: [`key_range`]), else `g IN (keys)` (a hash lookup per row). A NULL `g` is in
 /// neither.
 fn declared(g: &Expr, keys: Vec<ScalarValue>) -> Expr {
-    let integers: Option<Vec<i128>> = keys.iter().map(integer).collect();
+    let integers: Option<Vec<i128>> = keys.iter().map(key_range::integer).collect();
     if let Some(mut ints) = integers.filter(|v| !v.is_empty()) {
         ints.sort_unstable();
         ints.dedup();
         let (lo, hi) = (ints[0], ints[ints.len() - 1]);
         if hi - lo + 1 == ints.len() as i128 {
-            let at = |v: i128| keys.iter().find(|k| integer(k) == Some(v)).cloned().expect("a declared key");
-            return Expr::Between(Between::new(
-                Box::new(g.clone()),
-                false,
-                Box::new(Expr::Literal(at(lo), None)),
-                Box::new(Expr::Literal(at(hi), None)),
-            ));
+            let at = |v: i128| keys.iter().find(|k| key_range::integer(k) == Some(v)).cloned().expect("a declared key");
+            return key_range::in_range(g.clone(), at(lo), at(hi));
         }
     }
     in_list(g.clone(), keys.into_iter().map(|k| Expr::Literal(k, None)).collect(), false)
-}
-
-/// The value of a non-null integer key.
-fn integer(k: &ScalarValue) -> Option<i128> {
-    match k {
-        ScalarValue::Int8(Some(v)) => Some(*v as i128),
-        ScalarValue::Int16(Some(v)) => Some(*v as i128),
-        ScalarValue::Int32(Some(v)) => Some(*v as i128),
-        ScalarValue::Int64(Some(v)) => Some(*v as i128),
-        ScalarValue::UInt8(Some(v)) => Some(*v as i128),
-        ScalarValue::UInt16(Some(v)) => Some(*v as i128),
-        ScalarValue::UInt32(Some(v)) => Some(*v as i128),
-        ScalarValue::UInt64(Some(v)) => Some(*v as i128),
-        _ => None,
-    }
 }
 
 /// Adds `g IN (declared keys)` below every grouped private aggregate over a private table, so
@@ -100,7 +81,7 @@ mod tests {
         let ctx = SessionContext::new();
         let rows = ctx.read_batch(batch).unwrap().filter(filter.clone()).unwrap().collect().await.unwrap();
         let kept = rows.iter().flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec()).collect();
-        (kept, matches!(filter, Expr::Between(_)))
+        (kept, matches!(&filter, Expr::ScalarFunction(f) if f.name() == key_range::NAME))
     }
 
     #[tokio::test]
