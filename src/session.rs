@@ -18,7 +18,7 @@ use datafusion::datasource::file_format::options::ReadOptions;
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
 #[cfg(feature = "test-hooks")]
 use datafusion::physical_plan::ExecutionPlan;
@@ -32,9 +32,12 @@ use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::noise::cache::set_public_store;
 use crate::policy::public_store::DiskStore;
 use crate::policy::{
-    BudgetsTable, Catalog, PolicyError, PrivateTable, QueryRecord, ReleaseRecord, ReleasesTable, ResultsTable,
-    StoredReleaseRecord, TableInfo,
+    BudgetsTable, Catalog, PolicyError, QueryRecord, ReleaseRecord, ReleasesTable, ResultsTable, StoredReleaseRecord,
+    TableInfo,
 };
+
+mod catalog_schema;
+use catalog_schema::CatalogSchema;
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -231,12 +234,11 @@ fn with_cluster(planner: PrivacyPlanner, cluster: Option<&str>) -> Result<Privac
     }
 }
 
-async fn parquet_provider(ctx: &SessionContext, location: &str) -> Result<Arc<dyn TableProvider>> {
-    let state = ctx.state();
+async fn parquet_provider(state: &SessionState, location: &str) -> Result<Arc<dyn TableProvider>> {
     let url = ListingTableUrl::parse(location)?;
     let options =
         ParquetReadOptions::default().to_listing_options(state.config(), state.default_table_options().clone());
-    let config = ListingTableConfig::new(url).with_listing_options(options).infer_schema(&state).await?;
+    let config = ListingTableConfig::new(url).with_listing_options(options).infer_schema(state).await?;
     Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
@@ -330,15 +332,16 @@ impl AnalystSession {
         // Simulated band quantiles persist beside the catalog (public values only).
         set_public_store(Some(Arc::new(DiskStore::beside(catalog.path()))));
         let engine = Engine::new(&opts, Some(Arc::clone(&catalog)), analyst)?;
+        // The catalog's tables, each opened when a statement first names it (`catalog_schema`).
         let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
-        for t in tables {
-            let inner = parquet_provider(&engine.ctx, &t.location).await.map_err(|e| {
-                DataFusionError::Plan(format!("table '{}' ({}) cannot be opened: {e}", t.name, t.location))
-            })?;
-            let provider: Arc<dyn TableProvider> =
-                if t.policy.is_some() { Arc::new(PrivateTable::new(&t.name, inner)) } else { inner };
-            engine.ctx.register_table(t.name.as_str(), provider)?;
-        }
+        let state = engine.ctx.state();
+        let tables = CatalogSchema::new(tables, state.config().clone(), Arc::clone(state.runtime_env()));
+        let default = state.config_options().catalog.default_schema.clone();
+        engine
+            .ctx
+            .catalog("datafusion")
+            .ok_or_else(|| DataFusionError::Internal("default catalog missing".into()))?
+            .register_schema(&default, Arc::new(tables))?;
         let schema = Arc::new(MemorySchemaProvider::new());
         let who = analyst.map(str::to_string);
         schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog), who.clone())))?;
@@ -517,8 +520,7 @@ impl Admin {
     }
 
     async fn schema_of(location: &str) -> std::result::Result<SchemaRef, PolicyError> {
-        let ctx = SessionContext::new();
-        let provider = parquet_provider(&ctx, location)
+        let provider = parquet_provider(&SessionContext::new().state(), location)
             .await
             .map_err(|e| PolicyError::Invalid(format!("cannot read {location} as Parquet: {e}")))?;
         Ok(provider.schema())
@@ -709,7 +711,7 @@ impl Admin {
             )));
         }
         let ctx = SessionContext::new();
-        let provider = parquet_provider(&ctx, &src.location)
+        let provider = parquet_provider(&ctx.state(), &src.location)
             .await
             .map_err(|e| PolicyError::Invalid(format!("cannot read {}: {e}", src.location)))?;
         ctx.register_table("src", provider).map_err(|e| PolicyError::Invalid(e.to_string()))?;

@@ -528,6 +528,50 @@ async fn errors_while_reading_private_rows_do_not_show_private_values() {
 }
 
 #[tokio::test]
+async fn tables_are_opened_when_a_statement_names_them() {
+    let f = fixture("lazy", (5.0, 1e-4)).await;
+    write_xy(&f.dir.path("m.parquet"), 10);
+    f.admin.register("Mixed_Case", &f.dir.str("m.parquet")).await.unwrap();
+    // Two tables' files lose their footers before any session opens: the public `pub_t` and the
+    // private `q`. A session opened every table first and failed whole; now it opens.
+    let cut = |name: &str| {
+        let bytes = std::fs::read(f.dir.path(name)).unwrap();
+        std::fs::write(f.dir.path(name), &bytes[..bytes.len() / 2]).unwrap();
+        bytes
+    };
+    let (pub_bytes, q_bytes) = (cut("pub.parquet"), cut("q.parquet"));
+    let s = f.analyst().await;
+    // The other tables answer, named as a statement resolves them (unquoted names fold to lower case).
+    s.query(&format!("SELECT {KDE} FROM p")).await.unwrap();
+    for sql in ["SELECT count(*) FROM Mixed_Case", "SELECT count(*) FROM mixed_case"] {
+        let b = s.query(sql).await.unwrap();
+        assert_eq!(b[0].column(0).as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0), 10, "{sql}");
+    }
+    // A statement naming a table that cannot be opened fails at planning, with its name, before
+    // any charge — a private one too.
+    for (sql, table) in [("SELECT count(*) FROM pub_t".to_string(), "pub_t"), (format!("SELECT {KDE} FROM q"), "q")] {
+        let err = s.query(&sql).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("table '{table}'")) && err.contains("cannot be opened"), "{sql}: {err}");
+    }
+    assert_eq!((f.spent("q"), f.spent("p")), (Budget::ZERO, Budget::total(0.1, 1e-6).unwrap()));
+    assert_eq!(f.releases(), 1);
+    // A failure is not kept: once the files are whole again, the same session reads them.
+    std::fs::write(f.dir.path("pub.parquet"), pub_bytes).unwrap();
+    std::fs::write(f.dir.path("q.parquet"), q_bytes).unwrap();
+    let b = s.query("SELECT count(*) FROM pub_t").await.unwrap();
+    assert_eq!(b[0].column(0).as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0), 300);
+    s.query(&format!("SELECT {KDE} FROM q")).await.unwrap();
+    assert_eq!(f.spent("q"), Budget::total(0.1, 1e-6).unwrap());
+    // Every table is listed, opened or not.
+    let b = s
+        .query("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name")
+        .await
+        .unwrap();
+    let names: Vec<&str> = b.iter().flat_map(|b| b.column(0).as_string::<i32>().iter().flatten()).collect();
+    assert_eq!(names, ["mixed_case", "p", "pub_t", "q"]);
+}
+
+#[tokio::test]
 async fn admin_refusals_are_precise() {
     let f = fixture("admin", (1.0, 1e-5)).await;
     let a = &f.admin;

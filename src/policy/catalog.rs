@@ -677,7 +677,9 @@ impl Catalog {
         for t in &tables {
             if check_location_syntax(&t.location).is_err() {
                 return Err(PolicyError::Catalog(format!(
-                    "table '{}' has the location '{}', which DataFusion would read as a file pattern or URL                      (registered by an older dpcurve); analyst sessions stay closed until the data owner                      re-registers it under a plain path",
+                    "table '{}' has the location '{}', which DataFusion would read as a file pattern or URL \
+                     (registered by an older dpcurve); analyst sessions stay closed until the data owner \
+                     re-registers it under a plain path",
                     t.name, t.location
                 )));
             }
