@@ -11,14 +11,12 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::catalog::{MemorySchemaProvider, SchemaProvider, TableProvider};
+use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::dataframe::DataFrame;
-use datafusion::datasource::file_format::options::ReadOptions;
-use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
 #[cfg(feature = "test-hooks")]
 use datafusion::physical_plan::ExecutionPlan;
@@ -37,7 +35,7 @@ use crate::policy::{
 };
 
 mod catalog_schema;
-use catalog_schema::CatalogSchema;
+use catalog_schema::{CatalogSchema, parquet_provider};
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -232,14 +230,6 @@ fn with_cluster(planner: PrivacyPlanner, cluster: Option<&str>) -> Result<Privac
         None => Ok(planner),
         Some(_) => datafusion::common::plan_err!("this dpcurve was built without cluster support (feature 'cluster')"),
     }
-}
-
-async fn parquet_provider(state: &SessionState, location: &str) -> Result<Arc<dyn TableProvider>> {
-    let url = ListingTableUrl::parse(location)?;
-    let options =
-        ParquetReadOptions::default().to_listing_options(state.config(), state.default_table_options().clone());
-    let config = ListingTableConfig::new(url).with_listing_options(options).infer_schema(state).await?;
-    Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
 fn exactly_one(mut results: Vec<QueryOutput>) -> Result<Vec<RecordBatch>> {

@@ -533,7 +533,7 @@ async fn tables_are_opened_when_a_statement_names_them() {
     write_xy(&f.dir.path("m.parquet"), 10);
     f.admin.register("Mixed_Case", &f.dir.str("m.parquet")).await.unwrap();
     // Two tables' files lose their footers before any session opens: the public `pub_t` and the
-    // private `q`. A session opened every table first and failed whole; now it opens.
+    // private `q`. The session still opens: a table is opened when a statement names it.
     let cut = |name: &str| {
         let bytes = std::fs::read(f.dir.path(name)).unwrap();
         std::fs::write(f.dir.path(name), &bytes[..bytes.len() / 2]).unwrap();

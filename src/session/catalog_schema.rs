@@ -1,14 +1,14 @@
 //! The default schema of a catalog session: the catalog's tables, each opened — its files
 //! listed and their footers read for its schema — the first time a statement names it, not when
-//! the session opens.
+//! the session opens; and [`parquet_provider`], which opens a Parquet location as a table (here
+//! and for the data owner's checks).
 //!
-//! A session used to open every table of its catalog before its first statement: a one-query
-//! `dpcurve sql --catalog … -c` process paid one footer read per table of the catalog whatever it
-//! asked, and one table whose files could not be read kept every other table from being
-//! queried. The names, locations and privacy of the tables are read from the catalog when the
-//! session opens (as before, with the locations' checks); only the Parquet side waits. A table
-//! that cannot be opened fails the statements that name it, at planning (before any charge),
-//! with the same message, and is tried again by the next one.
+//! Opening every table as the session opens would make a one-query `dpcurve sql --catalog … -c`
+//! process pay one footer read per table of the catalog whatever it asks, and one table whose
+//! files cannot be read would keep every other table from being queried. The names, locations
+//! and privacy of the tables are read from the catalog when the session opens (with the
+//! locations' checks); only the Parquet side waits. A table that cannot be opened fails the
+//! statements that name it, at planning (before any charge), and is tried again by the next one.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,12 +16,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::common::{DataFusionError, Result, TableReference};
+use datafusion::datasource::file_format::options::ReadOptions;
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::SessionConfig;
 use datafusion::execution::runtime_env::RuntimeEnv;
-use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::prelude::ParquetReadOptions;
 use tokio::sync::OnceCell;
 
-use super::parquet_provider;
 use crate::policy::{PrivateTable, TableInfo};
 
 /// One table of the catalog: where its files are, whether it is private, and its provider once a
@@ -52,8 +54,8 @@ impl CatalogSchema {
         let tables = tables
             .into_iter()
             .map(|t| {
-                // The name a statement's reference to it resolves to, as when the table was
-                // registered in a session by name.
+                // The name a statement's reference to it resolves to (unquoted names fold to lower
+                // case), as `SessionContext::register_table` keys a table registered by name.
                 let key = TableReference::from(t.name.as_str()).table().to_string();
                 let table =
                     Table { name: t.name, location: t.location, private: t.policy.is_some(), opened: OnceCell::new() };
@@ -89,4 +91,13 @@ impl SchemaProvider for CatalogSchema {
     fn table_exist(&self, name: &str) -> bool {
         self.tables.contains_key(name)
     }
+}
+
+/// The table of the Parquet file or directory at `location`, its schema read from the footers with `state`.
+pub(super) async fn parquet_provider(state: &SessionState, location: &str) -> Result<Arc<dyn TableProvider>> {
+    let url = ListingTableUrl::parse(location)?;
+    let options =
+        ParquetReadOptions::default().to_listing_options(state.config(), state.default_table_options().clone());
+    let config = ListingTableConfig::new(url).with_listing_options(options).infer_schema(state).await?;
+    Ok(Arc::new(ListingTable::try_new(config)?))
 }
