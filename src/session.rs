@@ -326,12 +326,11 @@ impl AnalystSession {
         let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let state = engine.ctx.state();
         let tables = CatalogSchema::new(tables, state.config().clone(), Arc::clone(state.runtime_env()));
-        let default = state.config_options().catalog.default_schema.clone();
-        engine
+        let catalogs = engine
             .ctx
             .catalog("datafusion")
-            .ok_or_else(|| DataFusionError::Internal("default catalog missing".into()))?
-            .register_schema(&default, Arc::new(tables))?;
+            .ok_or_else(|| DataFusionError::Internal("default catalog missing".into()))?;
+        catalogs.register_schema(&state.config_options().catalog.default_schema, Arc::new(tables))?;
         let schema = Arc::new(MemorySchemaProvider::new());
         let who = analyst.map(str::to_string);
         schema.register_table("budgets".into(), Arc::new(BudgetsTable::new(Arc::clone(&catalog), who.clone())))?;
@@ -347,11 +346,7 @@ impl AnalystSession {
         let (eval, table) = crate::functions::releases::release_functions(Arc::new(reader));
         engine.ctx.register_udf(eval);
         engine.ctx.register_udtf("release", table);
-        engine
-            .ctx
-            .catalog("datafusion")
-            .ok_or_else(|| DataFusionError::Internal("default catalog missing".into()))?
-            .register_schema("dpcurve", schema)?;
+        catalogs.register_schema("dpcurve", schema)?;
         Ok(Self { engine, catalog, analyst: who })
     }
 

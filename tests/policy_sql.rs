@@ -541,6 +541,15 @@ async fn tables_are_opened_when_a_statement_names_them() {
     };
     let (pub_bytes, q_bytes) = (cut("pub.parquet"), cut("q.parquet"));
     let s = f.analyst().await;
+    // Listing the tables opens none of them: the damaged ones are listed too.
+    let listed = |b: Vec<RecordBatch>| -> Vec<String> {
+        b.iter().flat_map(|b| b.column(0).as_string::<i32>().iter().flatten().map(str::to_string)).collect()
+    };
+    let b = s
+        .query("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name")
+        .await
+        .unwrap();
+    assert_eq!(listed(b), ["mixed_case", "p", "pub_t", "q"]);
     // The other tables answer, named as a statement resolves them (unquoted names fold to lower case).
     s.query(&format!("SELECT {KDE} FROM p")).await.unwrap();
     for sql in ["SELECT count(*) FROM Mixed_Case", "SELECT count(*) FROM mixed_case"] {

@@ -21,6 +21,7 @@ use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingT
 use datafusion::execution::context::SessionConfig;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::logical_expr::TableType;
 use datafusion::prelude::ParquetReadOptions;
 use tokio::sync::OnceCell;
 
@@ -86,6 +87,12 @@ impl SchemaProvider for CatalogSchema {
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
         let Some(t) = self.tables.get(name) else { return Ok(None) };
         Ok(Some(Arc::clone(t.opened.get_or_try_init(|| self.open(t)).await?)))
+    }
+
+    /// Every table of the catalog is a base table: listing them (`information_schema.tables`,
+    /// `SHOW TABLES`) opens none.
+    async fn table_type(&self, name: &str) -> Result<Option<TableType>> {
+        Ok(self.tables.contains_key(name).then_some(TableType::Base))
     }
 
     fn table_exist(&self, name: &str) -> bool {
