@@ -834,6 +834,9 @@ async fn groups(o: &Options, report: &mut Report) {
         if name.starts_with("groups-units") {
             admin.set_privacy_unit("priv_t", "u", 10, 3).await.unwrap();
         }
+        // The public bound the unit bound and the selection's count plan their memory from: the
+        // file's rows.
+        admin.set_row_bound("priv_t", rows as i64).unwrap();
         let path = o.data.join(format!("catalog-{name}-{}.db", std::process::id()));
         sessions.push(AnalystSession::open(&path, SessionOptions::default()).await.unwrap());
     }

@@ -724,6 +724,13 @@ impl Admin {
         self.catalog.set_curve_length(name, length)
     }
 
+    /// Declares the most rows a private table's files hold together: the public bound queries
+    /// that bound privacy units or select groups plan their memory from ([The data
+    /// owner](../docs/data-owner.md)). Without one they plan for an input of unknown size.
+    pub fn set_row_bound(&self, name: &str, rows: i64) -> std::result::Result<(), PolicyError> {
+        self.catalog.set_row_bound(name, rows)
+    }
+
     /// Adds an analyst; returns their bearer token (shown once; the catalog keeps a salted hash).
     pub fn add_analyst(&self, name: &str) -> std::result::Result<String, PolicyError> {
         self.catalog.add_analyst(name)

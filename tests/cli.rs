@@ -382,6 +382,19 @@ fn admin_memory_limit_keys_and_locations_commands() {
     assert!(admin(&["list"]).1.contains("unit x (≤ 3 rows, ≤ 1 groups)"));
     let (code, _, err) = admin(&["set-privacy-unit", "p", "x"]);
     assert_eq!(code, 2, "{err}");
+    // The public row bound: set, listed, refused out of range, on a public table, or not a number.
+    let (code, out, err) = admin(&["set-row-bound", "p", "1000"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("'p' holds at most 1000 rows (public)"), "{out}");
+    assert!(admin(&["list"]).1.contains("≤ 1000 rows"));
+    let (code, _, err) = admin(&["set-row-bound", "p", "0"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("the row bound must be in [1, 9007199254740992], got 0"), "{err}");
+    let (code, _, err) = admin(&["set-row-bound", "pub", "10"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("table 'pub' is public; make it private first"), "{err}");
+    let (code, _, err) = admin(&["set-row-bound", "p", "many"]);
+    assert_eq!(code, 2, "{err}");
     let (code, out, err) = admin(&["migrate-locations"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("already absolute"), "{out}");

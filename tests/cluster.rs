@@ -95,6 +95,8 @@ async fn fixture(tag: &str) -> Fixture {
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_bounds(t, "person", 0.0, 6000.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
+        // Public, and above the directory's 4 × 1 500 rows.
+        admin.set_row_bound(t, 8000).unwrap();
     }
     admin.set_privacy_unit("u", "person", 3, 2).await.unwrap();
     admin.set_privacy_unit("ud", "person", 3, 2).await.unwrap();
@@ -293,7 +295,8 @@ async fn executors_bound_each_unit_once_with_memory_planned_from_public_facts() 
     let cluster = Cluster::start(1);
     let remote = f.session(NoiseSource::Off, 4, Some(cluster.url())).await;
     // Ungrouped and grouped: the executors run the bound's own operator over rows shuffled by
-    // unit, its row bound the files' (4 × 1 500 rows) and its memory planned here; DataFusion's
+    // unit, its row bound the table's declared one (its files hold 4 × 1 500 rows) and its memory
+    // planned here; DataFusion's
     // two phases (a partial sample per file, merged in a hash aggregate that spills when the
     // units no longer fit: a threshold of units) are gone.
     for sql in [&queries()[4], &queries()[5]] {
@@ -303,7 +306,7 @@ async fn executors_bound_each_unit_once_with_memory_planned_from_public_facts() 
         let bound = remote_part.find("PlannedAggregateExec: key=__dpcurve_unit_id").unwrap_or_else(|| panic!("{plan}"));
         let shuffle = remote_part.find("RepartitionExec: partitioning=Hash([__dpcurve_unit_id").expect("a shuffle");
         assert!(bound < shuffle, "the bound reads the shuffled rows\n{plan}");
-        assert!(remote_part.contains("input rows <= 6000, memory <= "), "{plan}");
+        assert!(remote_part.contains("input rows <= 8000, memory <= "), "{plan}");
         assert!(!plan.contains("dpcurve_unit_bound("), "no aggregate of DataFusion's runs the bound\n{plan}");
         assert!(!plan.contains("UnitExchangeExec"), "the in-process exchange stays in process\n{plan}");
     }
@@ -316,7 +319,7 @@ async fn executors_bound_each_unit_once_with_memory_planned_from_public_facts() 
         let [first] = &gate.selection_plans()[..] else { panic!("one selection") };
         let text = datafusion::physical_plan::displayable(first.as_ref()).indent(false).to_string();
         let remote_part = text.split_once("ClusterExec").unwrap_or_else(|| panic!("no cluster in\n{text}")).1;
-        assert!(remote_part.contains("aggr=[count], input rows <= 6000, memory <= "), "{text}");
+        assert!(remote_part.contains("aggr=[count], input rows <= 8000, memory <= "), "{text}");
         assert_eq!(remote_part.matches("PlannedAggregateExec").count(), planned, "{text}");
         assert!(!text.contains("AggregateExec: mode="), "no aggregate of DataFusion's\n{text}");
     }

@@ -54,6 +54,8 @@ async fn fixture(tag: &str) -> Fixture {
         admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
         admin.make_private(t, 1000.0, 1e-2).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+        // Public, and above the files' 1 804 rows.
+        admin.set_row_bound(t, 2000).unwrap();
     }
     admin.set_privacy_unit("people", "person", 2, 1).await.unwrap();
     Fixture { dir, admin }
@@ -133,7 +135,7 @@ async fn with_a_unit_the_selection_counts_people_not_rows() {
 }
 
 /// The first pass's count (and, with a unit, its bound) is the planned operator, whose memory and
-/// spills follow from the file's footer and the memory limit, never from how many candidate groups
+/// spills follow from the table's declared row bound and the memory limit, never from how many candidate groups
 /// the rows have (DataFusion's aggregate spilled when they no longer fit: one more group could make
 /// the query spill and run visibly longer) — over one partition too, where DataFusion plans one
 /// phase of its own; over two, a partial count holding at most a window's keys comes first.
@@ -152,16 +154,16 @@ async fn the_first_pass_counts_with_memory_planned_from_public_facts() {
             let gate = plan.downcast_ref::<dpcurve::guard::BudgetGateExec>().expect("the gate at the root");
             let [first] = &gate.selection_plans()[..] else { panic!("one selection") };
             let text = datafusion::physical_plan::displayable(first.as_ref()).indent(false).to_string();
-            assert!(text.contains("aggr=[count], input rows <= 1804, memory <= "), "{t}, {partitions}:\n{text}");
+            assert!(text.contains("aggr=[count], input rows <= 2000, memory <= "), "{t}, {partitions}:\n{text}");
             assert_eq!(text.matches("PlannedAggregateExec").count(), planned, "{t}, {partitions}:\n{text}");
             assert!(!text.contains("AggregateExec: mode="), "{t}, {partitions}: no aggregate of DataFusion's\n{text}");
-            let phases = text.contains("aggr=[count], input rows <= 1804, partial, every 32768 rows")
-                && text.contains("aggr=[count], input rows <= 1804, memory <= ")
+            let phases = text.contains("aggr=[count], input rows <= 2000, partial, every 32768 rows")
+                && text.contains("aggr=[count], input rows <= 2000, memory <= ")
                 && text.contains(", final");
             assert_eq!(phases, partitions == 2, "{t}, {partitions}:\n{text}");
             // The release's own bound too.
             let main = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-            assert!(t == "rows" || main.contains("aggr=[dpcurve_unit_bound], input rows <= 1804"), "{main}");
+            assert!(t == "rows" || main.contains("aggr=[dpcurve_unit_bound], input rows <= 2000"), "{main}");
         }
     }
 }

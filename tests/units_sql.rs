@@ -18,6 +18,8 @@ use dpcurve::{Admin, AnalystSession, NoiseSource, SessionOptions};
 /// K and L of the policy.
 const MAX_ROWS: i64 = 4;
 const MAX_GROUPS: i64 = 2;
+/// The fixtures' declared row bound (public: the same for neighbours).
+const ROW_BOUND: i64 = 100_000;
 
 #[derive(Clone)]
 struct Row {
@@ -126,6 +128,8 @@ async fn fixture(tag: &str) -> Fixture {
         } else if t != "rowwise" {
             admin.set_privacy_unit(t, "meter", MAX_ROWS, MAX_GROUPS).await.unwrap();
         }
+        // One public bound for neighbours with and without the big meter.
+        admin.set_row_bound(t, ROW_BOUND).unwrap();
     }
     Fixture { dir, admin }
 }
@@ -532,6 +536,8 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
         admin.make_private(t, 1000.0, 1e-2).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_privacy_unit(t, unit, 1, 1).await.unwrap();
+        let rows = if t == "with_alice" { units + heavy } else { units };
+        admin.set_row_bound(t, rows as i64).unwrap();
     }
     let opts = || SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
     let mut masses = Vec::new();
@@ -545,11 +551,11 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
             // The operator's own count: it spilled under the small limit only (control: the large one).
             assert_eq!(spills > 0, limit == 64 << 20, "{t} under {limit} bytes spilled {spills} times");
             masses.push((t, limit, mass));
-            // Whether it spills is decided from the file's row count (its footer), not the units:
+            // Whether it spills is decided from the table's declared row bound, not the units:
             // the neighbour without unit 17 (WHERE) spills exactly as often.
             let plan = s.physical_plan_for_tests(&sql).await.unwrap();
             let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
-            assert!(text.contains(&format!("input rows <= {units}")), "{t}: the footer's rows\n{text}");
+            assert!(text.contains(&format!("input rows <= {units}")), "{t}: the declared bound\n{text}");
             // Its memory: what the call's planned memory leaves of the limit, at least half; a
             // second, larger call leaves it less.
             let share = memory_share_of(&text);
@@ -579,6 +585,106 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
     }
     assert_eq!(masses[0].2.to_bits(), masses[2].2.to_bits(), "by id: {masses:?}");
     assert_eq!(masses[1].2.to_bits(), masses[3].2.to_bits(), "by name: {masses:?}");
+}
+
+/// The lines of a physical plan that show what a planned aggregate planned from: its input's
+/// most rows and its memory.
+async fn planned_lines(s: &AnalystSession, sql: &str) -> datafusion::common::Result<Vec<String>> {
+    let plan = s.physical_plan_for_tests(sql).await?;
+    let text = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+    Ok(text.lines().filter(|l| l.contains("PlannedAggregateExec")).map(|l| l.trim().to_string()).collect())
+}
+
+/// The analyst's attack on a plan made from the files: the unit bound (and a partition
+/// selection's count) chose between memory and disk from the footers' row count, against a
+/// threshold the query moves (the memory its private calls leave: `points`), so timing queries
+/// of growing `points` bisected for the private row count. Now a private table's rows are planned
+/// from the row bound its policy declares: two neighbours (`a`, and `b` with one more unit of one
+/// row) plan every query alike — unknown without a declaration, the bound with one — and spill
+/// alike. A bound below the files' rows refuses the query at planning, before any charge, naming
+/// the bound and not the count. Control: on the build that planned from the footers, the
+/// neighbours' plan lines differ (`input rows <= 3000` against `<= 3001`).
+#[tokio::test]
+async fn neighbours_plan_alike_from_the_declared_row_bound_never_the_files() {
+    let dir = TempDir::new("units-row-bound");
+    let n = 3000usize;
+    for (t, extra) in [("a", 0), ("b", 1)] {
+        let rows = n + extra;
+        common::write_columns(
+            &dir.path(&format!("{t}.parquet")),
+            vec![
+                ("u", Arc::new(Int64Array::from_iter_values((0..rows).map(|i| (i / 3) as i64))) as ArrayRef),
+                ("g", Arc::new(StringArray::from_iter_values((0..rows).map(|i| format!("k{}", i % 7))))),
+                (
+                    "x",
+                    Arc::new(Float64Array::from_iter_values((0..rows).map(|i| 0.2 + 0.6 * (i % 101) as f64 / 101.0))),
+                ),
+            ],
+        );
+    }
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    for t in ["a", "b"] {
+        admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
+        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
+        admin.set_privacy_unit(t, "u", 2, 2).await.unwrap();
+    }
+    admin.set_memory_limit(64 << 20).unwrap();
+    let opts = || SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
+    let queries = |t: &str| {
+        let mut q: Vec<String> = [101, 2001, 20001]
+            .iter()
+            .map(|p| format!("SELECT private_kde(x, 0.02, 1.0, 1e-6, points => {p})['mass'] FROM {t}"))
+            .collect();
+        // A partition selection over the private key `g`: its counts are planned the same way.
+        q.push(format!(
+            "SELECT g, private_kde(x, 0.02, 1.0, 1e-6, points => 101, select_epsilon => 1, select_delta => 1e-6)['mass'] \
+             FROM {t} GROUP BY g ORDER BY g"
+        ));
+        q
+    };
+    // Unknown rows spill; a bound the memory holds does not; one it cannot hold spills (the metric's
+    // control: the layout follows the declaration, the same rows either way).
+    for (declared, spill) in [(None, true), (Some(n as i64 + 1), false), (Some(10_000_000), true)] {
+        if let Some(rows) = declared {
+            for t in ["a", "b"] {
+                admin.set_row_bound(t, rows).unwrap();
+            }
+        }
+        let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
+        for (qa, qb) in queries("a").into_iter().zip(queries("b")) {
+            let (la, lb) = (planned_lines(&s, &qa).await.unwrap(), planned_lines(&s, &qb).await.unwrap());
+            assert!(!la.is_empty(), "{qa}: no planned aggregate");
+            assert_eq!(la, lb, "{qa} with {declared:?} declared: the neighbours plan differently");
+            let want = match declared {
+                None => "input rows unknown".to_string(),
+                Some(rows) => format!("input rows <= {rows}"),
+            };
+            assert!(la.iter().all(|l| l.contains(&want)), "{qa}: {want}\n{la:#?}");
+            if !qa.contains("GROUP BY") {
+                let (_, sa) = mass_and_spills(&s, &qa).await.unwrap();
+                let (_, sb) = mass_and_spills(&s, &qb).await.unwrap();
+                assert_eq!(sa, sb, "{qa} with {declared:?} declared: the neighbours spill differently");
+                assert_eq!(sa > 0, spill, "{qa} with {declared:?}: {sa} spills");
+            }
+        }
+    }
+    // A bound below the files' rows: refused at planning, uncharged, the count not shown.
+    admin.set_row_bound("b", n as i64).unwrap();
+    let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
+    let spent = || admin.tables().unwrap().into_iter().find(|t| t.name == "b").unwrap().policy.unwrap().spent;
+    let before = spent();
+    for q in queries("b") {
+        let e = s.query(&q).await.unwrap_err().to_string();
+        assert!(e.contains(&format!("table 'b' holds more rows than its policy's row bound ({n})")), "{q}: {e}");
+        assert!(!e.contains(&(n + 1).to_string()), "{q}: the error shows the row count: {e}");
+    }
+    assert_eq!(spent(), before, "a refused query was charged");
+    admin.set_row_bound("b", n as i64 + 1).unwrap();
+    let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
+    for q in queries("b") {
+        s.query(&q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
+    }
 }
 
 /// A unit and a key read as dictionaries (Parquet written from dictionary-encoded text) bound

@@ -20,6 +20,8 @@ pub enum Command {
     SetBounds { name: String, column: String, lower: f64, upper: f64 },
     /// Public curve length.
     SetCurveLength { name: String, length: i64 },
+    /// Public bound on a private table's rows.
+    SetRowBound { name: String, rows: i64 },
     /// Memory limit of analyst sessions.
     SetMemoryLimit { bytes: u64 },
     /// Make relative locations absolute.
@@ -102,6 +104,10 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
         ["set-curve-length", name, length] => Command::SetCurveLength {
             name: name.to_string(),
             length: length.parse().map_err(|_| format!("LENGTH must be an integer, got '{length}'"))?,
+        },
+        ["set-row-bound", name, rows] => Command::SetRowBound {
+            name: name.to_string(),
+            rows: rows.parse().map_err(|_| format!("ROWS must be an integer, got '{rows}'"))?,
         },
         ["set-memory-limit", size] => Command::SetMemoryLimit { bytes: parse_size(size)? },
         ["migrate-locations"] => Command::MigrateLocations { base: None },
@@ -218,6 +224,13 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
             admin.set_curve_length(&name, length).map_err(err)?;
             println!("'{name}' list columns have public length {length}");
         }
+        Command::SetRowBound { name, rows } => {
+            admin.set_row_bound(&name, rows).map_err(err)?;
+            println!(
+                "'{name}' holds at most {rows} rows (public): queries bounding its units or selecting its groups plan \
+                 their memory from this bound, and are refused while its files hold more"
+            );
+        }
         Command::SetMemoryLimit { bytes } => {
             admin.set_memory_limit(bytes).map_err(err)?;
             println!("analyst sessions on this catalog run under a memory limit of {}", human_bytes(bytes));
@@ -268,6 +281,9 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
                             p.bounds.iter().map(|(c, (lo, hi))| format!("{c} ∈ [{lo}, {hi}]")).collect();
                         if let Some(m) = p.curve_length {
                             extra.push(format!("curve length {m}"));
+                        }
+                        if let Some(n) = p.row_bound {
+                            extra.push(format!("≤ {n} rows"));
                         }
                         if let Some(u) = &p.unit {
                             extra.push(format!("unit {} (≤ {} rows, ≤ {} groups)", u.column, u.max_rows, u.max_groups));

@@ -35,6 +35,7 @@ use exec::known_keys_partial::known_keys_partials;
 use exec::parameters::bind_parameters;
 use exec::prefetch::prefetch_releases;
 use exec::public_facts::with_public_facts;
+pub use exec::public_facts::{DeclaredRows, RowsOf};
 use exec::selection_stage::SelectionStage;
 use exec::unit_phase::{Exchange, single_phase_aggregates};
 pub use passes::limits::MAX_PRIVATE_CALLS;
@@ -93,6 +94,8 @@ pub struct Checked {
     pub stages: Vec<SelectionStage>,
     /// Bytes the privacy-unit bounds of one plan may hold together (None: no limit, or no unit).
     pub unit_memory: Option<u64>,
+    /// The private tables' declared row bounds, which planned aggregates plan their memory from.
+    pub declared: DeclaredRows,
 }
 
 /// A `QueryPlanner` that fills policy defaults, runs the guard on the optimized plan,
@@ -151,7 +154,13 @@ impl PrivacyPlanner {
                 );
             }
         }
-        Ok(Checked { plan, charges, slots, stages, unit_memory })
+        let declared = match self.ledger {
+            Some(_) => DeclaredRows::new(view.row_bounds.iter().map(|(name, location, bound)| {
+                (name.clone(), location.clone(), bound.map_or(RowsOf::Footers, RowsOf::Declared))
+            })),
+            None => DeclaredRows::default(),
+        };
+        Ok(Checked { plan, charges, slots, stages, unit_memory, declared })
     }
 }
 
@@ -163,7 +172,8 @@ impl QueryPlanner for PrivacyPlanner {
         session: &dyn datafusion::catalog::Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = session.config().target_partitions();
-        let Checked { plan, charges, slots, mut stages, unit_memory } = self.check(logical_plan, partitions)?;
+        let Checked { plan, charges, slots, mut stages, unit_memory, declared } =
+            self.check(logical_plan, partitions)?;
         let planner = DefaultPhysicalPlanner::default();
         let physical = planner.create_physical_plan(&plan, session).await?;
         for stage in &mut stages {
@@ -176,12 +186,17 @@ impl QueryPlanner for PrivacyPlanner {
             Some(d) => {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
-                        let p = with_public_facts(single_phase_aggregates(p, Exchange::Shuffle)?, session, unit_memory);
+                        let p = with_public_facts(
+                            single_phase_aggregates(p, Exchange::Shuffle)?,
+                            session,
+                            unit_memory,
+                            &declared,
+                        );
                         stage.physical = Some(d.distribute(p.await?)?);
                     }
                 }
                 let physical = single_phase_aggregates(physical, Exchange::Shuffle)?;
-                let physical = with_public_facts(physical, session, unit_memory).await?;
+                let physical = with_public_facts(physical, session, unit_memory, &declared).await?;
                 // Grouped calls' final phases stay here; their partial phases over known keys
                 // travel as such (below).
                 let physical =
@@ -199,11 +214,12 @@ impl QueryPlanner for PrivacyPlanner {
                 for stage in &mut stages {
                     if let Some(p) = stage.physical.take() {
                         let p = single_phase_aggregates(p, Exchange::InProcess)?;
-                        stage.physical = Some(bind_parameters(with_public_facts(p, session, unit_memory).await?)?);
+                        stage.physical =
+                            Some(bind_parameters(with_public_facts(p, session, unit_memory, &declared).await?)?);
                     }
                 }
                 let physical = single_phase_aggregates(physical, Exchange::InProcess)?;
-                bind_parameters(with_public_facts(physical, session, unit_memory).await?)?
+                bind_parameters(with_public_facts(physical, session, unit_memory, &declared).await?)?
             }
         };
         // Grouped private aggregates release every public group once, reached by rows or not,

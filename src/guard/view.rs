@@ -42,6 +42,8 @@ pub struct PolicyView {
     pub keys: KeysMap,
     /// Private tables with a privacy unit.
     pub units: UnitsMap,
+    /// Every table: (name, location, its declared row bound if private; None if public).
+    pub row_bounds: Vec<(String, String, Option<Option<u64>>)>,
 }
 
 impl PolicyView {
@@ -50,6 +52,7 @@ impl PolicyView {
         let mut view = Self::default();
         let Some(catalog) = catalog else { return Ok(view) };
         for t in catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))? {
+            view.row_bounds.push((t.name.clone(), t.location.clone(), t.policy.as_ref().map(|p| p.row_bound)));
             let Some(policy) = t.policy else { continue };
             if let Some(m) = policy.curve_length {
                 view.curve_length.insert(t.name.clone(), m);

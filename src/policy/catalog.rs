@@ -21,16 +21,19 @@ use super::error::storage;
 use super::locations::{check_location_syntax, locations_overlap};
 use super::schema::{
     POLICY_TABLES, SCHEMA, UPGRADE_1_TO_2, UPGRADE_2_TO_3, UPGRADE_3_TO_4, UPGRADE_4_TO_5, UPGRADE_5_TO_6,
+    UPGRADE_6_TO_7,
 };
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::ranges;
 
 /// The catalog format this version reads and writes.
-pub const FORMAT_VERSION: i64 = 6;
+pub const FORMAT_VERSION: i64 = 7;
 
 /// Most public keys one column may declare.
 pub const MAX_KEYS: usize = 100_000;
 
+/// Largest row bound a table may declare (2⁵³: every count below it is exact as a double too).
+pub const MAX_ROW_BOUND: i64 = 1 << 53;
 /// Memory limit of analyst sessions unless the data owner sets another: 2 GiB.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 2 << 30;
 /// Smallest memory limit the data owner may set.
@@ -56,6 +59,10 @@ pub struct Policy {
     pub keys: BTreeMap<String, Vec<String>>,
     /// The privacy unit, if neighbouring tables differ by a whole unit rather than a row.
     pub unit: Option<PrivacyUnit>,
+    /// The most rows the table's files hold together, as the data owner declares it: the public
+    /// fact from which queries that bound units or select groups plan their memory (SPEC §0: the
+    /// row count itself is private).
+    pub row_bound: Option<u64>,
 }
 
 /// A privacy unit (SPEC §7): the column identifying a person or device, and the public bounds
@@ -389,7 +396,10 @@ impl Catalog {
             if old <= 4 {
                 tx.execute_batch(UPGRADE_4_TO_5).map_err(storage)?;
             }
-            tx.execute_batch(UPGRADE_5_TO_6).map_err(storage)?;
+            if old <= 5 {
+                tx.execute_batch(UPGRADE_5_TO_6).map_err(storage)?;
+            }
+            tx.execute_batch(UPGRADE_6_TO_7).map_err(storage)?;
             tx.commit().map_err(storage)?;
             return Self::validate(&conn, false, Check::Schema);
         }
@@ -611,6 +621,22 @@ impl Catalog {
         })
     }
 
+    /// Declares the most rows a private table's files hold together (module docs of
+    /// `guard::exec::public_facts`): a public bound the data owner chooses, not the count.
+    pub fn set_row_bound(&self, name: &str, rows: i64) -> Result<(), PolicyError> {
+        if !(1..=MAX_ROW_BOUND).contains(&rows) {
+            return Err(PolicyError::Invalid(format!("the row bound must be in [1, {MAX_ROW_BOUND}], got {rows}")));
+        }
+        self.with_tx(|tx| {
+            if !Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
+            }
+            tx.execute("UPDATE policies SET row_bound = ?2 WHERE table_name = ?1", params![name, rows])
+                .map_err(storage)?;
+            Ok(())
+        })
+    }
+
     /// Declares the public group keys of a private table's column (replacing earlier ones; an
     /// empty list removes the declaration). Values are stored as given; the caller checks
     /// that they parse as the column's type.
@@ -737,7 +763,8 @@ impl Catalog {
         let mut stmt = conn
             .prepare(
                 "SELECT t.name, t.location, t.private, p.epsilon_total, p.delta_total, p.epsilon_spent,
-                        p.delta_spent, p.curve_length, p.unit_column, p.unit_max_rows, p.unit_max_groups
+                        p.delta_spent, p.curve_length, p.unit_column, p.unit_max_rows, p.unit_max_groups,
+                        p.row_bound
                  FROM tables t LEFT JOIN policies p ON p.table_name = t.name ORDER BY t.name",
             )
             .map_err(storage)?;
@@ -759,6 +786,7 @@ impl Catalog {
                             }),
                             None => None,
                         },
+                        row_bound: r.get::<_, Option<i64>>(11)?.and_then(|n| u64::try_from(n).ok()),
                     })
                 } else {
                     None

@@ -101,7 +101,8 @@ CREATE TABLE policies (
     curve_length INTEGER,
     unit_column TEXT,
     unit_max_rows INTEGER CHECK (unit_max_rows >= 1),
-    unit_max_groups INTEGER CHECK (unit_max_groups >= 1)
+    unit_max_groups INTEGER CHECK (unit_max_groups >= 1),
+    row_bound INTEGER CHECK (row_bound >= 1)
 );
 CREATE TABLE column_bounds (
     table_name TEXT NOT NULL REFERENCES tables(name),
@@ -133,6 +134,12 @@ CREATE TABLE group_keys (
     analysts_tables!(),
     query_results_table!()
 );
+
+/// Upgrades a format-6 catalog (before declared row bounds) to format 7: no table declares one.
+pub(super) const UPGRADE_6_TO_7: &str = "
+ALTER TABLE policies ADD COLUMN row_bound INTEGER CHECK (row_bound >= 1);
+UPDATE meta SET value = '7' WHERE key = 'version';
+";
 
 /// Upgrades a format-5 catalog (before kept results) to format 6.
 pub(super) const UPGRADE_5_TO_6: &str =

@@ -1,12 +1,19 @@
 //! The public facts a planned aggregate — the privacy-unit bound, a partition selection's count —
 //! plans its memory from ([`PlannedAggregateExec`] chooses from them, before any row, whether it
 //! holds its keys in memory or spills them; its module docs):
-//! * the most rows its input can have: the row counts in the footers of the Parquet files it scans
-//!   (SPEC §0 counts the files' sizes as public; the footer's row count is read, never its
-//!   statistics of values). The bound holds for an input that only scans, filters, projects,
-//!   repartitions or unions — none of these makes more rows than the files have — or unnests a
-//!   unit bound's kept rows (each one of its input's rows). Any other operator below (a join, an
-//!   unnest of a column) leaves it unknown, and the operator then spills as for an input too large;
+//! * the most rows its input can have. A private table's rows are bounded by the **row bound its
+//!   policy declares** (`dpcurve admin set-row-bound`), never by its files: the row count is
+//!   private (SPEC §0), and a layout chosen from the footers' counts flipped from in memory to
+//!   spilled at a count of rows that the query itself moves (the bytes a row may add, the memory
+//!   the private calls leave), so an analyst could bisect for the count by timing queries. A
+//!   private table without a declared bound is of unknown size. Its footers are still read, only
+//!   to refuse, at planning and before any charge, a query over files that hold more rows than
+//!   the declared bound (what the owner declared is then wrong; the refusal says so and depends on
+//!   nothing but that public bound). A public table's rows are its footers' counts. The bound holds
+//!   for an input that only scans, filters, projects, repartitions or unions — none of these makes
+//!   more rows than the files have — or unnests a unit bound's kept rows (each one of its input's
+//!   rows). Any other operator below (a join, an unnest of a column) leaves it unknown, and the
+//!   operator then spills as for an input too large;
 //! * the bytes it may hold: what the private calls' planned memory leaves of the session's limit
 //!   (`passes::limits`), shared equally by the plan's planned aggregates (they may run at once),
 //!   but for a count's partial phase, which holds at most a window's keys whatever the limit.
@@ -15,8 +22,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
-use datafusion::common::Result;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Result, plan_err};
+use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::datasource::source::DataSourceExec;
@@ -43,13 +51,59 @@ const NO_MORE_ROWS: &[&str] = &[
 /// A file by its store and location.
 type FileKey = (String, String);
 
-/// Every [`PlannedAggregateExec`] in `plan` with its input's public row bound and its part of `memory`
-/// bytes (module docs; None: the default share of the session's limit, [`unit_bound::memory_share`]). Reads the footers of the Parquet files below the bounds, once each; other
-/// plans are returned unchanged.
+/// What bounds a catalog table's rows (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowsOf {
+    /// A public table: its files' footers.
+    Footers,
+    /// A private table: the bound its policy declares (None: none declared).
+    Declared(Option<u64>),
+}
+
+/// The catalog's tables with their locations and what bounds their rows (module docs). A file
+/// of no table (a session without a catalog, a location this process cannot resolve) bounds
+/// nothing: its scan's rows are unknown.
+#[derive(Debug, Clone, Default)]
+pub struct DeclaredRows {
+    /// (table, where DataFusion lists its files, what bounds its rows).
+    tables: Vec<(String, ListingTableUrl, RowsOf)>,
+    /// Without a catalog every table is public: footers bound every scan.
+    catalog: bool,
+}
+
+impl DeclaredRows {
+    /// The catalog's tables `(name, location, what bounds their rows)`; a location DataFusion
+    /// cannot read is left out (such a table cannot be scanned either).
+    pub fn new(tables: impl IntoIterator<Item = (String, String, RowsOf)>) -> Self {
+        let tables = tables
+            .into_iter()
+            .filter_map(|(name, location, rows)| Some((name, ListingTableUrl::parse(&location).ok()?, rows)))
+            .collect();
+        Self { tables, catalog: true }
+    }
+
+    /// The table whose location holds the file `meta` of the store `url`, with what bounds its
+    /// rows; None if no table does.
+    fn table_of(&self, url: &ObjectStoreUrl, meta: &ObjectMeta) -> Option<(&str, RowsOf)> {
+        if !self.catalog {
+            return Some(("", RowsOf::Footers));
+        }
+        self.tables
+            .iter()
+            .find(|(_, at, _)| at.object_store() == *url && at.contains(&meta.location, false))
+            .map(|(name, _, rows)| (name.as_str(), *rows))
+    }
+}
+
+/// Every [`PlannedAggregateExec`] in `plan` with its input's public row bound (`declared` for
+/// private tables' files) and its part of `memory` bytes (module docs; None: the default share of
+/// the session's limit, [`unit_bound::memory_share`]). Reads the footers of the Parquet files below
+/// the bounds, once each; other plans are returned unchanged.
 pub async fn with_public_facts(
     plan: Arc<dyn ExecutionPlan>,
     session: &dyn Session,
     memory: Option<u64>,
+    declared: &DeclaredRows,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     // A partial count holds a window's keys whatever the memory: it takes no share.
     let (mut bounds, mut planned) = (0u64, 0u64);
@@ -94,7 +148,7 @@ pub async fn with_public_facts(
     }
     plan.transform_up(|node| {
         let Some(bound) = node.downcast_ref::<PlannedAggregateExec>() else { return Ok(Transformed::no(node)) };
-        let most = most_rows(bound.children()[0], &rows);
+        let most = most_rows(bound.children()[0], &rows, declared)?;
         let share = if bound.phase() == Phase::Partial { None } else { share };
         Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most).with_share(share)) as Arc<dyn ExecutionPlan>))
     })
@@ -118,28 +172,69 @@ fn parquet_files(node: &Arc<dyn ExecutionPlan>) -> Option<(ObjectStoreUrl, Vec<O
     Some((config.object_store_url.clone(), metas))
 }
 
-/// The most rows `node` can produce: its files' rows for a Parquet scan, its inputs' together
-/// for an operator of [`NO_MORE_ROWS`] or a planned aggregate (one row per key, at most one per
-/// row), its input's for the unnested kept rows of a unit bound (each one of its input's rows),
-/// unknown otherwise.
-fn most_rows(node: &Arc<dyn ExecutionPlan>, rows: &HashMap<FileKey, u64>) -> Option<u64> {
+/// The most rows `node` can produce: for a Parquet scan, its private table's declared bound
+/// (refused if its files hold more) or a public table's footers' rows; its inputs' together for
+/// an operator of [`NO_MORE_ROWS`] or a planned aggregate (one row per key, at most one per row),
+/// its input's for the unnested kept rows of a unit bound (each one of its input's rows), unknown
+/// otherwise.
+fn most_rows(
+    node: &Arc<dyn ExecutionPlan>,
+    rows: &HashMap<FileKey, u64>,
+    declared: &DeclaredRows,
+) -> Result<Option<u64>> {
     if let Some((url, metas)) = parquet_files(node) {
-        return metas.iter().try_fold(0u64, |sum, m| {
-            let n = rows.get(&(url.as_str().to_string(), m.location.to_string()))?;
-            sum.checked_add(*n)
-        });
+        return scan_rows(&url, &metas, rows, declared);
     }
     if node.name() == "UnnestExec"
         && let [bound] = node.children()[..]
         && bound.downcast_ref::<PlannedAggregateExec>().is_some_and(PlannedAggregateExec::is_unit_bound)
     {
-        return most_rows(bound.children()[0], rows);
+        return most_rows(bound.children()[0], rows, declared);
     }
     if node.downcast_ref::<PlannedAggregateExec>().is_some() {
-        return most_rows(node.children()[0], rows);
+        return most_rows(node.children()[0], rows, declared);
     }
     if !NO_MORE_ROWS.contains(&node.name()) {
-        return None;
+        return Ok(None);
     }
-    node.children().into_iter().try_fold(0u64, |sum, child| sum.checked_add(most_rows(child, rows)?))
+    let mut sum = Some(0u64);
+    for child in node.children() {
+        let child = most_rows(child, rows, declared)?;
+        sum = sum.zip(child).and_then(|(a, b)| a.checked_add(b));
+    }
+    Ok(sum)
+}
+
+/// The most rows a scan of the files `metas` of the store `url` can produce (module docs): the
+/// declared bound of the private table they belong to — refused when their footers hold more —,
+/// their footers' rows when they are a public table's, unknown otherwise (files of no table, or of
+/// several).
+fn scan_rows(
+    url: &ObjectStoreUrl,
+    metas: &[ObjectMeta],
+    rows: &HashMap<FileKey, u64>,
+    declared: &DeclaredRows,
+) -> Result<Option<u64>> {
+    let footers = metas.iter().try_fold(0u64, |sum, m| {
+        let n = rows.get(&(url.as_str().to_string(), m.location.to_string()))?;
+        sum.checked_add(*n)
+    });
+    let mut owners = metas.iter().map(|m| declared.table_of(url, m));
+    let Some(Some((table, bound))) = owners.next() else {
+        // No file (nothing to read), or a file of no table.
+        return Ok(if metas.is_empty() { Some(0) } else { None });
+    };
+    if !owners.all(|o| o.is_some_and(|(t, _)| t == table)) {
+        return Ok(None);
+    }
+    match bound {
+        RowsOf::Footers => Ok(footers),
+        RowsOf::Declared(None) => Ok(None),
+        RowsOf::Declared(Some(most)) if footers.is_none_or(|n| n > most) => plan_err!(
+            "table '{table}' holds more rows than its policy's row bound ({most}): the bound is public and must \
+             hold for every file of the table; the data owner raises it with `dpcurve admin set-row-bound {table} \
+             ROWS`"
+        ),
+        RowsOf::Declared(most) => Ok(most),
+    }
 }

@@ -16,8 +16,8 @@ const V4_RELEASES: &str = "CREATE TABLE releases (
 );
 ";
 
-/// Turns a format-5 catalog into the format-4 layout (with foreign keys off).
-const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; DROP TABLE query_results; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
+/// Turns a current catalog into the format-4 layout (with foreign keys off).
+const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; ALTER TABLE policies DROP COLUMN row_bound; DROP TABLE query_results; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
         table_name TEXT NOT NULL, function TEXT NOT NULL, epsilon INTEGER NOT NULL, delta INTEGER NOT NULL, \
         query TEXT NOT NULL, analyst TEXT); \
         INSERT INTO r4 SELECT r.id, r.at, r.table_name, r.function, r.epsilon, r.delta, q.head, r.analyst \
@@ -102,6 +102,14 @@ fn policies_bounds_and_reopening() {
         c.set_bounds("t", "x", -1e100, 1e100).unwrap();
         c.set_bounds("t", "x", 0.0, 1.0).unwrap();
         c.set_curve_length("t", 100).unwrap();
+        // The declared row bound: in range, on a private table, replaced by the next declaration.
+        for bad in [0, -5, MAX_ROW_BOUND + 1] {
+            let err = c.set_row_bound("t", bad).unwrap_err().to_string();
+            assert!(err.contains("the row bound must be in [1, 9007199254740992]"), "{err}");
+        }
+        c.set_row_bound("t", 10).unwrap();
+        c.set_row_bound("t", 1_000_000).unwrap();
+        assert!(c.set_row_bound("nope", 10).is_err());
         assert_eq!(c.raise_budget("t", b(0.5, 1e-6)).unwrap(), b(1.5, 1e-6));
         assert!(c.raise_budget("nope", b(0.5, 0.0)).is_err());
     }
@@ -111,6 +119,7 @@ fn policies_bounds_and_reopening() {
     assert_eq!(policy.total, b(1.5, 1e-6));
     assert_eq!(policy.bounds.get("x"), Some(&(0.0, 1.0)));
     assert_eq!(policy.curve_length, Some(100));
+    assert_eq!(policy.row_bound, Some(1_000_000));
 }
 
 /// Analyst sessions (and the server) open a catalog at a cost that does not grow with its logs:
@@ -206,6 +215,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         // The format-1 schema as dpcurve wrote it before group keys and privacy units.
         let conn = Connection::open(&v1).unwrap();
         let v1_schema = SCHEMA
+                .replace(",\n    row_bound INTEGER CHECK (row_bound >= 1)", "")
                 .replace(",\n    unit_column TEXT,\n    unit_max_rows INTEGER CHECK (unit_max_rows >= 1),\n    unit_max_groups INTEGER CHECK (unit_max_groups >= 1)", "")
                 .replace(
                     "CREATE TABLE group_keys (\n    table_name TEXT NOT NULL REFERENCES tables(name),\n    column_name TEXT NOT NULL,\n    value TEXT NOT NULL,\n    PRIMARY KEY (table_name, column_name, value)\n);\n",
@@ -241,7 +251,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         ))
         .unwrap();
     let e = Catalog::open(&v2).unwrap_err().to_string();
-    assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 6"), "{e}");
+    assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 7"), "{e}");
     let c = Catalog::create_or_open(&v2).unwrap();
     c.register_table("p", "/data/p.parquet").unwrap();
     c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -272,7 +282,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         ))
         .unwrap();
     let e = Catalog::open(&v3).unwrap_err().to_string();
-    assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 6"), "{e}");
+    assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 7"), "{e}");
     let c = Catalog::create_or_open(&v3).unwrap();
     c.add_analyst("alice").unwrap();
     c.grant("alice", "p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -292,7 +302,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     }
     Connection::open(&v4).unwrap().execute_batch(TO_FORMAT_4).unwrap();
     let e = Catalog::open(&v4).unwrap_err().to_string();
-    assert!(e.contains("catalog format 4") && e.contains("upgrades it to format 6"), "{e}");
+    assert!(e.contains("catalog format 4") && e.contains("upgrades it to format 7"), "{e}");
     let c = Catalog::create_or_open(&v4).unwrap();
     let log = c.release_log(None).unwrap();
     assert_eq!(log.iter().map(|r| r.query.as_str()).collect::<Vec<_>>(), ["SELECT old", "SELECT old"]);
@@ -312,14 +322,37 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     }
     Connection::open(&v5)
         .unwrap()
-        .execute_batch("DROP TABLE query_results; UPDATE meta SET value = '5' WHERE key = 'version';")
+        .execute_batch(
+            "ALTER TABLE policies DROP COLUMN row_bound; DROP TABLE query_results; UPDATE meta SET value = '5' WHERE \
+             key = 'version';",
+        )
         .unwrap();
     let e = Catalog::open(&v5).unwrap_err().to_string();
-    assert!(e.contains("catalog format 5") && e.contains("upgrades it to format 6"), "{e}");
+    assert!(e.contains("catalog format 5") && e.contains("upgrades it to format 7"), "{e}");
     let c = Catalog::create_or_open(&v5).unwrap();
     let old = &c.stored_releases(None).unwrap()[0];
     assert_eq!((old.query.as_str(), old.statement_sha256.len()), ("q5", 64));
     assert!(c.stored_results_of(None).unwrap().is_empty());
+
+    // Format 6 (before declared row bounds): the upgrade keeps the policy and declares none.
+    let v6 = temp("v6");
+    {
+        let c = Catalog::create_or_open(&v6).unwrap();
+        c.register_table("p", "/data/p.parquet").unwrap();
+        c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        c.set_curve_length("p", 7).unwrap();
+    }
+    Connection::open(&v6)
+        .unwrap()
+        .execute_batch("ALTER TABLE policies DROP COLUMN row_bound; UPDATE meta SET value = '6' WHERE key = 'version';")
+        .unwrap();
+    let e = Catalog::open(&v6).unwrap_err().to_string();
+    assert!(e.contains("catalog format 6") && e.contains("upgrades it to format 7"), "{e}");
+    let c = Catalog::create_or_open(&v6).unwrap();
+    let policy = c.table("p").unwrap().unwrap().policy.unwrap();
+    assert_eq!((policy.curve_length, policy.row_bound), (Some(7), None));
+    c.set_row_bound("p", 5).unwrap();
+    assert_eq!(Catalog::open(&v6).unwrap().table("p").unwrap().unwrap().policy.unwrap().row_bound, Some(5));
 
     // A valid catalog whose pages were damaged.
     let damaged = temp("damaged");
