@@ -836,7 +836,7 @@ async fn groups(o: &Options, report: &mut Report) {
         }
         // The public bound the unit bound and the selection's count plan their memory from: the
         // file's rows.
-        admin.set_row_bound("priv_t", rows as i64).unwrap();
+        admin.set_row_bound("priv_t", Some(rows as i64)).unwrap();
         let path = o.data.join(format!("catalog-{name}-{}.db", std::process::id()));
         sessions.push(AnalystSession::open(&path, SessionOptions::default()).await.unwrap());
     }

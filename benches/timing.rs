@@ -190,7 +190,7 @@ async fn catalogs(o: &Options) -> Vec<PathBuf> {
             admin.make_private(t, 1000.0, 0.5).unwrap();
             admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
             // One public bound for both neighbours, from which the unit bound plans its memory.
-            admin.set_row_bound(t, (o.rows + o.heavy + 1) as i64).unwrap();
+            admin.set_row_bound(t, Some((o.rows + o.heavy + 1) as i64)).unwrap();
         }
         admin.set_privacy_unit("u", "unit", 10, 1).await.unwrap();
         admin.set_privacy_unit("spread", "unit", 10, 1).await.unwrap();

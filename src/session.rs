@@ -726,8 +726,9 @@ impl Admin {
 
     /// Declares the most rows a private table's files hold together: the public bound queries
     /// that bound privacy units or select groups plan their memory from ([The data
-    /// owner](../docs/data-owner.md)). Without one they plan for an input of unknown size.
-    pub fn set_row_bound(&self, name: &str, rows: i64) -> std::result::Result<(), PolicyError> {
+    /// owner](../docs/data-owner.md)). Without one (None withdraws it) they plan for an input of
+    /// unknown size.
+    pub fn set_row_bound(&self, name: &str, rows: Option<i64>) -> std::result::Result<(), PolicyError> {
         self.catalog.set_row_bound(name, rows)
     }
 

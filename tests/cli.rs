@@ -395,6 +395,10 @@ fn admin_memory_limit_keys_and_locations_commands() {
     assert!(err.contains("table 'pub' is public; make it private first"), "{err}");
     let (code, _, err) = admin(&["set-row-bound", "p", "many"]);
     assert_eq!(code, 2, "{err}");
+    let (code, out, err) = admin(&["set-row-bound", "p", "none"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("'p' declares no row bound"), "{out}");
+    assert!(!admin(&["list"]).1.contains("≤ 1000 rows"));
     let (code, out, err) = admin(&["migrate-locations"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("already absolute"), "{out}");

@@ -96,7 +96,7 @@ async fn fixture(tag: &str) -> Fixture {
         admin.set_bounds(t, "person", 0.0, 6000.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
         // Public, and above the directory's 4 × 1 500 rows.
-        admin.set_row_bound(t, 8000).unwrap();
+        admin.set_row_bound(t, Some(8000)).unwrap();
     }
     admin.set_privacy_unit("u", "person", 3, 2).await.unwrap();
     admin.set_privacy_unit("ud", "person", 3, 2).await.unwrap();

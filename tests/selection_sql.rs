@@ -55,7 +55,7 @@ async fn fixture(tag: &str) -> Fixture {
         admin.make_private(t, 1000.0, 1e-2).unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         // Public, and above the files' 1 804 rows.
-        admin.set_row_bound(t, 2000).unwrap();
+        admin.set_row_bound(t, Some(2000)).unwrap();
     }
     admin.set_privacy_unit("people", "person", 2, 1).await.unwrap();
     Fixture { dir, admin }

@@ -129,7 +129,7 @@ async fn fixture(tag: &str) -> Fixture {
             admin.set_privacy_unit(t, "meter", MAX_ROWS, MAX_GROUPS).await.unwrap();
         }
         // One public bound for neighbours with and without the big meter.
-        admin.set_row_bound(t, ROW_BOUND).unwrap();
+        admin.set_row_bound(t, Some(ROW_BOUND)).unwrap();
     }
     Fixture { dir, admin }
 }
@@ -537,7 +537,7 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_privacy_unit(t, unit, 1, 1).await.unwrap();
         let rows = if t == "with_alice" { units + heavy } else { units };
-        admin.set_row_bound(t, rows as i64).unwrap();
+        admin.set_row_bound(t, Some(rows as i64)).unwrap();
     }
     let opts = || SessionOptions { noise: NoiseSource::Off, target_partitions: Some(2), ..Default::default() };
     let mut masses = Vec::new();
@@ -648,7 +648,7 @@ async fn neighbours_plan_alike_from_the_declared_row_bound_never_the_files() {
     for (declared, spill) in [(None, true), (Some(n as i64 + 1), false), (Some(10_000_000), true)] {
         if let Some(rows) = declared {
             for t in ["a", "b"] {
-                admin.set_row_bound(t, rows).unwrap();
+                admin.set_row_bound(t, Some(rows)).unwrap();
             }
         }
         let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
@@ -670,7 +670,7 @@ async fn neighbours_plan_alike_from_the_declared_row_bound_never_the_files() {
         }
     }
     // A bound below the files' rows: refused at planning, uncharged, the count not shown.
-    admin.set_row_bound("b", n as i64).unwrap();
+    admin.set_row_bound("b", Some(n as i64)).unwrap();
     let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
     let spent = || admin.tables().unwrap().into_iter().find(|t| t.name == "b").unwrap().policy.unwrap().spent;
     let before = spent();
@@ -680,7 +680,7 @@ async fn neighbours_plan_alike_from_the_declared_row_bound_never_the_files() {
         assert!(!e.contains(&(n + 1).to_string()), "{q}: the error shows the row count: {e}");
     }
     assert_eq!(spent(), before, "a refused query was charged");
-    admin.set_row_bound("b", n as i64 + 1).unwrap();
+    admin.set_row_bound("b", Some(n as i64 + 1)).unwrap();
     let s = AnalystSession::open(&dir.path("catalog.db"), opts()).await.unwrap();
     for q in queries("b") {
         s.query(&q).await.unwrap_or_else(|e| panic!("{q}: {e}"));

@@ -20,8 +20,8 @@ pub enum Command {
     SetBounds { name: String, column: String, lower: f64, upper: f64 },
     /// Public curve length.
     SetCurveLength { name: String, length: i64 },
-    /// Public bound on a private table's rows.
-    SetRowBound { name: String, rows: i64 },
+    /// Public bound on a private table's rows (None: withdrawn).
+    SetRowBound { name: String, rows: Option<i64> },
     /// Memory limit of analyst sessions.
     SetMemoryLimit { bytes: u64 },
     /// Make relative locations absolute.
@@ -105,9 +105,10 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
             name: name.to_string(),
             length: length.parse().map_err(|_| format!("LENGTH must be an integer, got '{length}'"))?,
         },
+        ["set-row-bound", name, "none"] => Command::SetRowBound { name: name.to_string(), rows: None },
         ["set-row-bound", name, rows] => Command::SetRowBound {
             name: name.to_string(),
-            rows: rows.parse().map_err(|_| format!("ROWS must be an integer, got '{rows}'"))?,
+            rows: Some(rows.parse().map_err(|_| format!("ROWS must be an integer or 'none', got '{rows}'"))?),
         },
         ["set-memory-limit", size] => Command::SetMemoryLimit { bytes: parse_size(size)? },
         ["migrate-locations"] => Command::MigrateLocations { base: None },
@@ -226,10 +227,16 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
         }
         Command::SetRowBound { name, rows } => {
             admin.set_row_bound(&name, rows).map_err(err)?;
-            println!(
-                "'{name}' holds at most {rows} rows (public): queries bounding its units or selecting its groups plan \
-                 their memory from this bound, and are refused while its files hold more"
-            );
+            match rows {
+                Some(rows) => println!(
+                    "'{name}' holds at most {rows} rows (public): queries bounding its units or selecting its groups \
+                     plan their memory from this bound, and are refused while its files hold more"
+                ),
+                None => println!(
+                    "'{name}' declares no row bound: queries bounding its units or selecting its groups plan for \
+                     rows of unknown number and spill to disk"
+                ),
+            }
         }
         Command::SetMemoryLimit { bytes } => {
             admin.set_memory_limit(bytes).map_err(err)?;

@@ -84,9 +84,9 @@ USAGE:
         set-keys NAME COLUMN --from TABLE.COLUMN   (or the values of a public column)
         set-privacy-unit NAME COLUMN --max-rows K [--max-groups L]
                                                    the privacy unit (a person, a device)
-        set-row-bound NAME ROWS                    public bound on the table's rows, from
+        set-row-bound NAME ROWS|none               public bound on the table's rows, from
                                                    which unit and selection queries plan
-                                                   their memory
+                                                   their memory ('none' withdraws it)
         set-memory-limit SIZE                      memory limit of analyst sessions
                                                    (e.g. 4GiB; default 2 GiB)
         migrate-locations [BASE_DIR]               make relative locations (older

@@ -622,9 +622,10 @@ impl Catalog {
     }
 
     /// Declares the most rows a private table's files hold together (module docs of
-    /// `guard::exec::public_facts`): a public bound the data owner chooses, not the count.
-    pub fn set_row_bound(&self, name: &str, rows: i64) -> Result<(), PolicyError> {
-        if !(1..=MAX_ROW_BOUND).contains(&rows) {
+    /// `guard::exec::public_facts`): a public bound the data owner chooses, not the count; None
+    /// withdraws the declaration.
+    pub fn set_row_bound(&self, name: &str, rows: Option<i64>) -> Result<(), PolicyError> {
+        if let Some(rows) = rows.filter(|r| !(1..=MAX_ROW_BOUND).contains(r)) {
             return Err(PolicyError::Invalid(format!("the row bound must be in [1, {MAX_ROW_BOUND}], got {rows}")));
         }
         self.with_tx(|tx| {

@@ -76,7 +76,7 @@ impl Neighbours {
                 // A run of integers (filtered as a range), enough groups to release on several threads.
                 admin.set_keys(t, "day", &(0..20).map(|d| d.to_string()).collect::<Vec<_>>()).await.unwrap();
                 // The same public bound on both sides.
-                admin.set_row_bound(t, 100_000).unwrap();
+                admin.set_row_bound(t, Some(100_000)).unwrap();
             }
             // q: a person is the unit (K = 2 rows, L = 2 groups).
             admin.set_privacy_unit("q", "unit", 2, 2).await.unwrap();

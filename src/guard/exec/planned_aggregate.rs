@@ -39,7 +39,7 @@
 //!   is emptied — so the memory held is at most a window's; at the end the rest is written too.
 //!   The files of each level are split again by the next level's bits until the last level, whose
 //!   files are each read back alone (on the blocking pool), merged per key exactly as partial
-//!   states merge, and emitted. The number of levels and their bits are chosen so that a last-level
+//!   states merge, and emitted. The number of levels (at most two) and their bits are chosen so that a last-level
 //!   file of a maximal input holds a quarter of the share on average: with the hash's key unknown,
 //!   one holding more than the share is as likely as a hash collision (its memory is then
 //!   charged beyond the limit, never a failure).
@@ -432,6 +432,13 @@ enum Layout {
     Emitting { window: usize },
 }
 
+/// The most bits of all levels together: at most 2¹⁶ last-level files per partition. Every file
+/// of a level is split into all of the next level's (module docs), so each level more multiplies
+/// the files by 256 whatever the rows; an input whose public bound would need more bits (a
+/// declared row bound far above the rows) has last-level files that may hold more than the share —
+/// charged beyond the limit, never a failure.
+const MOST_BITS: u32 = 2 * LEVEL_BITS;
+
 /// The fewest rows between spills (a limit too small for the fixed bytes is not refused: the
 /// accounting is infallible).
 const MIN_WINDOW: usize = 1024;
@@ -450,7 +457,7 @@ impl Layout {
         // A last-level file of a maximal input holds a quarter of a partition's share on average.
         let total = f.rows.map_or(f64::INFINITY, |r| r as f64 * per_row);
         let files = (4.0 * total / own.max(1) as f64).max(1.0);
-        let mut need = if files.is_finite() { files.log2().ceil() as u32 } else { LEVEL_BITS };
+        let mut need = if files.is_finite() { (files.log2().ceil() as u32).min(MOST_BITS) } else { LEVEL_BITS };
         let mut bits = Vec::new();
         loop {
             let b = need.min(LEVEL_BITS);
@@ -955,6 +962,30 @@ mod tests {
                 "under {memory:?} bytes, a share of {share:?}, {rows:?} rows: {spills} spills, {splits} splits"
             );
         }
+    }
+
+    /// A public bound far above any input (a declared row bound of 2⁵³) splits into at most two
+    /// levels, 2¹⁶ last-level files per partition: each level more would multiply the files every
+    /// spill writes by 256 whatever the rows. Control: a bound that needs fewer bits gets them all.
+    #[test]
+    fn a_bound_far_above_the_rows_spills_into_at_most_two_levels() {
+        let facts = |rows: u64| Facts {
+            rows: Some(rows),
+            per_row: 163,
+            exact: true,
+            fixed: 1 << 10,
+            share: Some(1 << 24),
+            partitions: 2,
+        };
+        let bits = |rows| match Layout::of(&facts(rows)) {
+            Layout::Spilled { bits, .. } => bits,
+            other => panic!("{rows} rows: {other:?}"),
+        };
+        assert_eq!(bits(1 << 53), [8, 8]);
+        assert_eq!(bits(u64::MAX), [8, 8]);
+        // 10⁶ rows of 163 bytes in a share of 8 MiB a partition: 4·163 MB / 8 MiB ≈ 78 files, 7 bits.
+        assert_eq!(bits(1_000_000), [7]);
+        assert_eq!(bits(50_000_000), [8, 4]);
     }
 
     /// SPEC §0 on neighbouring inputs: the same file with and without one unit's rows (what a

@@ -104,12 +104,14 @@ fn policies_bounds_and_reopening() {
         c.set_curve_length("t", 100).unwrap();
         // The declared row bound: in range, on a private table, replaced by the next declaration.
         for bad in [0, -5, MAX_ROW_BOUND + 1] {
-            let err = c.set_row_bound("t", bad).unwrap_err().to_string();
+            let err = c.set_row_bound("t", Some(bad)).unwrap_err().to_string();
             assert!(err.contains("the row bound must be in [1, 9007199254740992]"), "{err}");
         }
-        c.set_row_bound("t", 10).unwrap();
-        c.set_row_bound("t", 1_000_000).unwrap();
-        assert!(c.set_row_bound("nope", 10).is_err());
+        c.set_row_bound("t", Some(10)).unwrap();
+        c.set_row_bound("t", None).unwrap();
+        assert_eq!(c.table("t").unwrap().unwrap().policy.unwrap().row_bound, None);
+        c.set_row_bound("t", Some(1_000_000)).unwrap();
+        assert!(c.set_row_bound("nope", Some(10)).is_err());
         assert_eq!(c.raise_budget("t", b(0.5, 1e-6)).unwrap(), b(1.5, 1e-6));
         assert!(c.raise_budget("nope", b(0.5, 0.0)).is_err());
     }
@@ -351,7 +353,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     let c = Catalog::create_or_open(&v6).unwrap();
     let policy = c.table("p").unwrap().unwrap().policy.unwrap();
     assert_eq!((policy.curve_length, policy.row_bound), (Some(7), None));
-    c.set_row_bound("p", 5).unwrap();
+    c.set_row_bound("p", Some(5)).unwrap();
     assert_eq!(Catalog::open(&v6).unwrap().table("p").unwrap().unwrap().policy.unwrap().row_bound, Some(5));
 
     // A valid catalog whose pages were damaged.
