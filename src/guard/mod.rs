@@ -94,7 +94,8 @@ pub struct Checked {
     pub stages: Vec<SelectionStage>,
     /// Bytes the privacy-unit bounds of one plan may hold together (None: no limit, or no unit).
     pub unit_memory: Option<u64>,
-    /// The private tables' declared row bounds, which planned aggregates plan their memory from.
+    /// What bounds each catalog table's rows (a private table's declared bound, a public one's
+    /// footers), which planned aggregates plan their memory from.
     pub declared: DeclaredRows,
 }
 
