@@ -595,15 +595,15 @@ async fn planned_lines(s: &AnalystSession, sql: &str) -> datafusion::common::Res
     Ok(text.lines().filter(|l| l.contains("PlannedAggregateExec")).map(|l| l.trim().to_string()).collect())
 }
 
-/// The analyst's attack on a plan made from the files: the unit bound (and a partition
-/// selection's count) chose between memory and disk from the footers' row count, against a
-/// threshold the query moves (the memory its private calls leave: `points`), so timing queries
-/// of growing `points` bisected for the private row count. Now a private table's rows are planned
-/// from the row bound its policy declares: two neighbours (`a`, and `b` with one more unit of one
+/// The analyst's attack on a plan made from the files: a unit bound (or a partition selection's
+/// count) choosing between memory and disk from the footers' row count, against a threshold the
+/// query moves (the memory its private calls leave: `points`), lets timing queries of growing
+/// `points` bisect for the private row count. A private table's rows are planned from the row
+/// bound its policy declares instead: two neighbours (`a`, and `b` with one more unit of one
 /// row) plan every query alike — unknown without a declaration, the bound with one — and spill
 /// alike. A bound below the files' rows refuses the query at planning, before any charge, naming
-/// the bound and not the count. Control: on the build that planned from the footers, the
-/// neighbours' plan lines differ (`input rows <= 3000` against `<= 3001`).
+/// the bound and not the count. Control: planned from the footers (`scan_rows` returning them),
+/// the neighbours' plan lines differ (`input rows <= 3000` against `<= 3001`).
 #[tokio::test]
 async fn neighbours_plan_alike_from_the_declared_row_bound_never_the_files() {
     let dir = TempDir::new("units-row-bound");

@@ -3,7 +3,7 @@
 //! holds its keys in memory or spills them; its module docs):
 //! * the most rows its input can have. A private table's rows are bounded by the **row bound its
 //!   policy declares** (`dpcurve admin set-row-bound`), never by its files: the row count is
-//!   private (SPEC §0), and a layout chosen from the footers' counts flipped from in memory to
+//!   private (SPEC §0), and a layout chosen from the footers' counts would flip from in memory to
 //!   spilled at a count of rows that the query itself moves (the bytes a row may add, the memory
 //!   the private calls leave), so an analyst could bisect for the count by timing queries. A
 //!   private table without a declared bound is of unknown size. Its footers are still read, only
