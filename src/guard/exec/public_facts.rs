@@ -65,8 +65,9 @@ pub enum RowsOf {
 /// nothing: its scan's rows are unknown.
 #[derive(Debug, Clone, Default)]
 pub struct DeclaredRows {
-    /// (table, where DataFusion lists its files, what bounds its rows).
-    tables: Vec<(String, ListingTableUrl, RowsOf)>,
+    /// (table, its location, what bounds its rows); the locations are resolved only for a plan
+    /// with a planned aggregate ([`Self::resolved`]), not for every statement.
+    tables: Vec<(String, String, RowsOf)>,
     /// Without a catalog every table is public: footers bound every scan.
     catalog: bool,
 }
@@ -75,13 +76,27 @@ impl DeclaredRows {
     /// The catalog's tables `(name, location, what bounds their rows)`; a location DataFusion
     /// cannot read is left out (such a table cannot be scanned either).
     pub fn new(tables: impl IntoIterator<Item = (String, String, RowsOf)>) -> Self {
-        let tables = tables
-            .into_iter()
-            .filter_map(|(name, location, rows)| Some((name, ListingTableUrl::parse(&location).ok()?, rows)))
-            .collect();
-        Self { tables, catalog: true }
+        Self { tables: tables.into_iter().collect(), catalog: true }
     }
 
+    /// The tables with their locations as DataFusion lists them.
+    fn resolved(&self) -> Resolved<'_> {
+        let tables = self
+            .tables
+            .iter()
+            .filter_map(|(name, location, rows)| Some((name.as_str(), ListingTableUrl::parse(location).ok()?, *rows)))
+            .collect();
+        Resolved { tables, catalog: self.catalog }
+    }
+}
+
+/// [`DeclaredRows`] with each location parsed once for one plan.
+struct Resolved<'a> {
+    tables: Vec<(&'a str, ListingTableUrl, RowsOf)>,
+    catalog: bool,
+}
+
+impl Resolved<'_> {
     /// The table whose location holds the file `meta` of the store `url`, with what bounds its
     /// rows; None if no table does.
     fn table_of(&self, url: &ObjectStoreUrl, meta: &ObjectMeta) -> Option<(&str, RowsOf)> {
@@ -91,7 +106,7 @@ impl DeclaredRows {
         self.tables
             .iter()
             .find(|(_, at, _)| at.object_store() == *url && at.contains(&meta.location, false))
-            .map(|(name, _, rows)| (name.as_str(), *rows))
+            .map(|(name, _, rows)| (*name, *rows))
     }
 }
 
@@ -146,9 +161,10 @@ pub async fn with_public_facts(
         let footer = DFParquetMetadata::new(store.as_ref(), &meta).fetch_metadata().await?;
         rows.insert(key, u64::try_from(footer.file_metadata().num_rows()).unwrap_or(0));
     }
+    let declared = declared.resolved();
     plan.transform_up(|node| {
         let Some(bound) = node.downcast_ref::<PlannedAggregateExec>() else { return Ok(Transformed::no(node)) };
-        let most = most_rows(bound.children()[0], &rows, declared)?;
+        let most = most_rows(bound.children()[0], &rows, &declared)?;
         let share = if bound.phase() == Phase::Partial { None } else { share };
         Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most).with_share(share)) as Arc<dyn ExecutionPlan>))
     })
@@ -180,7 +196,7 @@ fn parquet_files(node: &Arc<dyn ExecutionPlan>) -> Option<(ObjectStoreUrl, Vec<O
 fn most_rows(
     node: &Arc<dyn ExecutionPlan>,
     rows: &HashMap<FileKey, u64>,
-    declared: &DeclaredRows,
+    declared: &Resolved<'_>,
 ) -> Result<Option<u64>> {
     if let Some((url, metas)) = parquet_files(node) {
         return scan_rows(&url, &metas, rows, declared);
@@ -213,7 +229,7 @@ fn scan_rows(
     url: &ObjectStoreUrl,
     metas: &[ObjectMeta],
     rows: &HashMap<FileKey, u64>,
-    declared: &DeclaredRows,
+    declared: &Resolved<'_>,
 ) -> Result<Option<u64>> {
     let footers = metas.iter().try_fold(0u64, |sum, m| {
         let n = rows.get(&(url.as_str().to_string(), m.location.to_string()))?;
