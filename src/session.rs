@@ -408,10 +408,12 @@ impl AnalystSession {
         datafusion::physical_plan::execute_stream(planned.physical, planned.task)
     }
 
-    /// The tables an analyst may name, with their schemas: (schema, table, type, columns) —
-    /// the catalog's tables in `public`, the `dpcurve` views. Column names and types are
-    /// public metadata (`information_schema` shows them too).
-    pub async fn table_schemas(&self) -> Result<Vec<(String, String, String, SchemaRef)>> {
+    /// The tables an analyst may name: (schema, table, type, columns) — the catalog's tables in
+    /// `public`, the `dpcurve` views. Column names and types are public metadata
+    /// (`information_schema` shows them too). Without `with_columns` no table is opened (the
+    /// columns are left empty); with them, a table whose files cannot be opened is left out of
+    /// the listing rather than failing it (a statement naming it gets the reason).
+    pub async fn table_schemas(&self, with_columns: bool) -> Result<Vec<(String, String, String, SchemaRef)>> {
         let mut out = Vec::new();
         let catalog = self
             .engine
@@ -423,13 +425,22 @@ impl AnalystSession {
             let mut names = schema.table_names();
             names.sort();
             for name in names {
-                if let Some(t) = schema.table(&name).await? {
-                    let kind = match t.table_type() {
-                        datafusion::logical_expr::TableType::View => "VIEW",
-                        _ => "TABLE",
-                    };
-                    out.push((schema_name.to_string(), name, kind.to_string(), t.schema()));
-                }
+                let kind = |t: datafusion::logical_expr::TableType| match t {
+                    datafusion::logical_expr::TableType::View => "VIEW",
+                    _ => "TABLE",
+                };
+                let (kind, columns) = if with_columns {
+                    match schema.table(&name).await {
+                        Ok(Some(t)) => (kind(t.table_type()), t.schema()),
+                        Ok(None) | Err(_) => continue,
+                    }
+                } else {
+                    match schema.table_type(&name).await {
+                        Ok(Some(t)) => (kind(t), Arc::new(datafusion::arrow::datatypes::Schema::empty())),
+                        Ok(None) | Err(_) => continue,
+                    }
+                };
+                out.push((schema_name.to_string(), name, kind.to_string(), columns));
             }
         }
         Ok(out)

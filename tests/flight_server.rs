@@ -273,6 +273,12 @@ async fn refusals_keep_the_guards_messages_and_shares_are_enforced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catalogs_schemas_tables_and_sql_info() {
     let f = fixture("flight-meta").await;
+    // A table whose file loses its footer after registration: listing the tables with their
+    // columns leaves it out instead of failing; without columns it is listed (nothing is opened).
+    write_x(&f.dir.path("broken.parquet"), &(0..100).map(|i| Some(i as f64)).collect::<Vec<_>>());
+    Admin::open(&f.catalog).unwrap().register("broken", &f.dir.str("broken.parquet")).await.unwrap();
+    let bytes = std::fs::read(f.dir.path("broken.parquet")).unwrap();
+    std::fs::write(f.dir.path("broken.parquet"), &bytes[..bytes.len() / 2]).unwrap();
     let server = Server::start(&f.catalog, &[]);
     let mut c = client(&server.addr, Some(&f.carol)).await;
     let info = c.get_catalogs().await.unwrap();
@@ -299,6 +305,28 @@ async fn catalogs_schemas_tables_and_sql_info() {
     for t in ["mixture", "public_x", "budgets", "releases"] {
         assert!(tables.contains(&t), "{t} in {tables:?}");
     }
+    assert!(!tables.contains(&"broken"), "{tables:?}");
+    // Each listed table carries its columns (an IPC-encoded schema): `mixture`'s holds `x`.
+    let at = tables.iter().position(|t| *t == "mixture").unwrap();
+    let columns = b[0].column(4).as_binary::<i32>().value(at);
+    let schema = datafusion::arrow::ipc::convert::try_schema_from_ipc_buffer(columns).unwrap();
+    assert_eq!(schema.field(0).name(), "x");
+    let info = c
+        .get_tables(CommandGetTables {
+            catalog: None,
+            db_schema_filter_pattern: None,
+            table_name_filter_pattern: Some("b%".into()),
+            table_types: vec![],
+            include_schema: false,
+        })
+        .await
+        .unwrap();
+    let (_, b) = fetch(&mut c, &info).await.unwrap();
+    let tables: Vec<&str> = b.iter().flat_map(|b| b.column(2).as_string::<i32>().iter().flatten()).collect();
+    assert_eq!(tables, ["budgets", "broken"]); // by schema: dpcurve, then public
+    // The statement naming it gets the reason.
+    let e = run(&mut c, "SELECT count(*) FROM broken").await.unwrap_err();
+    assert!(e.contains("table 'broken'") && e.contains("cannot be opened"), "{e}");
     let info = c.get_sql_info(vec![arrow_flight::sql::SqlInfo::FlightSqlServerName]).await.unwrap();
     let (_, b) = fetch(&mut c, &info).await.unwrap();
     assert_eq!(b[0].num_rows(), 1);

@@ -580,6 +580,54 @@ async fn tables_are_opened_when_a_statement_names_them() {
     assert_eq!(names, ["mixed_case", "p", "pub_t", "q"]);
 }
 
+/// SQL folds unquoted names to lower case, so the catalog refuses names that differ only in
+/// case; in a catalog written before it did, a quoted name reaches its table exactly and a name
+/// folding to several tables, none of them exactly, is refused with the names to quote.
+#[tokio::test]
+async fn names_that_differ_only_in_case_are_one_name() {
+    let f = fixture("case", (5.0, 1e-4)).await;
+    let e = f.admin.register("P", &f.dir.str("pub.parquet")).await.unwrap_err().to_string();
+    assert!(e.contains("a table named 'p' is already registered") && e.contains("ignoring case"), "{e}");
+    f.admin.register("Ab", &f.dir.str("pub.parquet")).await.unwrap();
+    let e = f.admin.register("aB", &f.dir.str("pub.parquet")).await.unwrap_err().to_string();
+    assert!(e.contains("'Ab' is already registered"), "{e}");
+    // An older catalog: `P` (public) beside the private `p`, and `aB` beside `Ab`.
+    let conn = rusqlite::Connection::open(f.dir.path("catalog.db")).unwrap();
+    let pub_location: String =
+        conn.query_row("SELECT location FROM tables WHERE name = 'pub_t'", [], |r| r.get(0)).unwrap();
+    for name in ["P", "aB"] {
+        conn.execute(
+            "INSERT INTO tables (name, location, private, registered_at) VALUES (?1, ?2, 0, 'x')",
+            [name, pub_location.as_str()],
+        )
+        .unwrap();
+    }
+    drop(conn);
+    let s = f.analyst().await;
+    let count = |b: Vec<RecordBatch>| b[0].column(0).as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0);
+    // Quoted: exactly that table. Unquoted `P` folds to `p`, the private table: its count is refused.
+    assert_eq!(count(s.query(r#"SELECT count(*) FROM "P""#).await.unwrap()), 300);
+    for sql in ["SELECT count(*) FROM P", "SELECT count(*) FROM p"] {
+        let e = s.query(sql).await.unwrap_err().to_string();
+        assert!(e.contains("private-aggregates-only"), "{sql}: {e}");
+    }
+    s.query(&format!("SELECT {KDE} FROM P")).await.unwrap();
+    assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
+    // `ab` folds to both `Ab` and `aB` and is neither: refused, naming them; quoted, each answers.
+    let e = s.query("SELECT count(*) FROM ab").await.unwrap_err().to_string();
+    assert!(e.contains(r#"quote the one meant ("Ab", "aB")"#), "{e}");
+    for sql in [r#"SELECT count(*) FROM "Ab""#, r#"SELECT count(*) FROM "aB""#] {
+        assert_eq!(count(s.query(sql).await.unwrap()), 300, "{sql}");
+    }
+    // Listed as a statement reaches them.
+    let b = s
+        .query("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name")
+        .await
+        .unwrap();
+    let names: Vec<&str> = b.iter().flat_map(|b| b.column(0).as_string::<i32>().iter().flatten()).collect();
+    assert_eq!(names, ["Ab", "P", "aB", "p", "pub_t", "q"]);
+}
+
 #[tokio::test]
 async fn admin_refusals_are_precise() {
     let f = fixture("admin", (1.0, 1e-5)).await;

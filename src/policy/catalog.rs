@@ -459,6 +459,35 @@ impl Catalog {
             .ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))
     }
 
+    /// Runs `f` in a write transaction on the policy of the private table `name`; a public or
+    /// unknown table is refused.
+    fn with_policy_tx<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, PolicyError>,
+    ) -> Result<T, PolicyError> {
+        self.with_tx(|tx| {
+            if !Self::require_table(tx, name)? {
+                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
+            }
+            f(tx)
+        })
+    }
+
+    /// Sets the policy columns of `assignments` (SQL, `?1` being the table's name) of the private
+    /// table `name`.
+    fn update_policy(
+        &self,
+        name: &str,
+        assignments: &'static str,
+        values: impl rusqlite::Params,
+    ) -> Result<(), PolicyError> {
+        self.with_policy_tx(name, |tx| {
+            tx.execute(&format!("UPDATE policies SET {assignments} WHERE table_name = ?1"), values).map_err(storage)?;
+            Ok(())
+        })
+    }
+
     /// Registers a Parquet location under a name, as a public table. The location must not
     /// reach a private table's files (SPEC §5.2): not the same path, not a directory holding
     /// them, not a file inside a private directory. Callers pass canonical absolute paths
@@ -469,8 +498,17 @@ impl Catalog {
         check_location_syntax(location)?;
         self.with_tx(|tx| {
             let all = Self::locations(tx)?;
-            if all.iter().any(|(n, _, _)| n == name) {
-                return Err(PolicyError::Invalid(format!("a table named '{name}' is already registered")));
+            // SQL folds an unquoted name to lower case, so names differing only in case would
+            // shadow each other in statements: they count as the same name.
+            if let Some((n, _, _)) = all.iter().find(|(n, _, _)| n.eq_ignore_ascii_case(name)) {
+                return Err(PolicyError::Invalid(if n == name {
+                    format!("a table named '{name}' is already registered")
+                } else {
+                    format!(
+                        "a table named '{n}' is already registered; table names are compared ignoring case \
+                         (SQL folds unquoted names to lower case)"
+                    )
+                }));
             }
             for (other, loc, private) in all {
                 if private && locations_overlap(location, &loc) {
@@ -525,10 +563,7 @@ impl Catalog {
 
     /// Adds budget to a private table.
     pub fn raise_budget(&self, name: &str, extra: Budget) -> Result<Budget, PolicyError> {
-        self.with_tx(|tx| {
-            if !Self::require_table(tx, name)? {
-                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
-            }
+        self.with_policy_tx(name, |tx| {
             let (e, d): (i64, i64) = tx
                 .query_row("SELECT epsilon_total, delta_total FROM policies WHERE table_name = ?1", [name], |r| {
                     Ok((r.get(0)?, r.get(1)?))
@@ -584,14 +619,7 @@ impl Catalog {
         if !(2..=1_000_000).contains(&length) {
             return Err(PolicyError::Invalid(format!("curve length must be in [2, 1000000], got {length}")));
         }
-        self.with_tx(|tx| {
-            if !Self::require_table(tx, name)? {
-                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
-            }
-            tx.execute("UPDATE policies SET curve_length = ?2 WHERE table_name = ?1", params![name, length])
-                .map_err(storage)?;
-            Ok(())
-        })
+        self.update_policy(name, "curve_length = ?2", params![name, length])
     }
 
     /// Declares a private table's privacy unit: the column identifying a unit and the bounds on
@@ -608,17 +636,11 @@ impl Catalog {
                 "--max-rows must be in [1, 1000000] and --max-groups in [1, 100000], got {max_rows} and {max_groups}"
             )));
         }
-        self.with_tx(|tx| {
-            if !Self::require_table(tx, name)? {
-                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
-            }
-            tx.execute(
-                "UPDATE policies SET unit_column = ?2, unit_max_rows = ?3, unit_max_groups = ?4 WHERE table_name = ?1",
-                params![name, column, max_rows, max_groups],
-            )
-            .map_err(storage)?;
-            Ok(())
-        })
+        self.update_policy(
+            name,
+            "unit_column = ?2, unit_max_rows = ?3, unit_max_groups = ?4",
+            params![name, column, max_rows, max_groups],
+        )
     }
 
     /// Declares the most rows a private table's files hold together (module docs of
@@ -628,14 +650,7 @@ impl Catalog {
         if let Some(rows) = rows.filter(|r| !(1..=MAX_ROW_BOUND).contains(r)) {
             return Err(PolicyError::Invalid(format!("the row bound must be in [1, {MAX_ROW_BOUND}], got {rows}")));
         }
-        self.with_tx(|tx| {
-            if !Self::require_table(tx, name)? {
-                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
-            }
-            tx.execute("UPDATE policies SET row_bound = ?2 WHERE table_name = ?1", params![name, rows])
-                .map_err(storage)?;
-            Ok(())
-        })
+        self.update_policy(name, "row_bound = ?2", params![name, rows])
     }
 
     /// Declares the public group keys of a private table's column (replacing earlier ones; an
@@ -648,10 +663,7 @@ impl Catalog {
         if let Some(v) = values.iter().find(|v| v.len() > 1024) {
             return Err(PolicyError::Invalid(format!("keys are limited to 1024 bytes, got one of {}", v.len())));
         }
-        self.with_tx(|tx| {
-            if !Self::require_table(tx, name)? {
-                return Err(PolicyError::Invalid(format!("table '{name}' is public; make it private first")));
-            }
+        self.with_policy_tx(name, |tx| {
             tx.execute("DELETE FROM group_keys WHERE table_name = ?1 AND column_name = ?2", params![name, column])
                 .map_err(storage)?;
             for v in values {

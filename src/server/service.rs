@@ -634,7 +634,7 @@ impl FlightSqlService for DpFlightSql {
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let analyst = self.analyst(&request).await?;
         let session = self.session(&analyst).await?;
-        let tables = session.table_schemas().await.map_err(|e| status_of(&e))?;
+        let tables = session.table_schemas(query.include_schema).await.map_err(|e| status_of(&e))?;
         let mut b = query.into_builder();
         for (schema_name, table, kind, schema) in tables {
             b.append("datafusion", schema_name, table, kind, &schema).map_err(|e| Status::internal(e.to_string()))?;

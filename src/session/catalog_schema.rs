@@ -38,10 +38,19 @@ struct Table {
 }
 
 /// The catalog's tables as a schema whose tables open on first use (module docs).
+///
+/// A statement's name resolves as in PostgreSQL, with one convenience: an unquoted name folds
+/// to lower case and a quoted one keeps its case; a table whose catalog name is exactly that is
+/// the one named, and otherwise the one table whose name folds to it (`Sales` reaches a table
+/// registered as `Sales`). Catalogs refuse names that differ only in case; in one written before
+/// they did, `p` and `"P"` reach `p` and `P`, and a name that folds to several tables and is
+/// none of them is refused, naming them.
 #[derive(Debug)]
 pub(super) struct CatalogSchema {
-    /// By the name a statement resolves (SQL's normalisation of the catalog's name).
+    /// By their names in the catalog.
     tables: BTreeMap<String, Table>,
+    /// The catalog's names by the name an unquoted reference to them resolves to (lower case).
+    folded: BTreeMap<String, Vec<String>>,
     /// The session's configuration and runtime, from which the state that reads a table's
     /// footers is built (not the session's own state, which holds this schema).
     config: SessionConfig,
@@ -52,18 +61,57 @@ impl CatalogSchema {
     /// The schema of `tables`, read (when a statement names one) with the session's `config` and
     /// `runtime`.
     pub(super) fn new(tables: Vec<TableInfo>, config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Self {
+        let mut folded: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let tables = tables
             .into_iter()
             .map(|t| {
-                // The name a statement's reference to it resolves to (unquoted names fold to lower
-                // case), as `SessionContext::register_table` keys a table registered by name.
-                let key = TableReference::from(t.name.as_str()).table().to_string();
+                // The name a statement's unquoted reference resolves to, as
+                // `SessionContext::register_table` keys a table registered by name.
+                folded
+                    .entry(TableReference::from(t.name.as_str()).table().to_string())
+                    .or_default()
+                    .push(t.name.clone());
                 let table =
                     Table { name: t.name, location: t.location, private: t.policy.is_some(), opened: OnceCell::new() };
-                (key, table)
+                (table.name.clone(), table)
             })
             .collect();
-        Self { tables, config, runtime }
+        Self { tables, folded, config, runtime }
+    }
+
+    /// The table a statement's (normalised) `name` names (the type's docs); an error if it folds
+    /// to several tables and is none of them.
+    fn resolve(&self, name: &str) -> Result<Option<&Table>> {
+        if let Some(t) = self.tables.get(name) {
+            return Ok(Some(t));
+        }
+        match self.folded.get(name).map(Vec::as_slice) {
+            None | Some([]) => Ok(None),
+            Some([one]) => Ok(self.tables.get(one)),
+            Some(several) => {
+                let quoted: Vec<String> = several.iter().map(|n| format!("\"{n}\"")).collect();
+                Err(DataFusionError::Plan(format!(
+                    "table name '{name}' folds to the names of {} catalog tables: quote the one meant ({})",
+                    quoted.len(),
+                    quoted.join(", ")
+                )))
+            }
+        }
+    }
+
+    /// The names a listing shows: as a statement writes them, folded where that reaches the table.
+    fn listed_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .folded
+            .iter()
+            .flat_map(|(f, exact)| match exact.as_slice() {
+                [one] if !self.tables.contains_key(f) || f == one => vec![f.clone()],
+                _ => exact.clone(),
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     async fn open(&self, t: &Table) -> Result<Arc<dyn TableProvider>> {
@@ -81,22 +129,22 @@ impl CatalogSchema {
 #[async_trait]
 impl SchemaProvider for CatalogSchema {
     fn table_names(&self) -> Vec<String> {
-        self.tables.keys().cloned().collect()
+        self.listed_names()
     }
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
-        let Some(t) = self.tables.get(name) else { return Ok(None) };
+        let Some(t) = self.resolve(name)? else { return Ok(None) };
         Ok(Some(Arc::clone(t.opened.get_or_try_init(|| self.open(t)).await?)))
     }
 
     /// Every table of the catalog is a base table: listing them (`information_schema.tables`,
     /// `SHOW TABLES`) opens none.
     async fn table_type(&self, name: &str) -> Result<Option<TableType>> {
-        Ok(self.tables.contains_key(name).then_some(TableType::Base))
+        Ok(self.resolve(name)?.map(|_| TableType::Base))
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.tables.contains_key(name)
+        !matches!(self.resolve(name), Ok(None))
     }
 }
 
