@@ -26,7 +26,7 @@
 //!   quantile) against the release;
 //! * `gate`: per-query cost of the budget gate, ledger on disk (fsync) vs in memory (tmpfs);
 //! * `process`: one `dpcurve sql --catalog … -c` process per query (the binary this bench was built
-//!   with) vs the same query in one analyst session: `private_kde` (pure ε) over 10⁵ rows and
+//!   with, or `--binary`) vs the same query in one analyst session: `private_kde` (pure ε) over 10⁵ rows and
 //!   `private_mean_curve` over 10⁴ curves at m = 100 and 1000, each with the store beside the
 //!   catalog warm and emptied before the process (cold), and `SELECT 1` (the process floor), also
 //!   on a catalog grown by 400 kept results of 1 MiB;
@@ -42,7 +42,9 @@
 //! adds `min(x) … GROUP BY u`, the unit grouping alone; `filter` adds `sum(x) … WHERE g BETWEEN
 //! 0 AND 99`, the declared keys' filter alone; `units-selection` the grouped call over private keys
 //! with a privacy unit; `text` the grouped call over 100 declared text keys, and `text-baseline`
-//! `sum(x) … GROUP BY s` over the same text column).
+//! `sum(x) … GROUP BY s` over the same text column), `--binary PATH` (the `dpcurve` the `process`
+//! section starts, by default the one built with this bench: e.g. `target/dist/dpcurve`, built with
+//! `cargo build --profile dist`).
 //! Repetitions interleave the variants (round-robin) so drift in a shared machine affects all
 //! of them alike; a ratio's spread is the range of the per-round ratios.
 
@@ -77,6 +79,8 @@ struct Options {
     data: PathBuf,
     python: String,
     groups: Vec<String>,
+    /// The `dpcurve` binary the `process` section starts.
+    binary: PathBuf,
 }
 
 fn parse_count(s: &str) -> usize {
@@ -95,6 +99,7 @@ impl Options {
             data: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target").join("bench-data"),
             python: "python3".into(),
             groups: vec!["plain".into(), "units".into(), "selection".into()],
+            binary: PathBuf::from(env!("CARGO_BIN_EXE_dpcurve")),
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -108,6 +113,7 @@ impl Options {
                 "--data" => o.data = PathBuf::from(value()),
                 "--python" => o.python = value(),
                 "--groups" => o.groups = value().split(',').map(|s| s.trim().to_string()).collect(),
+                "--binary" => o.binary = PathBuf::from(value()),
                 other => panic!("unknown option {other} (see the header of benches/perf.rs)"),
             }
         }
@@ -566,7 +572,7 @@ async fn process(o: &Options, report: &mut Report) {
                 let _ = std::fs::remove_dir_all(&store);
             }
             let t = Instant::now();
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+            let out = std::process::Command::new(&o.binary)
                 .args(["sql", "--catalog", &catalog.to_string_lossy(), "--format", "csv", "-c", sql])
                 .output()
                 .unwrap();
@@ -607,7 +613,7 @@ async fn grown_catalog(o: &Options, report: &mut Report) {
     let catalog = o.data.join(format!("catalog-process-{}.db", std::process::id()));
     let select = || {
         let t = Instant::now();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcurve"))
+        let out = std::process::Command::new(&o.binary)
             .args(["sql", "--catalog", &catalog.to_string_lossy(), "--format", "csv", "-c", "SELECT 1"])
             .output()
             .unwrap();

@@ -150,9 +150,11 @@ pub async fn run(dir: &Path) -> Result<()> {
     admin.set_bounds("mixture", "x", DEMO_BOUNDS.0, DEMO_BOUNDS.1).await.map_err(policy)?;
     admin.set_bounds("mixture", "y", -1.5, 1.5).await.map_err(policy)?;
     admin.set_keys("mixture", "component", &["left".into(), "right".into()]).await.map_err(policy)?;
+    // The public bound on its rows plans the memory of grouped queries (in memory, not spilled).
+    admin.set_row_bound("mixture", Some(DEMO_ROWS as i64)).map_err(policy)?;
     println!(
         "catalog {}: table 'mixture' is private, total budget ε = {}, δ = {}, public bounds x ∈ [{:?}, {:?}] \
-         and y ∈ [-1.5, 1.5], declared keys component ∈ {{left, right}}",
+         and y ∈ [-1.5, 1.5], declared keys component ∈ {{left, right}}, at most {DEMO_ROWS} rows",
         catalog_path.display(),
         DEMO_BUDGET.0,
         DEMO_BUDGET.1,
@@ -212,9 +214,10 @@ pub async fn run(dir: &Path) -> Result<()> {
     admin.register("curves", &curves_path.to_string_lossy()).await.map_err(policy)?;
     admin.make_private("curves", DEMO_BUDGET.0, DEMO_BUDGET.1).map_err(policy)?;
     admin.set_bounds("curves", "c", -0.5, 0.5).await.map_err(policy)?;
+    admin.set_row_bound("curves", Some(DEMO_CURVES as i64)).map_err(policy)?;
     println!(
         "\nwrote {} ({DEMO_CURVES} curves of {DEMO_CURVE_POINTS} points from Mirshani et al.'s simulation, mean 0.1·sin(πt)); \
-         private, values bounded in [-0.5, 0.5] (so the clip norm is 0.5)",
+         private, values bounded in [-0.5, 0.5] (so the clip norm is 0.5), at most {DEMO_CURVES} rows",
         curves_path.display()
     );
     let session = AnalystSession::with_catalog(Arc::clone(admin.catalog()), SessionOptions::default()).await?;
