@@ -124,7 +124,7 @@ async fn main() {
     let catalog = work.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("p", &data.to_string_lossy()).await.unwrap();
-    admin.make_private("p", 1000.0, 0.5).unwrap();
+    admin.make_private("p", 1000.0, 0.5).await.unwrap();
     admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
 
     let scan = {

@@ -176,7 +176,7 @@ async fn main() {
     let catalog_path = dir.join("catalog.db");
     let admin = Admin::open(&catalog_path).unwrap();
     admin.register("p", data.to_str().unwrap()).await.unwrap();
-    admin.make_private("p", 1000.0, 0.0).unwrap();
+    admin.make_private("p", 1000.0, 0.0).await.unwrap();
     let token = admin.add_analyst("bench").unwrap();
     admin.grant("bench", "p", 1000.0, 0.0).unwrap();
     let eve = admin.add_analyst("eve").unwrap();

@@ -267,7 +267,7 @@ async fn catalog_with_admin(dir: &Path, name: &str, file: &Path) -> (Admin, Anal
     let admin = Admin::open(&path).unwrap();
     admin.register("pub_t", &file.to_string_lossy()).await.unwrap();
     admin.register("priv_t", &private_copy(file).to_string_lossy()).await.unwrap();
-    admin.make_private("priv_t", 1000.0, 0.5).unwrap();
+    admin.make_private("priv_t", 1000.0, 0.5).await.unwrap();
     let s = AnalystSession::open(&path, SessionOptions::default()).await.unwrap();
     (admin, s)
 }
@@ -913,7 +913,7 @@ async fn gate(o: &Options, report: &mut Report) {
         let admin = Admin::open(&path).unwrap();
         admin.register("public_t", &data.to_string_lossy()).await.unwrap();
         admin.register("private_t", &private_copy(&data).to_string_lossy()).await.unwrap();
-        admin.make_private("private_t", 1000.0, 0.5).unwrap();
+        admin.make_private("private_t", 1000.0, 0.5).await.unwrap();
         path
     };
     let on_disk = make(&disk).await;

@@ -187,7 +187,7 @@ async fn catalogs(o: &Options) -> Vec<PathBuf> {
         let admin = Admin::open(&dir.join("catalog.db")).unwrap();
         for t in ["p", "u", "spread"] {
             admin.register(t, dir.join(format!("{t}.parquet")).to_str().unwrap()).await.unwrap();
-            admin.make_private(t, 1000.0, 0.5).unwrap();
+            admin.make_private(t, 1000.0, 0.5).await.unwrap();
             admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
             // One public bound for both neighbours, from which the unit bound plans its memory.
             admin.set_row_bound(t, Some((o.rows + o.heavy + 1) as i64)).unwrap();

@@ -15,7 +15,6 @@ use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
 #[cfg(feature = "test-hooks")]
@@ -23,8 +22,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::ParquetReadOptions;
 
 use crate::functions::{Permits, private_udafs};
+use crate::guard::PrivacyPlanner;
 use crate::guard::passes::column_types::narrow_index;
-use crate::guard::{PrivacyPlanner, no_data_dependent_aggregation};
 use crate::mechanism::NoiseSource;
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::noise::cache::set_public_store;
@@ -35,7 +34,9 @@ use crate::policy::{
 };
 
 mod catalog_schema;
+mod reading;
 use catalog_schema::{CatalogSchema, parquet_provider};
+use reading::{catalog_config, catalog_runtime, read_whole};
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -83,19 +84,7 @@ impl Engine {
             config = config.with_target_partitions(n.max(1));
         }
         if ledger.is_some() {
-            // Catalog sessions: no Parquet statistics are read at planning time, and
-            // EXPLAIN prints logical plans only (physical plans show file byte ranges,
-            // which reveal the size of private files).
-            config.options_mut().execution.collect_statistics = false;
-            config.options_mut().explain.logical_plan_only = true;
-            // No row-group, page or bloom-filter pruning: which parts of a file a scan skips would
-            // depend on the private values in it (its min/max statistics), and so would its time.
-            let parquet = &mut config.options_mut().execution.parquet;
-            parquet.pruning = false;
-            parquet.enable_page_index = false;
-            parquet.bloom_filter_on_read = false;
-            parquet.pushdown_filters = false;
-            no_data_dependent_aggregation(&mut config);
+            config = catalog_config(config);
         }
         let ledger_session = ledger.is_some();
         let mut runtime = None;
@@ -104,8 +93,7 @@ impl Engine {
                 // Analyst sessions run under the catalog's memory limit; the planner refuses
                 // queries whose private states would not fit (SPEC §5.1).
                 let limit = l.memory_limit().map_err(|e| DataFusionError::Plan(e.to_string()))?;
-                let bytes = usize::try_from(limit).unwrap_or(usize::MAX);
-                runtime = Some(RuntimeEnvBuilder::new().with_memory_limit(bytes, 1.0).build_arc()?);
+                runtime = Some(catalog_runtime(Some(usize::try_from(limit).unwrap_or(usize::MAX)))?);
                 PrivacyPlanner::with_ledger(l, limit).for_analyst(analyst)
             }
             None => PrivacyPlanner::default(),
@@ -325,7 +313,8 @@ impl AnalystSession {
         // The catalog's tables, each opened when a statement first names it (`catalog_schema`).
         let tables = catalog.tables().map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let state = engine.ctx.state();
-        let tables = CatalogSchema::new(tables, state.config().clone(), Arc::clone(state.runtime_env()));
+        let tables =
+            CatalogSchema::new(Arc::clone(&catalog), tables, state.config().clone(), Arc::clone(state.runtime_env()));
         let catalogs = engine
             .ctx
             .catalog("datafusion")
@@ -537,10 +526,50 @@ impl Admin {
         self.catalog.register_table(name, &canonical)
     }
 
-    /// Makes a table private with a total budget (ε ≥ 0, 0 ≤ δ ≤ 1).
-    pub fn make_private(&self, name: &str, epsilon: f64, delta: f64) -> std::result::Result<(), PolicyError> {
+    /// Makes a table private with a total budget (ε ≥ 0, 0 ≤ δ ≤ 1), after reading its files
+    /// whole as analyst sessions would (see [`Admin::verify`]): a table with a row the reader
+    /// cannot decode stays public, and the error names the reason.
+    pub async fn make_private(&self, name: &str, epsilon: f64, delta: f64) -> std::result::Result<(), PolicyError> {
         let total = Budget::total(epsilon, delta).map_err(|e| PolicyError::Invalid(e.to_string()))?;
-        self.catalog.make_private(name, total)
+        let files = Self::read_files_whole(&self.table_info(name)?).await?;
+        self.catalog.make_private(name, total)?;
+        self.catalog.record_verification(name, &files)
+    }
+
+    /// Reads every column of every file of the private table `name` as analyst sessions would and
+    /// records the files read (location, size, modification time): analysts' queries read those
+    /// files only, unchanged, so no row can make one fail (SPEC §0;
+    /// [`crate::policy::verified_files`]). The data owner runs it after changing, adding or
+    /// removing the files. Returns the number of files read. If a file cannot be read whole,
+    /// the earlier verification stays in force and the error names the reason.
+    pub async fn verify(&self, name: &str) -> std::result::Result<usize, PolicyError> {
+        let table = self.table_info(name)?;
+        if table.policy.is_none() {
+            return Err(PolicyError::Invalid(format!(
+                "table '{name}' is public: only private tables' files are verified (make-private verifies them)"
+            )));
+        }
+        let files = Self::read_files_whole(&table).await?;
+        self.catalog.record_verification(name, &files)?;
+        Ok(files.len())
+    }
+
+    /// A registered table.
+    fn table_info(&self, name: &str) -> std::result::Result<TableInfo, PolicyError> {
+        self.catalog.table(name)?.ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))
+    }
+
+    /// The files of `table`, read whole (see [`Admin::verify`]).
+    async fn read_files_whole(table: &TableInfo) -> std::result::Result<Vec<crate::policy::VerifiedFile>, PolicyError> {
+        let name = &table.name;
+        read_whole(&table.location).await.map_err(|e| {
+            PolicyError::Invalid(format!(
+                "the files of '{name}' ({}) cannot be read whole: {e}. A query reading the rows that fail would \
+                 fail where the same table without them succeeds (SPEC §0), so they cannot be private data: \
+                 rewrite or remove them",
+                table.location
+            ))
+        })
     }
 
     /// Adds budget to a private table; returns the new total.
@@ -628,11 +657,7 @@ impl Admin {
 
     /// The type of a registered table's column.
     async fn column_type(&self, name: &str, column: &str) -> std::result::Result<DataType, PolicyError> {
-        let info = self
-            .catalog
-            .table(name)?
-            .ok_or_else(|| PolicyError::Invalid(format!("no table named '{name}' in the catalog")))?;
-        let schema = Self::schema_of(&info.location).await?;
+        let schema = Self::schema_of(&self.table_info(name)?.location).await?;
         let field = schema
             .field_with_name(column)
             .map_err(|_| PolicyError::Invalid(format!("table '{name}' has no column '{column}'")))?;

@@ -171,7 +171,7 @@ async fn catalog(dir: &TempDir) -> (Admin, AnalystSession) {
     );
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("p", &dir.str("p.parquet")).await.unwrap();
-    admin.make_private("p", 10.0, 1e-3).unwrap();
+    admin.make_private("p", 10.0, 1e-3).await.unwrap();
     admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
     admin.set_keys("p", "region", &["a".into(), "b".into(), "c".into()]).await.unwrap();
     let opts = SessionOptions { noise: NoiseSource::Os, target_partitions: Some(2), ..Default::default() };

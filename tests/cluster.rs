@@ -91,7 +91,7 @@ async fn fixture(tag: &str) -> Fixture {
     for t in ["p", "u", "pd", "ud", "cd"] {
         write_table(&dir.path(t), t.ends_with('d'));
         admin.register(t, &dir.str(t)).await.unwrap();
-        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.make_private(t, 1000.0, 1e-2).await.unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_bounds(t, "person", 0.0, 6000.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();

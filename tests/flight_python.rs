@@ -20,7 +20,7 @@ async fn the_python_adbc_driver_gets_a_private_curve_with_a_token() {
     let catalog = dir.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("mixture", &dir.str("mixture.parquet")).await.unwrap();
-    admin.make_private("mixture", 10.0, 1e-3).unwrap();
+    admin.make_private("mixture", 10.0, 1e-3).await.unwrap();
     admin.set_bounds("mixture", "x", -0.2, 1.2).await.unwrap();
     let alice = admin.add_analyst("alice").unwrap();
     let bob = admin.add_analyst("bob").unwrap();

@@ -85,7 +85,7 @@ async fn fixture(tag: &str) -> Fixture {
     let catalog = dir.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("mixture", &dir.str("mixture.parquet")).await.unwrap();
-    admin.make_private("mixture", 10.0, 1e-3).unwrap();
+    admin.make_private("mixture", 10.0, 1e-3).await.unwrap();
     admin.set_bounds("mixture", "x", -0.2, 1.2).await.unwrap();
     admin.register("public_x", &dir.str("public_x.parquet")).await.unwrap();
     let alice = admin.add_analyst("alice").unwrap();
@@ -346,7 +346,7 @@ async fn eight_clients_near_exhaustion_spend_exactly_the_budget() {
     let catalog = dir.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("p", &dir.str("p.parquet")).await.unwrap();
-    admin.make_private("p", 1.0, 0.0).unwrap();
+    admin.make_private("p", 1.0, 0.0).await.unwrap();
     let names = ["a0", "a1", "a2", "a3"];
     let tokens: Vec<String> = names.iter().map(|n| admin.add_analyst(n).unwrap()).collect();
     for n in names {
@@ -417,7 +417,7 @@ async fn slow_fixture(tag: &str) -> (TempDir, PathBuf, String) {
     let catalog = dir.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("fit", &dir.str("fit.parquet")).await.unwrap();
-    admin.make_private("fit", 3.0, 1e-3).unwrap();
+    admin.make_private("fit", 3.0, 1e-3).await.unwrap();
     admin.set_bounds("fit", "x", 0.0, 1.0).await.unwrap();
     admin.set_bounds("fit", "y", -1.0, 1.0).await.unwrap();
     let token = admin.add_analyst("alice").unwrap();

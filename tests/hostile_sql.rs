@@ -108,7 +108,7 @@ async fn neighbour(with_alice: bool) -> Neighbour {
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("people", &dir.str("people.parquet")).await.unwrap();
     admin.register("pub", &dir.str("pub.parquet")).await.unwrap();
-    admin.make_private("people", 1000.0, 0.5).unwrap();
+    admin.make_private("people", 1000.0, 0.5).await.unwrap();
     admin.set_bounds("people", "x", 0.0, 1.0).await.unwrap();
     let session =
         AnalystSession::open(&dir.path("catalog.db"), SessionOptions { noise: NoiseSource::Os, ..Default::default() })
@@ -629,7 +629,7 @@ async fn the_allowlist_is_total_on_extreme_values() {
     write_extremes(&dir.path("ext.parquet"));
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("ext", &dir.str("ext.parquet")).await.unwrap();
-    admin.make_private("ext", 1000.0, 0.5).unwrap();
+    admin.make_private("ext", 1000.0, 0.5).await.unwrap();
     let s = AnalystSession::open(&dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
     let spent = || admin.tables().unwrap()[0].policy.as_ref().unwrap().spent;
     let mut examples: Vec<(String, bool)> =
@@ -768,7 +768,7 @@ async fn file_aliases_of_a_private_table_are_refused_at_registration_and_session
     write_rows(&dir.path("public/ok.parquet"), &rows(false));
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("people", &dir.str("private/people.parquet")).await.unwrap();
-    admin.make_private("people", 10.0, 1e-6).unwrap();
+    admin.make_private("people", 10.0, 1e-6).await.unwrap();
     let mut refused = 0;
     // 1. A link to the private file inside a public directory.
     std::fs::create_dir_all(dir.path("linkdir")).unwrap();
@@ -819,7 +819,7 @@ async fn file_aliases_of_a_private_table_are_refused_at_registration_and_session
     std::fs::create_dir_all(dir.path("viewer")).unwrap();
     symlink(dir.path("second/s.parquet"), dir.path("viewer/v.parquet")).unwrap();
     admin.register("viewer", &dir.str("viewer")).await.unwrap();
-    let e = admin.make_private("second", 1.0, 0.0).unwrap_err().to_string();
+    let e = admin.make_private("second", 1.0, 0.0).await.unwrap_err().to_string();
     assert!(e.contains("shares files with table 'viewer'"), "{e}");
     refused += 1;
     // 7. Relative locations (catalogs written by older versions): sessions refuse until migrated.

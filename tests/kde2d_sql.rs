@@ -65,7 +65,7 @@ async fn fixture(tag: &str) -> Fixture {
         admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
     }
     for t in ["t", "g", "u", "h"] {
-        admin.make_private(t, 20.0, 1e-3).unwrap();
+        admin.make_private(t, 20.0, 1e-3).await.unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
     }
     for t in ["t", "g", "h"] {

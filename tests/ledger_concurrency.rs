@@ -24,7 +24,7 @@ async fn setup(tag: &str, epsilon: f64) -> (TempDir, std::path::PathBuf) {
     let catalog = dir.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("p", &dir.str("p.parquet")).await.unwrap();
-    admin.make_private("p", epsilon, 1e-3).unwrap();
+    admin.make_private("p", epsilon, 1e-3).await.unwrap();
     (dir, catalog)
 }
 

@@ -202,7 +202,7 @@ async fn private_tables_are_charged_and_policy_supplies_clip_and_length() {
     let cat = dir.path("catalog.db");
     let admin = Admin::open(&cat).unwrap();
     admin.register("growth", &dir.str("g.parquet")).await.unwrap();
-    admin.make_private("growth", 2.0, 1e-4).unwrap();
+    admin.make_private("growth", 2.0, 1e-4).await.unwrap();
     let s = AnalystSession::open(&cat, SessionOptions::default()).await.unwrap();
     let err = s.query("SELECT private_mean_curve(c, 0.5, 1e-6) FROM growth").await.unwrap_err().to_string();
     assert!(err.contains("argument 'clip' is required"), "{err}");

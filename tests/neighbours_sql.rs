@@ -298,7 +298,7 @@ async fn huge_values_and_heavy_units_do_not_change_whether_a_query_fails() {
         let admin = Admin::open(&dir.path("catalog.db")).unwrap();
         for t in ["h", "hi", "v", "g"] {
             admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
-            admin.make_private(t, 1000.0, 1e-2).unwrap();
+            admin.make_private(t, 1000.0, 1e-2).await.unwrap();
             admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         }
         admin.set_privacy_unit("h", "unit", 2, 1).await.unwrap();

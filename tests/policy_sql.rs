@@ -45,8 +45,8 @@ async fn fixture(tag: &str, p_budget: (f64, f64)) -> Fixture {
     admin.register("p", &dir.str("p.parquet")).await.unwrap();
     admin.register("q", &dir.str("q.parquet")).await.unwrap();
     admin.register("pub_t", &dir.str("pub.parquet")).await.unwrap();
-    admin.make_private("p", p_budget.0, p_budget.1).unwrap();
-    admin.make_private("q", 10.0, 1e-4).unwrap();
+    admin.make_private("p", p_budget.0, p_budget.1).await.unwrap();
+    admin.make_private("q", 10.0, 1e-4).await.unwrap();
     admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
     Fixture { dir, admin }
 }
@@ -173,7 +173,7 @@ async fn aliases_of_a_private_file_are_refused_at_registration() {
     write_x(&f.dir.path("r.parquet"), &[Some(0.5)]);
     f.admin.register("r1", &f.dir.str("r.parquet")).await.unwrap();
     f.admin.register("r2", &format!("{}/./r.parquet", f.dir.str(""))).await.unwrap();
-    let err = f.admin.make_private("r1", 1.0, 0.0).unwrap_err().to_string();
+    let err = f.admin.make_private("r1", 1.0, 0.0).await.unwrap_err().to_string();
     assert!(err.contains("shares files with table 'r2'"), "{err}");
     // Stored canonical: the spelled './' is gone.
     let r2 = f.admin.tables().unwrap().into_iter().find(|t| t.name == "r2").unwrap();
@@ -203,7 +203,7 @@ async fn file_patterns_never_alias_a_private_file() {
     f.admin.register("q1", &f.dir.str("q1.parquet")).await.unwrap();
     let conn = set_location_behind_the_catalog(&f.dir.path("catalog.db"), "q1", &f.dir.str("q[1].parquet"));
     assert!(conn, "the catalog was edited");
-    let err = f.admin.make_private("q1", 1.0, 0.0).unwrap_err().to_string();
+    let err = f.admin.make_private("q1", 1.0, 0.0).await.unwrap_err().to_string();
     assert!(err.contains("not a plain path"), "{err}");
     let Err(err) = AnalystSession::open(&f.dir.path("catalog.db"), SessionOptions::default()).await else {
         panic!("a session opened over a pattern location");
@@ -321,8 +321,12 @@ async fn ten_releases_of_a_tenth_exhaust_a_budget_of_one_and_the_eleventh_reads_
         s.query(&format!("SELECT {KDE} FROM p")).await.unwrap();
     }
     assert_eq!(f.spent("p"), Budget::total(1.0, 1e-5).unwrap());
-    // Make the file unreadable: a refused query must fail on the budget, before reading.
-    std::fs::write(f.dir.path("p.parquet"), b"not parquet any more").unwrap();
+    // Make the file unreadable (under its verified size and modification time, so that the
+    // scan plans): a refused query must fail on the budget, before reading.
+    let path = f.dir.path("p.parquet");
+    let meta = std::fs::metadata(&path).unwrap();
+    std::fs::write(&path, vec![b'#'; meta.len() as usize]).unwrap();
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(meta.modified().unwrap()).unwrap();
     let err = s.query(&format!("SELECT {KDE} FROM p")).await.unwrap_err().to_string();
     assert!(
         err.contains("privacy budget exhausted on table 'p': this query costs ε = 0.1, δ = 0.000001 but only ε = 0, δ = 0 remains; nothing was read"),
@@ -514,13 +518,20 @@ async fn errors_while_reading_private_rows_do_not_show_private_values() {
     let err = s.query("SELECT CAST(CAST(x AS VARCHAR) AS INT) FROM pub_t").await.unwrap_err().to_string();
     assert!(err.contains("Cannot cast"), "{err}");
     assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
-    // Errors that can still happen while reading private rows (here: the file was damaged
-    // after the session opened) are withheld: the message cannot quote values.
-    let bytes = std::fs::read(f.dir.path("p.parquet")).unwrap();
+    // A file damaged after its verification is refused at planning, free ...
+    let path = f.dir.path("p.parquet");
+    let verified_at = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
     let mut damaged = bytes.clone();
     let mid = damaged.len() / 2;
     damaged[8..mid].fill(0xAB);
-    std::fs::write(f.dir.path("p.parquet"), &damaged).unwrap();
+    std::fs::write(&path, &damaged).unwrap();
+    let err = s.query(&format!("SELECT {KDE} FROM p")).await.unwrap_err().to_string();
+    assert!(err.contains("verified-files"), "{err}");
+    assert_eq!(f.spent("p"), Budget::total(0.1, 1e-6).unwrap());
+    // ... and errors that can still happen while reading private rows (here: the damage kept
+    // the verified size and modification time) are withheld: the message cannot quote values.
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(verified_at).unwrap();
     let err = s.query(&format!("SELECT {KDE} FROM p")).await.unwrap_err().to_string();
     assert!(err.contains("details are withheld"), "{err}");
     // The failed private query was charged (no refunds: the failure happened after the debit).
@@ -536,8 +547,9 @@ async fn tables_are_opened_when_a_statement_names_them() {
     // private `q`. The session still opens: a table is opened when a statement names it.
     let cut = |name: &str| {
         let bytes = std::fs::read(f.dir.path(name)).unwrap();
+        let modified = std::fs::metadata(f.dir.path(name)).unwrap().modified().unwrap();
         std::fs::write(f.dir.path(name), &bytes[..bytes.len() / 2]).unwrap();
-        bytes
+        (bytes, modified)
     };
     let (pub_bytes, q_bytes) = (cut("pub.parquet"), cut("q.parquet"));
     let s = f.analyst().await;
@@ -564,9 +576,12 @@ async fn tables_are_opened_when_a_statement_names_them() {
     }
     assert_eq!((f.spent("q"), f.spent("p")), (Budget::ZERO, Budget::total(0.1, 1e-6).unwrap()));
     assert_eq!(f.releases(), 1);
-    // A failure is not kept: once the files are whole again, the same session reads them.
-    std::fs::write(f.dir.path("pub.parquet"), pub_bytes).unwrap();
-    std::fs::write(f.dir.path("q.parquet"), q_bytes).unwrap();
+    // A failure is not kept: once the files are whole again (as verified: the same bytes and
+    // modification time), the same session reads them.
+    for (name, (bytes, modified)) in [("pub.parquet", pub_bytes), ("q.parquet", q_bytes)] {
+        std::fs::write(f.dir.path(name), bytes).unwrap();
+        std::fs::File::options().write(true).open(f.dir.path(name)).unwrap().set_modified(modified).unwrap();
+    }
     let b = s.query("SELECT count(*) FROM pub_t").await.unwrap();
     assert_eq!(b[0].column(0).as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0), 300);
     s.query(&format!("SELECT {KDE} FROM q")).await.unwrap();
@@ -640,7 +655,145 @@ async fn admin_refusals_are_precise() {
     assert!(e.contains("has no column 'nope'"), "{e}");
     let e = a.set_bounds("pub_t", "x", 0.0, 1.0).await.unwrap_err().to_string();
     assert!(e.contains("is public"), "{e}");
-    let e = a.make_private("p", 1.0, 0.0).unwrap_err().to_string();
+    let e = a.make_private("p", 1.0, 0.0).await.unwrap_err().to_string();
     assert!(e.contains("already private"), "{e}");
     assert_eq!(a.raise_budget("p", 0.5, 1e-5).unwrap(), Budget::total(1.5, 2e-5).unwrap());
+}
+
+/// Writes `names` (raw bytes, written as a UTF-8 column without checking them) and `x`, plain
+/// and uncompressed, to a Parquet file.
+fn write_names(path: &std::path::Path, names: &[&[u8]]) {
+    use datafusion::arrow::array::StringArray;
+    use datafusion::arrow::buffer::{Buffer, OffsetBuffer};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let offsets = OffsetBuffer::from_lengths(names.iter().map(|n| n.len()));
+    let values = Buffer::from(names.concat());
+    // SAFETY: the array is only written to a file, never read as `str` here; writing bytes that
+    // are not UTF-8 into a string column is the point (another writer could).
+    let name = unsafe { StringArray::new_unchecked(offsets, values, None) };
+    let x = datafusion::arrow::array::Float64Array::from_iter_values((0..names.len()).map(|i| 0.2 + 0.1 * i as f64));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(name), Arc::new(x)]).unwrap();
+    let props = datafusion::parquet::file::properties::WriterProperties::builder()
+        .set_dictionary_enabled(false)
+        .set_compression(datafusion::parquet::basic::Compression::UNCOMPRESSED)
+        .build();
+    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// A row the Parquet reader cannot decode — here a name that is not UTF-8 — would make every
+/// query that reads its column fail where the neighbouring table without it succeeds (SPEC §0:
+/// with certainty, ε = ∞). Making a table private reads its files whole first, and analysts'
+/// queries read the verified files only, unchanged. The attack on neighbours: a private table
+/// whose file later gains either a valid row or the undecodable one; every query, whether it
+/// reads the column or not, is refused at planning with the same message and nothing charged,
+/// until the owner verifies the files again — which the undecodable row fails. Controls: the
+/// reader alone fails on the undecodable file, and the same bytes slipped in under the verified
+/// size and modification time (what the check trusts) fail a query after the debit.
+#[tokio::test]
+async fn a_row_the_reader_cannot_decode_never_fails_a_query() {
+    let dir = TempDir::new("undecodable");
+    let two: [&[u8]; 2] = [b"alice", b"bob"];
+    write_names(&dir.path("two.parquet"), &two);
+    write_names(&dir.path("valid.parquet"), &[b"alice", b"bob", b"dave"]);
+    write_names(&dir.path("undecodable.parquet"), &[b"alice", b"bob", b"\xff\xfe\xfd\xfc"]);
+    let bytes = |name: &str| std::fs::read(dir.path(name)).unwrap();
+    assert_eq!(bytes("valid.parquet").len(), bytes("undecodable.parquet").len());
+    // Control: the reader itself fails on the undecodable row.
+    let ctx = datafusion::prelude::SessionContext::new();
+    ctx.register_parquet("u", dir.str("undecodable.parquet"), Default::default()).await.unwrap();
+    let e = ctx.sql("SELECT name FROM u WHERE name <> 'zed'").await.unwrap().collect().await.unwrap_err().to_string();
+    assert!(e.contains("UTF-8"), "{e}");
+
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    // A table holding the row cannot be made private: its files are read whole first.
+    admin.register("u", &dir.str("undecodable.parquet")).await.unwrap();
+    let e = admin.make_private("u", 10.0, 1e-4).await.unwrap_err().to_string();
+    assert!(e.contains("cannot be read whole") && e.contains("UTF-8"), "{e}");
+    assert!(admin.tables().unwrap().iter().find(|t| t.name == "u").unwrap().policy.is_none(), "u stays public");
+
+    std::fs::copy(dir.path("two.parquet"), dir.path("m.parquet")).unwrap();
+    admin.register("m", &dir.str("m.parquet")).await.unwrap();
+    admin.make_private("m", 10.0, 1e-4).await.unwrap();
+    admin.set_bounds("m", "x", 0.0, 1.0).await.unwrap();
+    let spent = || admin.tables().unwrap().into_iter().find(|t| t.name == "m").unwrap().policy.unwrap().spent;
+    let s = AnalystSession::open(&dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let reading = [format!("SELECT {KDE} FROM m WHERE name <> 'zed'"), format!("SELECT {KDE} FROM m")];
+    for sql in &reading {
+        s.query(sql).await.unwrap();
+    }
+    let paid = spent();
+    assert_eq!(paid, Budget::total(0.2, 2e-6).unwrap());
+    // The file gains a third row, valid or not: the same refusal, at planning, free.
+    let mut seen = Vec::new();
+    for third in ["valid.parquet", "undecodable.parquet"] {
+        std::fs::write(dir.path("m.parquet"), bytes(third)).unwrap();
+        for sql in &reading {
+            let e = s.query(sql).await.unwrap_err().to_string();
+            assert!(e.contains("was changed after its files were verified") && e.contains("verified-files"), "{e}");
+            seen.push(e);
+        }
+        assert_eq!(spent(), paid, "{third}: refused before the debit");
+    }
+    assert_eq!(seen[..2], seen[2..], "the neighbours' refusals are the same");
+    // Verifying the undecodable file fails, and the table stays refused.
+    let e = admin.verify("m").await.unwrap_err().to_string();
+    assert!(e.contains("cannot be read whole") && e.contains("UTF-8"), "{e}");
+    assert!(s.query(&reading[1]).await.unwrap_err().to_string().contains("verified-files"));
+    // The valid file verifies, and the same session queries it.
+    std::fs::write(dir.path("m.parquet"), bytes("valid.parquet")).unwrap();
+    assert_eq!(admin.verify("m").await.unwrap(), 1);
+    for sql in &reading {
+        s.query(sql).await.unwrap();
+    }
+    let paid = spent();
+    assert_eq!(paid, Budget::total(0.4, 4e-6).unwrap());
+    // Control: the undecodable bytes under the verified size and modification time pass the
+    // check, and the query that reads the column fails after the debit.
+    let verified_at = std::fs::metadata(dir.path("m.parquet")).unwrap().modified().unwrap();
+    std::fs::write(dir.path("m.parquet"), bytes("undecodable.parquet")).unwrap();
+    std::fs::File::options().write(true).open(dir.path("m.parquet")).unwrap().set_modified(verified_at).unwrap();
+    let e = s.query(&reading[0]).await.unwrap_err().to_string();
+    assert!(e.contains("details are withheld"), "{e}");
+    assert!(spent() != paid, "the failure came after the debit");
+}
+
+/// A private table over a directory: a file added after the verification is refused by name, a
+/// file removed is not (the rest were read whole); a catalog of the format before verification
+/// holds private tables no query may read until the owner verifies them.
+#[tokio::test]
+async fn private_directories_are_read_as_verified_and_older_catalogs_verify_first() {
+    let dir = TempDir::new("verified-dir");
+    std::fs::create_dir(dir.path("d")).unwrap();
+    for part in ["a", "b"] {
+        write_x(&dir.path(&format!("d/{part}.parquet")), &mixture(200, 3).into_iter().map(Some).collect::<Vec<_>>());
+    }
+    let admin = Admin::open(&dir.path("catalog.db")).unwrap();
+    admin.register("d", &dir.str("d")).await.unwrap();
+    admin.make_private("d", 10.0, 1e-4).await.unwrap();
+    admin.set_bounds("d", "x", 0.0, 1.0).await.unwrap();
+    assert_eq!(admin.tables().unwrap()[0].policy.as_ref().unwrap().verified.as_ref().unwrap().len(), 2);
+    let s = AnalystSession::open(&dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let sql = format!("SELECT {KDE} FROM d");
+    s.query(&sql).await.unwrap();
+    std::fs::copy(dir.path("d/a.parquet"), dir.path("d/c.parquet")).unwrap();
+    let e = s.query(&sql).await.unwrap_err().to_string();
+    assert!(e.contains("file /") && e.contains("d/c.parquet was added after its files were verified"), "{e}");
+    std::fs::remove_file(dir.path("d/c.parquet")).unwrap();
+    std::fs::remove_file(dir.path("d/b.parquet")).unwrap();
+    s.query(&sql).await.unwrap();
+    // An older catalog: no verification recorded (the upgrade adds none).
+    drop(s);
+    let conn = rusqlite::Connection::open(dir.path("catalog.db")).unwrap();
+    conn.execute_batch("DELETE FROM verified_files; DELETE FROM verified;").unwrap();
+    drop(conn);
+    let s = AnalystSession::open(&dir.path("catalog.db"), SessionOptions::default()).await.unwrap();
+    let e = s.query(&sql).await.unwrap_err().to_string();
+    assert!(e.contains("private table 'd' has not been verified") && e.contains("dpcurve admin verify d"), "{e}");
+    assert_eq!(admin.verify("d").await.unwrap(), 1);
+    s.query(&sql).await.unwrap();
 }

@@ -17,7 +17,7 @@ async fn quantiles_moments_and_integrals_of_a_release_cost_nothing_more() {
     write_x(&dir.path("p.parquet"), &xs);
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("p", &dir.str("p.parquet")).await.unwrap();
-    admin.make_private("p", 10.0, 1e-3).unwrap();
+    admin.make_private("p", 10.0, 1e-3).await.unwrap();
     admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
     let sql = "SELECT curve_quantile(k, 0.5), curve_quantile(k, 0.1), curve_cdf(k, 0.3), curve_mean(k), \
                curve_var(k), curve_integral(k, 0.2, 0.6), curve_mode(k), curve_quantile(k, 2) \

@@ -49,7 +49,7 @@ async fn the_python_package_speaks_in_dataframes_curves_and_exceptions() {
     let catalog = dir.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("patients", &dir.str("patients.parquet")).await.unwrap();
-    admin.make_private("patients", 1000.0, 1e-2).unwrap();
+    admin.make_private("patients", 1000.0, 1e-2).await.unwrap();
     admin.set_bounds("patients", "x", -0.2, 1.2).await.unwrap();
     admin.set_bounds("patients", "y", -0.2, 1.2).await.unwrap();
     admin.set_keys("patients", "g", &["a".into(), "b".into(), "c".into()]).await.unwrap();

@@ -53,7 +53,7 @@ async fn fixture(tag: &str) -> Fixture {
         admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
     }
     for t in ["p", "g", "c"] {
-        admin.make_private(t, 10.0, 1e-3).unwrap();
+        admin.make_private(t, 10.0, 1e-3).await.unwrap();
     }
     admin.set_bounds("p", "x", 0.0, 1.0).await.unwrap();
     admin.set_bounds("g", "x", 0.0, 1.0).await.unwrap();

@@ -52,7 +52,7 @@ async fn fixture(tag: &str) -> Fixture {
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     for t in ["rows", "people"] {
         admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
-        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.make_private(t, 1000.0, 1e-2).await.unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         // Public, and above the files' 1 804 rows.
         admin.set_row_bound(t, Some(2000)).unwrap();

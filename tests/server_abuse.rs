@@ -80,10 +80,10 @@ async fn fixture(tag: &str) -> Fixture {
     let catalog = dir.path("catalog.db");
     let admin = Admin::open(&catalog).unwrap();
     admin.register("mixture", &dir.str("mixture.parquet")).await.unwrap();
-    admin.make_private("mixture", 100.0, 1e-3).unwrap();
+    admin.make_private("mixture", 100.0, 1e-3).await.unwrap();
     admin.set_bounds("mixture", "x", -0.2, 1.2).await.unwrap();
     admin.register("fit", &dir.str("fit.parquet")).await.unwrap();
-    admin.make_private("fit", 100.0, 1e-3).unwrap();
+    admin.make_private("fit", 100.0, 1e-3).await.unwrap();
     admin.set_bounds("fit", "x", 0.0, 1.0).await.unwrap();
     admin.set_bounds("fit", "y", -1.0, 1.0).await.unwrap();
     let eve = admin.add_analyst("eve").unwrap();

@@ -120,7 +120,7 @@ async fn fixture(tag: &str) -> Fixture {
     for t in ["with", "without", "rowwise", "shuffled", "with_id", "without_id"] {
         let location = if t == "shuffled" { dir.str("shuffled") } else { dir.str(&format!("{t}.parquet")) };
         admin.register(t, &location).await.unwrap();
-        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.make_private(t, 1000.0, 1e-2).await.unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
         if t.ends_with("_id") {
@@ -533,7 +533,7 @@ async fn more_units_than_memory_holds_spill_and_keep_the_same_rows() {
         [("by_id", "id", "t.parquet"), ("by_name", "name", "t2.parquet"), ("with_alice", "id", "t3.parquet")]
     {
         admin.register(t, &dir.str(file)).await.unwrap();
-        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.make_private(t, 1000.0, 1e-2).await.unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_privacy_unit(t, unit, 1, 1).await.unwrap();
         let rows = if t == "with_alice" { units + heavy } else { units };
@@ -625,7 +625,7 @@ async fn neighbours_plan_alike_from_the_declared_row_bound_never_the_files() {
     let admin = Admin::open(&dir.path("catalog.db")).unwrap();
     for t in ["a", "b"] {
         admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
-        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.make_private(t, 1000.0, 1e-2).await.unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_privacy_unit(t, "u", 2, 2).await.unwrap();
     }
@@ -698,7 +698,7 @@ async fn a_dictionary_encoded_unit_and_key_bound_what_plain_text_does() {
     for (t, dictionary) in [("plain", false), ("dict", true)] {
         write_with(&dir.path(&format!("{t}.parquet")), &rows(true), dictionary);
         admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
-        admin.make_private(t, 1000.0, 1e-2).unwrap();
+        admin.make_private(t, 1000.0, 1e-2).await.unwrap();
         admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
         admin.set_keys(t, "region", &["a".into(), "b".into(), "c".into(), "d".into()]).await.unwrap();
         admin.set_privacy_unit(t, "meter", MAX_ROWS, MAX_GROUPS).await.unwrap();

@@ -14,6 +14,8 @@ pub enum Command {
     Register { name: String, location: String },
     /// Make a table private with a total budget.
     MakePrivate { name: String, epsilon: f64, delta: f64 },
+    /// Read a private table's files whole again and record them.
+    Verify { name: String },
     /// Add budget.
     RaiseBudget { name: String, epsilon: f64, delta: f64 },
     /// Public bounds of a column.
@@ -91,6 +93,7 @@ pub fn parse(args: &[String]) -> std::result::Result<(PathBuf, Command), String>
             let (epsilon, delta) = budget(true)?;
             Command::MakePrivate { name: name.to_string(), epsilon, delta }
         }
+        ["verify", name] => Command::Verify { name: name.to_string() },
         ["raise-budget", name] => {
             let (epsilon, delta) = budget(false)?;
             Command::RaiseBudget { name: name.to_string(), epsilon, delta }
@@ -210,8 +213,12 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
             println!("registered '{name}' ({location}) as a public table");
         }
         Command::MakePrivate { name, epsilon, delta } => {
-            admin.make_private(&name, epsilon, delta).map_err(err)?;
+            admin.make_private(&name, epsilon, delta).await.map_err(err)?;
             println!("'{name}' is private with a total budget of {}", Budget::total(epsilon, delta).map_err(err)?);
+        }
+        Command::Verify { name } => {
+            let n = admin.verify(&name).await.map_err(err)?;
+            println!("'{name}': {n} file(s) read whole; analysts' queries read these files, unchanged");
         }
         Command::RaiseBudget { name, epsilon, delta } => {
             let total = admin.raise_budget(&name, epsilon, delta).map_err(err)?;
@@ -301,6 +308,10 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
                                 if keys.len() > 5 { format!(", … ({} keys)", keys.len()) } else { String::new() };
                             extra.push(format!("{c} keys {{{}{more}}}", shown.join(", ")));
                         }
+                        extra.push(match &p.verified {
+                            Some(files) => format!("{} verified file(s)", files.len()),
+                            None => "NOT VERIFIED (admin verify)".to_string(),
+                        });
                         extra.push(t.location.clone());
                         println!(
                             "{:<20} {:<8} {et:>10} {es:>10} {er:>10} {dt:>10} {ds:>10} {dr:>10}  {}",

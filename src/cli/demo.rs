@@ -146,7 +146,7 @@ pub async fn run(dir: &Path) -> Result<()> {
     let policy = |e: crate::policy::PolicyError| DataFusionError::Plan(e.to_string());
     let admin = Admin::open(&catalog_path).map_err(policy)?;
     admin.register("mixture", &data_path.to_string_lossy()).await.map_err(policy)?;
-    admin.make_private("mixture", DEMO_BUDGET.0, DEMO_BUDGET.1).map_err(policy)?;
+    admin.make_private("mixture", DEMO_BUDGET.0, DEMO_BUDGET.1).await.map_err(policy)?;
     admin.set_bounds("mixture", "x", DEMO_BOUNDS.0, DEMO_BOUNDS.1).await.map_err(policy)?;
     admin.set_bounds("mixture", "y", -1.5, 1.5).await.map_err(policy)?;
     admin.set_keys("mixture", "component", &["left".into(), "right".into()]).await.map_err(policy)?;
@@ -212,7 +212,7 @@ pub async fn run(dir: &Path) -> Result<()> {
     let curves = karhunen_loeve_curves(DEMO_CURVES, DEMO_CURVE_POINTS, DATA_SEED);
     write_curves_parquet(&curves_path, &curves)?;
     admin.register("curves", &curves_path.to_string_lossy()).await.map_err(policy)?;
-    admin.make_private("curves", DEMO_BUDGET.0, DEMO_BUDGET.1).map_err(policy)?;
+    admin.make_private("curves", DEMO_BUDGET.0, DEMO_BUDGET.1).await.map_err(policy)?;
     admin.set_bounds("curves", "c", -0.5, 0.5).await.map_err(policy)?;
     admin.set_row_bound("curves", Some(DEMO_CURVES as i64)).map_err(policy)?;
     println!(

@@ -76,7 +76,12 @@ USAGE:
   dpcurve admin --catalog PATH COMMAND
       Data owner's commands (the catalog file is created if missing):
         register NAME PATH                         a Parquet file or directory, public
-        make-private NAME --epsilon E --delta D    total budget of the table
+        make-private NAME --epsilon E --delta D    total budget of the table (reads
+                                                   its files whole first: a row the
+                                                   reader cannot decode is refused)
+        verify NAME                                read a private table's files whole
+                                                   again after changing them (until
+                                                   then, queries over them are refused)
         raise-budget NAME --epsilon E [--delta D]  add to the total budget
         set-bounds NAME COLUMN LOWER UPPER         public bounds (default lo/hi)
         set-curve-length NAME LENGTH               public length of list columns

@@ -21,13 +21,14 @@ use super::error::storage;
 use super::locations::{check_location_syntax, locations_overlap};
 use super::schema::{
     POLICY_TABLES, SCHEMA, UPGRADE_1_TO_2, UPGRADE_2_TO_3, UPGRADE_3_TO_4, UPGRADE_4_TO_5, UPGRADE_5_TO_6,
-    UPGRADE_6_TO_7,
+    UPGRADE_6_TO_7, UPGRADE_7_TO_8,
 };
+use super::verified_files::VerifiedFile;
 use crate::mechanism::noise::budget::Budget;
 use crate::mechanism::ranges;
 
 /// The catalog format this version reads and writes.
-pub const FORMAT_VERSION: i64 = 7;
+pub const FORMAT_VERSION: i64 = 8;
 
 /// Most public keys one column may declare.
 pub const MAX_KEYS: usize = 100_000;
@@ -63,6 +64,9 @@ pub struct Policy {
     /// fact from which queries that bound units or select groups plan their memory (SPEC §0: the
     /// row count itself is private).
     pub row_bound: Option<u64>,
+    /// The files its last verification read whole ([`Catalog::record_verification`]); None until one
+    /// did. Analyst queries read these files only, unchanged.
+    pub verified: Option<Vec<VerifiedFile>>,
 }
 
 /// A privacy unit (SPEC §7): the column identifying a person or device, and the public bounds
@@ -399,7 +403,10 @@ impl Catalog {
             if old <= 5 {
                 tx.execute_batch(UPGRADE_5_TO_6).map_err(storage)?;
             }
-            tx.execute_batch(UPGRADE_6_TO_7).map_err(storage)?;
+            if old <= 6 {
+                tx.execute_batch(UPGRADE_6_TO_7).map_err(storage)?;
+            }
+            tx.execute_batch(UPGRADE_7_TO_8).map_err(storage)?;
             tx.commit().map_err(storage)?;
             return Self::validate(&conn, false, Check::Schema);
         }
@@ -800,6 +807,7 @@ impl Catalog {
                             None => None,
                         },
                         row_bound: r.get::<_, Option<i64>>(11)?.and_then(|n| u64::try_from(n).ok()),
+                        verified: None,
                     })
                 } else {
                     None
@@ -835,6 +843,11 @@ impl Catalog {
                 p.keys.entry(c).or_default().push(v);
             }
         }
+        for t in &mut tables {
+            if let Some(p) = t.policy.as_mut() {
+                p.verified = verified::verified_files_of(&conn, &t.name)?;
+            }
+        }
         Ok(tables)
     }
 
@@ -862,6 +875,7 @@ mod debits;
 mod releases;
 #[cfg(test)]
 mod tests;
+mod verified;
 
 /// Tests: a path for a fresh catalog file named after `tag` (the file and its WAL removed).
 #[cfg(test)]

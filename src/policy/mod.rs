@@ -12,6 +12,7 @@ pub mod results;
 mod schema;
 pub mod shares;
 pub mod table;
+pub mod verified_files;
 
 pub use analysts::AnalystInfo;
 pub use catalog::{
@@ -21,3 +22,4 @@ pub use catalog::{
 pub use query_log::QueryRecord;
 pub use shares::Grant;
 pub use table::{BudgetsTable, PrivateTable, ReleasesTable, ResultsTable};
+pub use verified_files::VerifiedFile;

@@ -4,8 +4,8 @@
 /// The tables the data owner's configuration fills (tables, budgets, bounds, keys, analysts and
 /// their shares): every open checks their pages. The logs (statements, releases, stored releases,
 /// kept results) grow with use and are checked page by page only by the data owner's opens.
-pub(crate) const POLICY_TABLES: [&str; 7] =
-    ["meta", "tables", "policies", "column_bounds", "group_keys", "analysts", "grants"];
+pub(crate) const POLICY_TABLES: [&str; 9] =
+    ["meta", "tables", "policies", "column_bounds", "group_keys", "analysts", "grants", "verified", "verified_files"];
 
 /// The queries whose executions were charged (format 5, [`super::query_log`]): each statement's
 /// bounded head, once per execution, in the schema and in the upgrade from format 4.
@@ -53,6 +53,26 @@ CREATE TABLE query_results (
     at TEXT NOT NULL,
     bytes INTEGER NOT NULL,
     data BLOB NOT NULL
+);
+"
+    };
+}
+
+/// The files of private tables as their last verification read them whole (format 8,
+/// [`super::verified_files`]): a table verified with no files has its mark in `verified`.
+macro_rules! verified_files_table {
+    () => {
+        "
+CREATE TABLE verified (
+    table_name TEXT PRIMARY KEY REFERENCES tables(name),
+    at TEXT NOT NULL
+);
+CREATE TABLE verified_files (
+    table_name TEXT NOT NULL REFERENCES verified(table_name),
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL CHECK (size >= 0),
+    modified_ns INTEGER NOT NULL,
+    PRIMARY KEY (table_name, path)
 );
 "
     };
@@ -132,8 +152,14 @@ CREATE TABLE group_keys (
 ",
     stored_releases_table!(),
     analysts_tables!(),
-    query_results_table!()
+    query_results_table!(),
+    verified_files_table!()
 );
+
+/// Upgrades a format-7 catalog (before verified files) to format 8: no private table is verified
+/// yet, so none can be queried until `dpcurve admin verify` reads its files whole.
+pub(super) const UPGRADE_7_TO_8: &str =
+    concat!(verified_files_table!(), "UPDATE meta SET value = '8' WHERE key = 'version';\n");
 
 /// Upgrades a format-6 catalog (before declared row bounds) to format 7: no table declares one.
 pub(super) const UPGRADE_6_TO_7: &str = "

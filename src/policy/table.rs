@@ -15,19 +15,29 @@ use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::catalog::Catalog;
+use super::verified_files::check_scan;
 
 /// A private table: scans delegate to the Parquet provider, but the type marks the rows as
-/// private for the planner guard. It reports no statistics.
+/// private for the planner guard. It reports no statistics. A scan reading a file that the
+/// table's last verification did not read as it is now — as the catalog says at that scan — is
+/// refused ([`check_scan`]).
 #[derive(Debug)]
 pub struct PrivateTable {
     name: String,
     inner: Arc<dyn TableProvider>,
+    catalog: Arc<Catalog>,
 }
 
 impl PrivateTable {
-    /// Wraps `inner` as the private table `name` of the catalog.
-    pub fn new(name: &str, inner: Arc<dyn TableProvider>) -> Self {
-        Self { name: name.to_string(), inner }
+    /// Wraps `inner` as the private table `name` of `catalog`.
+    pub fn new(name: &str, inner: Arc<dyn TableProvider>, catalog: Arc<Catalog>) -> Self {
+        Self { name: name.to_string(), inner, catalog }
+    }
+
+    /// Refuses `plan`, a scan of this table, unless it reads verified files only, unchanged.
+    fn check(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
+        let verified = self.catalog.verified_files(&self.name).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        check_scan(&self.name, verified.as_deref(), plan)
     }
 
     /// The catalog name, which keys the table's budget.
@@ -53,11 +63,15 @@ impl TableProvider for PrivateTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.inner.scan(state, projection, filters, limit).await
+        let plan = self.inner.scan(state, projection, filters, limit).await?;
+        self.check(&plan)?;
+        Ok(plan)
     }
 
     async fn scan_with_args<'a>(&self, state: &dyn Session, args: ScanArgs<'a>) -> Result<ScanResult> {
-        self.inner.scan_with_args(state, args).await
+        let result = self.inner.scan_with_args(state, args).await?;
+        self.check(result.plan())?;
+        Ok(result)
     }
 
     fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {

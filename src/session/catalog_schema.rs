@@ -25,7 +25,7 @@ use datafusion::logical_expr::TableType;
 use datafusion::prelude::ParquetReadOptions;
 use tokio::sync::OnceCell;
 
-use crate::policy::{PrivateTable, TableInfo};
+use crate::policy::{Catalog, PrivateTable, TableInfo};
 
 /// One table of the catalog: where its files are, whether it is private, and its provider once a
 /// statement named it.
@@ -51,6 +51,8 @@ pub(super) struct CatalogSchema {
     tables: BTreeMap<String, Table>,
     /// The catalog's names by the name an unquoted reference to them resolves to (lower case).
     folded: BTreeMap<String, Vec<String>>,
+    /// The catalog, which private tables consult at every scan (their verified files).
+    catalog: Arc<Catalog>,
     /// The session's configuration and runtime, from which the state that reads a table's
     /// footers is built (not the session's own state, which holds this schema).
     config: SessionConfig,
@@ -58,9 +60,14 @@ pub(super) struct CatalogSchema {
 }
 
 impl CatalogSchema {
-    /// The schema of `tables`, read (when a statement names one) with the session's `config` and
-    /// `runtime`.
-    pub(super) fn new(tables: Vec<TableInfo>, config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Self {
+    /// The schema of `catalog`'s `tables`, read (when a statement names one) with the session's
+    /// `config` and `runtime`.
+    pub(super) fn new(
+        catalog: Arc<Catalog>,
+        tables: Vec<TableInfo>,
+        config: SessionConfig,
+        runtime: Arc<RuntimeEnv>,
+    ) -> Self {
         let mut folded: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let tables = tables
             .into_iter()
@@ -76,7 +83,7 @@ impl CatalogSchema {
                 (table.name.clone(), table)
             })
             .collect();
-        Self { tables, folded, config, runtime }
+        Self { tables, folded, catalog, config, runtime }
     }
 
     /// The table a statement's (normalised) `name` names (the type's docs); an error if it folds
@@ -122,7 +129,7 @@ impl CatalogSchema {
         let inner = parquet_provider(&state, &t.location)
             .await
             .map_err(|e| DataFusionError::Plan(format!("table '{}' ({}) cannot be opened: {e}", t.name, t.location)))?;
-        Ok(if t.private { Arc::new(PrivateTable::new(&t.name, inner)) } else { inner })
+        Ok(if t.private { Arc::new(PrivateTable::new(&t.name, inner, Arc::clone(&self.catalog))) } else { inner })
     }
 }
 

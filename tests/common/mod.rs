@@ -21,7 +21,7 @@ pub mod neighbours;
 pub async fn private_t(dir: &TempDir) -> dpcurve::Admin {
     let admin = dpcurve::Admin::open(&dir.path("catalog.db")).unwrap();
     admin.register("t", &dir.str("t.parquet")).await.unwrap();
-    admin.make_private("t", 1000.0, 1e-2).unwrap();
+    admin.make_private("t", 1000.0, 1e-2).await.unwrap();
     admin.set_bounds("t", "x", 0.0, 1.0).await.unwrap();
     admin
 }

@@ -67,7 +67,7 @@ impl Neighbours {
             let admin = Admin::open(&dir.path("catalog.db")).unwrap();
             for t in ["p", "q"] {
                 admin.register(t, &dir.str(&format!("{t}.parquet"))).await.unwrap();
-                admin.make_private(t, 1000.0, 1e-2).unwrap();
+                admin.make_private(t, 1000.0, 1e-2).await.unwrap();
                 admin.set_bounds(t, "x", 0.0, 1.0).await.unwrap();
                 let keys = |k: &[&str]| k.iter().map(|s| s.to_string()).collect::<Vec<_>>();
                 admin.set_keys(t, "g", &keys(&["g0", "g1", "g2", "g3"])).await.unwrap();

@@ -25,9 +25,7 @@ use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, plan_err};
 use datafusion::datasource::listing::ListingTableUrl;
-use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
-use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::object_store::ObjectMeta;
@@ -35,6 +33,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::planned_aggregate::{Phase, PlannedAggregateExec};
 use crate::guard::ops::unit_bound;
+use crate::policy::verified_files::parquet_files;
 
 /// Operators whose output has at most the rows of their inputs together.
 const NO_MORE_ROWS: &[&str] = &[
@@ -169,23 +168,6 @@ pub async fn with_public_facts(
         Ok(Transformed::yes(Arc::new(bound.clone().with_rows(most).with_share(share)) as Arc<dyn ExecutionPlan>))
     })
     .map(|t| t.data)
-}
-
-/// The Parquet files a scan reads (each once, however its byte ranges are spread over
-/// partitions), with their store; None for any other node.
-fn parquet_files(node: &Arc<dyn ExecutionPlan>) -> Option<(ObjectStoreUrl, Vec<ObjectMeta>)> {
-    let scan = node.downcast_ref::<DataSourceExec>()?;
-    let config = scan.data_source().downcast_ref::<FileScanConfig>()?;
-    if config.file_source().file_type() != "parquet" {
-        return None;
-    }
-    let mut metas: Vec<ObjectMeta> = Vec::new();
-    for file in config.file_groups.iter().flat_map(|g| g.iter()) {
-        if !metas.iter().any(|m| m.location == file.object_meta.location) {
-            metas.push(file.object_meta.clone());
-        }
-    }
-    Some((config.object_store_url.clone(), metas))
 }
 
 /// The most rows `node` can produce: for a Parquet scan, its private table's declared bound

@@ -17,7 +17,7 @@ const V4_RELEASES: &str = "CREATE TABLE releases (
 ";
 
 /// Turns a current catalog into the format-4 layout (with foreign keys off).
-const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; ALTER TABLE policies DROP COLUMN row_bound; DROP TABLE query_results; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
+const TO_FORMAT_4: &str = "PRAGMA foreign_keys = OFF; DROP TABLE verified_files; DROP TABLE verified; ALTER TABLE policies DROP COLUMN row_bound; DROP TABLE query_results; CREATE TABLE r4 (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, \
         table_name TEXT NOT NULL, function TEXT NOT NULL, epsilon INTEGER NOT NULL, delta INTEGER NOT NULL, \
         query TEXT NOT NULL, analyst TEXT); \
         INSERT INTO r4 SELECT r.id, r.at, r.table_name, r.function, r.epsilon, r.delta, q.head, r.analyst \
@@ -253,7 +253,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         ))
         .unwrap();
     let e = Catalog::open(&v2).unwrap_err().to_string();
-    assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 7"), "{e}");
+    assert!(e.contains("catalog format 2") && e.contains("upgrades it to format 8"), "{e}");
     let c = Catalog::create_or_open(&v2).unwrap();
     c.register_table("p", "/data/p.parquet").unwrap();
     c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -284,7 +284,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
         ))
         .unwrap();
     let e = Catalog::open(&v3).unwrap_err().to_string();
-    assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 7"), "{e}");
+    assert!(e.contains("catalog format 3") && e.contains("upgrades it to format 8"), "{e}");
     let c = Catalog::create_or_open(&v3).unwrap();
     c.add_analyst("alice").unwrap();
     c.grant("alice", "p", Budget::total(1.0, 0.0).unwrap()).unwrap();
@@ -304,7 +304,7 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     }
     Connection::open(&v4).unwrap().execute_batch(TO_FORMAT_4).unwrap();
     let e = Catalog::open(&v4).unwrap_err().to_string();
-    assert!(e.contains("catalog format 4") && e.contains("upgrades it to format 7"), "{e}");
+    assert!(e.contains("catalog format 4") && e.contains("upgrades it to format 8"), "{e}");
     let c = Catalog::create_or_open(&v4).unwrap();
     let log = c.release_log(None).unwrap();
     assert_eq!(log.iter().map(|r| r.query.as_str()).collect::<Vec<_>>(), ["SELECT old", "SELECT old"]);
@@ -325,12 +325,13 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     Connection::open(&v5)
         .unwrap()
         .execute_batch(
-            "ALTER TABLE policies DROP COLUMN row_bound; DROP TABLE query_results; UPDATE meta SET value = '5' WHERE \
+            "DROP TABLE verified_files; DROP TABLE verified; ALTER TABLE policies DROP COLUMN row_bound; \
+             DROP TABLE query_results; UPDATE meta SET value = '5' WHERE \
              key = 'version';",
         )
         .unwrap();
     let e = Catalog::open(&v5).unwrap_err().to_string();
-    assert!(e.contains("catalog format 5") && e.contains("upgrades it to format 7"), "{e}");
+    assert!(e.contains("catalog format 5") && e.contains("upgrades it to format 8"), "{e}");
     let c = Catalog::create_or_open(&v5).unwrap();
     let old = &c.stored_releases(None).unwrap()[0];
     assert_eq!((old.query.as_str(), old.statement_sha256.len()), ("q5", 64));
@@ -346,15 +347,47 @@ fn foreign_corrupt_and_other_version_files_are_refused() {
     }
     Connection::open(&v6)
         .unwrap()
-        .execute_batch("ALTER TABLE policies DROP COLUMN row_bound; UPDATE meta SET value = '6' WHERE key = 'version';")
+        .execute_batch(
+            "DROP TABLE verified_files; DROP TABLE verified; ALTER TABLE policies DROP COLUMN row_bound; \
+             UPDATE meta SET value = '6' WHERE key = 'version';",
+        )
         .unwrap();
     let e = Catalog::open(&v6).unwrap_err().to_string();
-    assert!(e.contains("catalog format 6") && e.contains("upgrades it to format 7"), "{e}");
+    assert!(e.contains("catalog format 6") && e.contains("upgrades it to format 8"), "{e}");
     let c = Catalog::create_or_open(&v6).unwrap();
     let policy = c.table("p").unwrap().unwrap().policy.unwrap();
     assert_eq!((policy.curve_length, policy.row_bound), (Some(7), None));
     c.set_row_bound("p", Some(5)).unwrap();
     assert_eq!(Catalog::open(&v6).unwrap().table("p").unwrap().unwrap().policy.unwrap().row_bound, Some(5));
+
+    // Format 7 (before verified files): the upgrade records no verification, so the private
+    // table's files must be read whole before analysts query it; one recorded is kept.
+    let v7 = temp("v7");
+    {
+        let c = Catalog::create_or_open(&v7).unwrap();
+        c.register_table("p", "/data/p.parquet").unwrap();
+        c.make_private("p", Budget::total(1.0, 0.0).unwrap()).unwrap();
+        c.set_row_bound("p", Some(9)).unwrap();
+    }
+    Connection::open(&v7)
+        .unwrap()
+        .execute_batch(
+            "DROP TABLE verified_files; DROP TABLE verified; UPDATE meta SET value = '7' WHERE key = 'version';",
+        )
+        .unwrap();
+    let e = Catalog::open(&v7).unwrap_err().to_string();
+    assert!(e.contains("catalog format 7") && e.contains("upgrades it to format 8"), "{e}");
+    let c = Catalog::create_or_open(&v7).unwrap();
+    let policy = c.table("p").unwrap().unwrap().policy.unwrap();
+    assert_eq!((policy.row_bound, policy.verified), (Some(9), None));
+    assert_eq!(c.verified_files("p").unwrap(), None);
+    let file = VerifiedFile { path: "data/p.parquet".into(), size: 12, modified_ns: 34 };
+    c.record_verification("p", std::slice::from_ref(&file)).unwrap();
+    assert_eq!(Catalog::open(&v7).unwrap().verified_files("p").unwrap(), Some(vec![file]));
+    c.record_verification("p", &[]).unwrap();
+    assert_eq!(c.verified_files("p").unwrap(), Some(vec![]), "verified with no files is not unverified");
+    c.register_table("pub_t", "/data/pub.parquet").unwrap();
+    assert!(c.record_verification("pub_t", &[]).unwrap_err().to_string().contains("is public"));
 
     // A valid catalog whose pages were damaged.
     let damaged = temp("damaged");

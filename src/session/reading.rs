@@ -1,0 +1,65 @@
+//! How catalog sessions read Parquet files, and the data owner's verification that reads a private
+//! table's files whole with exactly those settings ([`crate::policy::verified_files`]).
+
+use std::sync::Arc;
+
+use datafusion::common::Result;
+use datafusion::execution::cache::cache_manager::CacheManagerConfig;
+use datafusion::execution::context::SessionConfig;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_plan::execute_stream;
+use futures::StreamExt;
+
+use super::catalog_schema::parquet_provider;
+use crate::guard::no_data_dependent_aggregation;
+use crate::policy::VerifiedFile;
+use crate::policy::verified_files::scanned_files;
+
+/// Restricts `config` to what catalog sessions may do with private files: no Parquet statistics
+/// are read at planning time, EXPLAIN prints logical plans only (physical plans show file byte
+/// ranges, which reveal the size of private files), and no row-group, page or bloom-filter pruning
+/// (which parts of a file a scan skips would depend on the private values in it — their min/max
+/// statistics — and so would its time).
+pub(super) fn catalog_config(mut config: SessionConfig) -> SessionConfig {
+    config.options_mut().execution.collect_statistics = false;
+    config.options_mut().explain.logical_plan_only = true;
+    let parquet = &mut config.options_mut().execution.parquet;
+    parquet.pruning = false;
+    parquet.enable_page_index = false;
+    parquet.bloom_filter_on_read = false;
+    parquet.pushdown_filters = false;
+    no_data_dependent_aggregation(&mut config);
+    config
+}
+
+/// The runtime of a catalog session under a memory limit of `bytes` (None: unlimited). It keeps
+/// no listing of a table's files from one scan to the next: every scan lists them afresh, so
+/// the check of a private table's files sees them as they are.
+pub(super) fn catalog_runtime(bytes: Option<usize>) -> Result<Arc<RuntimeEnv>> {
+    let mut runtime =
+        RuntimeEnvBuilder::new().with_cache_manager(CacheManagerConfig::default().with_list_files_cache_limit(0));
+    if let Some(bytes) = bytes {
+        runtime = runtime.with_memory_limit(bytes, 1.0);
+    }
+    runtime.build_arc()
+}
+
+/// Reads every column of every row of the Parquet file or directory at `location` as a catalog
+/// session would, discarding the rows; returns the files read, as their listing described them
+/// before the first was opened. Any failure of the reader is returned.
+pub(super) async fn read_whole(location: &str) -> Result<Vec<VerifiedFile>> {
+    let state = SessionStateBuilder::new()
+        .with_config(catalog_config(SessionConfig::new()))
+        .with_runtime_env(catalog_runtime(None)?)
+        .with_default_features()
+        .build();
+    let table = parquet_provider(&state, location).await?;
+    let scan = table.scan(&state, None, &[], None).await?;
+    let files = scanned_files(&scan)?;
+    let mut rows = execute_stream(scan, state.task_ctx())?;
+    while let Some(batch) = rows.next().await {
+        batch?;
+    }
+    Ok(files)
+}
