@@ -15,34 +15,48 @@ use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::catalog::Catalog;
-use super::verified_files::check_scan;
+use super::verified_files::{VerifiedFile, check_scan};
 
 /// A private table: scans delegate to the Parquet provider, but the type marks the rows as
-/// private for the planner guard. It reports no statistics. A scan reading a file that the
-/// table's last verification did not read as it is now — as the catalog says at that scan — is
-/// refused ([`check_scan`]).
+/// private for the planner guard. It reports no statistics. It was opened (its schema read) under
+/// one verification of the table's files; a scan is refused unless that verification is still
+/// the catalog's and the scan reads its files only, unchanged ([`check_scan`]).
 #[derive(Debug)]
 pub struct PrivateTable {
     name: String,
     inner: Arc<dyn TableProvider>,
     catalog: Arc<Catalog>,
+    verified: Option<Vec<VerifiedFile>>,
 }
 
 impl PrivateTable {
-    /// Wraps `inner` as the private table `name` of `catalog`.
-    pub fn new(name: &str, inner: Arc<dyn TableProvider>, catalog: Arc<Catalog>) -> Self {
-        Self { name: name.to_string(), inner, catalog }
-    }
-
-    /// Refuses `plan`, a scan of this table, unless it reads verified files only, unchanged.
-    fn check(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
-        let verified = self.catalog.verified_files(&self.name).map_err(|e| DataFusionError::Plan(e.to_string()))?;
-        check_scan(&self.name, verified.as_deref(), plan)
+    /// Wraps `inner`, opened when the files of the private table `name` of `catalog` were
+    /// verified as `verified` records (None: never).
+    pub fn new(
+        name: &str,
+        inner: Arc<dyn TableProvider>,
+        catalog: Arc<Catalog>,
+        verified: Option<Vec<VerifiedFile>>,
+    ) -> Self {
+        Self { name: name.to_string(), inner, catalog, verified }
     }
 
     /// The catalog name, which keys the table's budget.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Refuses `plan`, a scan of this table, unless it reads verified files only, unchanged.
+    fn check(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
+        let now = self.catalog.verified_files(&self.name).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        if now != self.verified {
+            return Err(DataFusionError::Plan(format!(
+                "private table '{}': its files were verified again while this statement was planned; run it \
+                 again (rule verified-files)",
+                self.name
+            )));
+        }
+        check_scan(&self.name, now.as_deref(), plan)
     }
 }
 

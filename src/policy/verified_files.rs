@@ -14,6 +14,7 @@
 //! among them, unchanged, is refused at planning, before any charge. The refusal depends on the
 //! files' listing only, never on a row.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -88,16 +89,13 @@ pub fn check_scan(table: &str, verified: Option<&[VerifiedFile]>, plan: &Arc<dyn
              rule verified-files)"
         )));
     };
-    for file in scanned_files(plan)? {
-        let what = match verified.iter().find(|v| v.path == file.path) {
-            None => "was added",
-            Some(v) if v.size != file.size || v.modified_ns != file.modified_ns => "was changed",
-            Some(_) => continue,
-        };
+    let verified: BTreeSet<&VerifiedFile> = verified.iter().collect();
+    if !scanned_files(plan)?.iter().all(|file| verified.contains(file)) {
+        // One message whatever changed: the names of a private table's files are not shown.
         return Err(DataFusionError::Plan(format!(
-            "private table '{table}': file /{} {what} after its files were verified; analysts may query it again \
-             once the data owner has run `dpcurve admin verify {table}` (rule verified-files)",
-            file.path
+            "private table '{table}': its files changed after the data owner last read them whole (a file was \
+             added or rewritten); analysts may query it again once the data owner has run \
+             `dpcurve admin verify {table}` (rule verified-files)"
         )));
     }
     Ok(())

@@ -9,6 +9,8 @@
 //! and privacy of the tables are read from the catalog when the session opens (with the
 //! locations' checks); only the Parquet side waits. A table that cannot be opened fails the
 //! statements that name it, at planning (before any charge), and is tried again by the next one.
+//! A private table is opened again after the data owner verified its files again
+//! ([`crate::policy::verified_files`]): its schema is read from the files its scans may read.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,19 +25,23 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::TableType;
 use datafusion::prelude::ParquetReadOptions;
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex;
 
-use crate::policy::{Catalog, PrivateTable, TableInfo};
+use crate::policy::{Catalog, PrivateTable, TableInfo, VerifiedFile};
 
 /// One table of the catalog: where its files are, whether it is private, and its provider once a
-/// statement named it.
+/// statement named it, with the verification of its files it was opened under (None for a public
+/// table, or a private one never verified).
 #[derive(Debug)]
 struct Table {
     name: String,
     location: String,
     private: bool,
-    opened: OnceCell<Arc<dyn TableProvider>>,
+    opened: Mutex<Option<Opened>>,
 }
+
+/// A table's provider and the verification of its files it was opened under.
+type Opened = (Option<Vec<VerifiedFile>>, Arc<dyn TableProvider>);
 
 /// The catalog's tables as a schema whose tables open on first use (module docs).
 ///
@@ -79,7 +85,7 @@ impl CatalogSchema {
                     .or_default()
                     .push(t.name.clone());
                 let table =
-                    Table { name: t.name, location: t.location, private: t.policy.is_some(), opened: OnceCell::new() };
+                    Table { name: t.name, location: t.location, private: t.policy.is_some(), opened: Mutex::new(None) };
                 (table.name.clone(), table)
             })
             .collect();
@@ -121,7 +127,9 @@ impl CatalogSchema {
         names
     }
 
-    async fn open(&self, t: &Table) -> Result<Arc<dyn TableProvider>> {
+    /// `t`'s provider, its schema read from its files; a private table's scans read the files of
+    /// the verification `verified` only.
+    async fn open(&self, t: &Table, verified: Option<Vec<VerifiedFile>>) -> Result<Arc<dyn TableProvider>> {
         let state = SessionStateBuilder::new()
             .with_config(self.config.clone())
             .with_runtime_env(Arc::clone(&self.runtime))
@@ -129,7 +137,11 @@ impl CatalogSchema {
         let inner = parquet_provider(&state, &t.location)
             .await
             .map_err(|e| DataFusionError::Plan(format!("table '{}' ({}) cannot be opened: {e}", t.name, t.location)))?;
-        Ok(if t.private { Arc::new(PrivateTable::new(&t.name, inner, Arc::clone(&self.catalog))) } else { inner })
+        Ok(if t.private {
+            Arc::new(PrivateTable::new(&t.name, inner, Arc::clone(&self.catalog), verified))
+        } else {
+            inner
+        })
     }
 }
 
@@ -141,7 +153,21 @@ impl SchemaProvider for CatalogSchema {
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
         let Some(t) = self.resolve(name)? else { return Ok(None) };
-        Ok(Some(Arc::clone(t.opened.get_or_try_init(|| self.open(t)).await?)))
+        // A private table is opened again once its files were verified again, so that its schema
+        // is that of the files its scans may read (a column's type may have changed with them).
+        let verified = match t.private {
+            true => self.catalog.verified_files(&t.name).map_err(|e| DataFusionError::Plan(e.to_string()))?,
+            false => None,
+        };
+        let mut opened = t.opened.lock().await;
+        if let Some((under, provider)) = opened.as_ref()
+            && *under == verified
+        {
+            return Ok(Some(Arc::clone(provider)));
+        }
+        let provider = self.open(t, verified.clone()).await?;
+        *opened = Some((verified, Arc::clone(&provider)));
+        Ok(Some(provider))
     }
 
     /// Every table of the catalog is a base table: listing them (`information_schema.tables`,
