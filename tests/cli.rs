@@ -291,12 +291,26 @@ fn admin_and_analyst_workflow_until_the_budget_runs_out() {
     let (code, out, _) = admin(&["list"]);
     assert_eq!(code, 0);
     assert!(out.contains("patients") && out.contains("private") && out.contains("x ∈ [0, 1]"), "{out}");
+    assert!(out.contains("1 verified file(s)"), "{out}");
     let (_, out, _) = admin(&["log", "patients"]);
     assert_eq!(out.lines().count(), 3, "{out}");
     // The default mechanism picks the pure-ε release here: charged (ε, 0).
     assert!(out.contains("private_kde") && out.contains("ε = 0.1, δ = 0 "), "{out}");
-    assert_eq!(admin(&["raise-budget", "patients", "--epsilon", "0.1"]).0, 0);
+    assert_eq!(admin(&["raise-budget", "patients", "--epsilon", "0.2"]).0, 0);
     assert_eq!(dpcurve(&["sql", "--catalog", &cat, "-c", query], None).0, 0);
+    // Files rewritten after their verification: refused, free, until `verify` reads them again.
+    write_x(&dir.path("p.parquet"), &v[..1_000]);
+    let (code, _, err) = dpcurve(&["sql", "--catalog", &cat, "-c", query], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("rule verified-files"), "{err}");
+    assert!(err.contains("dpcurve admin verify patients"), "{err}");
+    let (code, out, err) = admin(&["verify", "patients"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("'patients': 1 file(s) read whole"), "{out}");
+    assert_eq!(dpcurve(&["sql", "--catalog", &cat, "-c", query], None).0, 0);
+    let (code, _, err) = admin(&["verify", "nope"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no table named 'nope'"), "{err}");
 
     let (code, _, err) = dpcurve(&["sql", "--catalog", &cat, "--table", "t=x.parquet"], None);
     assert_eq!(code, 2);

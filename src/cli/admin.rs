@@ -414,5 +414,7 @@ mod tests {
         );
         assert!(p("--catalog c.db grant alice t --epsilon 0.5").unwrap_err().contains("--delta is required"));
         assert_eq!(p("--catalog c.db add-analyst bob").unwrap().1, Command::AddAnalyst { name: "bob".into() });
+        assert_eq!(p("--catalog c.db verify t").unwrap().1, Command::Verify { name: "t".into() });
+        assert!(p("--catalog c.db verify").is_err());
     }
 }
