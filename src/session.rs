@@ -36,7 +36,7 @@ use crate::policy::{
 mod catalog_schema;
 mod reading;
 use catalog_schema::{CatalogSchema, parquet_provider};
-use reading::{catalog_config, catalog_runtime, read_whole};
+use reading::{catalog_config, catalog_runtime, listed_files, read_whole};
 
 /// How a session is set up.
 #[derive(Debug, Clone)]
@@ -552,6 +552,19 @@ impl Admin {
         let files = Self::read_files_whole(&table).await?;
         self.catalog.record_verification(name, &files)?;
         Ok(files.len())
+    }
+
+    /// Whether the files of the private table `name` differ from those its last verification
+    /// read (a file added, or one with another size or modification time), so that analysts'
+    /// queries over it are refused until [`Admin::verify`]; None if it was never verified. Lists
+    /// the files and reads their footers, no row.
+    pub async fn files_changed(&self, name: &str) -> std::result::Result<Option<bool>, PolicyError> {
+        let table = self.table_info(name)?;
+        let Some(verified) = table.policy.and_then(|p| p.verified) else { return Ok(None) };
+        let now = listed_files(&table.location)
+            .await
+            .map_err(|e| PolicyError::Invalid(format!("cannot list the files of '{name}': {e}")))?;
+        Ok(Some(!now.iter().all(|f| verified.contains(f))))
     }
 
     /// A registered table.

@@ -303,6 +303,8 @@ fn admin_and_analyst_workflow_until_the_budget_runs_out() {
     let (code, _, err) = dpcurve(&["sql", "--catalog", &cat, "-c", query], None);
     assert_eq!(code, 1);
     assert!(err.contains("rule verified-files"), "{err}");
+    let (_, out, _) = admin(&["list"]);
+    assert!(out.contains("FILES CHANGED since verified (admin verify)"), "{out}");
     assert!(err.contains("dpcurve admin verify patients"), "{err}");
     let (code, out, err) = admin(&["verify", "patients"]);
     assert_eq!(code, 0, "{err}");

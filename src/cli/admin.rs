@@ -308,9 +308,11 @@ pub async fn run(catalog: &Path, cmd: Command) -> Result<()> {
                                 if keys.len() > 5 { format!(", … ({} keys)", keys.len()) } else { String::new() };
                             extra.push(format!("{c} keys {{{}{more}}}", shown.join(", ")));
                         }
-                        extra.push(match &p.verified {
-                            Some(files) => format!("{} verified file(s)", files.len()),
-                            None => "NOT VERIFIED (admin verify)".to_string(),
+                        extra.push(match (&p.verified, admin.files_changed(&t.name).await) {
+                            (None, _) => "NOT VERIFIED (admin verify)".to_string(),
+                            (Some(files), Ok(Some(false))) => format!("{} verified file(s)", files.len()),
+                            (Some(_), Ok(_)) => "FILES CHANGED since verified (admin verify)".to_string(),
+                            (Some(_), Err(e)) => format!("FILES UNREADABLE ({e})"),
                         });
                         extra.push(t.location.clone());
                         println!(

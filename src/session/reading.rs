@@ -7,8 +7,8 @@ use datafusion::common::Result;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::context::SessionConfig;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
-use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::physical_plan::execute_stream;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use futures::StreamExt;
 
 use super::catalog_schema::parquet_provider;
@@ -49,6 +49,22 @@ pub(super) fn catalog_runtime(bytes: Option<usize>) -> Result<Arc<RuntimeEnv>> {
 /// session would, discarding the rows; returns the files read, as their listing described them
 /// before the first was opened. Any failure of the reader is returned.
 pub(super) async fn read_whole(location: &str) -> Result<Vec<VerifiedFile>> {
+    let (files, scan, state) = scan_of(location).await?;
+    let mut rows = execute_stream(scan, state.task_ctx())?;
+    while let Some(batch) = rows.next().await {
+        batch?;
+    }
+    Ok(files)
+}
+
+/// The files a catalog session's scan of `location` would read now (their footers are read for
+/// the table's schema; no row is).
+pub(super) async fn listed_files(location: &str) -> Result<Vec<VerifiedFile>> {
+    Ok(scan_of(location).await?.0)
+}
+
+/// A catalog session's scan of every column at `location`, with the files it reads.
+async fn scan_of(location: &str) -> Result<(Vec<VerifiedFile>, Arc<dyn ExecutionPlan>, SessionState)> {
     let state = SessionStateBuilder::new()
         .with_config(catalog_config(SessionConfig::new()))
         .with_runtime_env(catalog_runtime(None)?)
@@ -56,10 +72,5 @@ pub(super) async fn read_whole(location: &str) -> Result<Vec<VerifiedFile>> {
         .build();
     let table = parquet_provider(&state, location).await?;
     let scan = table.scan(&state, None, &[], None).await?;
-    let files = scanned_files(&scan)?;
-    let mut rows = execute_stream(scan, state.task_ctx())?;
-    while let Some(batch) = rows.next().await {
-        batch?;
-    }
-    Ok(files)
+    Ok((scanned_files(&scan)?, scan, state))
 }
