@@ -261,6 +261,16 @@ async fn refusals_keep_the_guards_messages_and_shares_are_enforced() {
     assert_eq!(r[0].column(0).as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0), 0);
     let r = run(&mut alice, "SELECT count(*) FROM dpcurve.releases").await.unwrap();
     assert_eq!(r[0].column(0).as_primitive::<datafusion::arrow::datatypes::Int64Type>().value(0), 1);
+    // Files changed after their verification: refused while planning, free, until the data owner
+    // verifies them again — which the server's cached session sees at the next query.
+    write_x(&f.dir.path("mixture.parquet"), &mixture(1000, 8).into_iter().map(Some).collect::<Vec<_>>());
+    let before = spent(&f.catalog);
+    let e = alice.execute(KDE.into(), None).await.unwrap_err().to_string();
+    assert!(e.contains(INVALID) && e.contains("[rule verified-files] private table 'mixture'"), "{e}");
+    assert_eq!(spent(&f.catalog), before);
+    assert_eq!(Admin::open(&f.catalog).unwrap().verify("mixture").await.unwrap(), 1);
+    run(&mut alice, KDE).await.unwrap();
+    assert!(spent(&f.catalog) != before);
     // A removed analyst's planned query is not charged.
     let info = alice.execute(KDE.into(), None).await.unwrap();
     Admin::open(&f.catalog).unwrap().remove_analyst("alice").unwrap();

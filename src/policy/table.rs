@@ -51,8 +51,8 @@ impl PrivateTable {
         let now = self.catalog.verified_files(&self.name).map_err(|e| DataFusionError::Plan(e.to_string()))?;
         if now != self.verified {
             return Err(DataFusionError::Plan(format!(
-                "private table '{}': its files were verified again while this statement was planned; run it \
-                 again (rule verified-files)",
+                "[rule verified-files] private table '{}': its files were verified again while this statement \
+                 was planned; run it again",
                 self.name
             )));
         }

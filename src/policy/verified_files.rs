@@ -84,18 +84,18 @@ pub fn scanned_files(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<VerifiedFile>>
 pub fn check_scan(table: &str, verified: Option<&[VerifiedFile]>, plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
     let Some(verified) = verified else {
         return Err(DataFusionError::Plan(format!(
-            "private table '{table}' has not been verified: its files must be read whole once before analysts \
-             query it, so that no row can make a query fail (the data owner runs `dpcurve admin verify {table}`; \
-             rule verified-files)"
+            "[rule verified-files] private table '{table}' has not been verified: its files must be read whole \
+             once before analysts query it, so that no row can make a query fail (the data owner runs \
+             `dpcurve admin verify {table}`)"
         )));
     };
     let verified: BTreeSet<&VerifiedFile> = verified.iter().collect();
     if !scanned_files(plan)?.iter().all(|file| verified.contains(file)) {
         // One message whatever changed: the names of a private table's files are not shown.
         return Err(DataFusionError::Plan(format!(
-            "private table '{table}': its files changed after the data owner last read them whole (a file was \
-             added or rewritten); analysts may query it again once the data owner has run \
-             `dpcurve admin verify {table}` (rule verified-files)"
+            "[rule verified-files] private table '{table}': its files changed after the data owner last read them \
+             whole (a file was added or rewritten); analysts may query it again once the data owner has run \
+             `dpcurve admin verify {table}`"
         )));
     }
     Ok(())
