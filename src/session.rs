@@ -564,7 +564,7 @@ impl Admin {
         let now = listed_files(&table.location)
             .await
             .map_err(|e| PolicyError::Invalid(format!("cannot list the files of '{name}': {e}")))?;
-        Ok(Some(!now.iter().all(|f| verified.contains(f))))
+        Ok(Some(!crate::policy::verified_files::all_verified(&verified, &now)))
     }
 
     /// A registered table.

@@ -79,6 +79,12 @@ pub fn scanned_files(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<VerifiedFile>>
     Ok(files)
 }
 
+/// Whether every one of `files` is among `verified`, with the same size and modification time.
+pub fn all_verified(verified: &[VerifiedFile], files: &[VerifiedFile]) -> bool {
+    let verified: BTreeSet<&VerifiedFile> = verified.iter().collect();
+    files.iter().all(|file| verified.contains(file))
+}
+
 /// Refuses a scan of the private table `table` (planned as `plan`) that reads a file its last
 /// verification did not read as it is now (module docs), or any file before a verification.
 pub fn check_scan(table: &str, verified: Option<&[VerifiedFile]>, plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
@@ -89,8 +95,7 @@ pub fn check_scan(table: &str, verified: Option<&[VerifiedFile]>, plan: &Arc<dyn
              `dpcurve admin verify {table}`)"
         )));
     };
-    let verified: BTreeSet<&VerifiedFile> = verified.iter().collect();
-    if !scanned_files(plan)?.iter().all(|file| verified.contains(file)) {
+    if !all_verified(verified, &scanned_files(plan)?) {
         // One message whatever changed: the names of a private table's files are not shown.
         return Err(DataFusionError::Plan(format!(
             "[rule verified-files] private table '{table}': its files changed after the data owner last read them \
