@@ -74,3 +74,78 @@ async fn scan_of(location: &str) -> Result<(Vec<VerifiedFile>, Arc<dyn Execution
     let scan = table.scan(&state, None, &[], None).await?;
     Ok((scanned_files(&scan)?, scan, state))
 }
+
+#[cfg(all(test, feature = "cluster"))]
+mod tests {
+    use std::fs::File;
+
+    use datafusion::arrow::array::{Float64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::config::TableParquetOptions;
+    use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::SessionContext;
+    use datafusion_proto::bytes::{
+        physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+    };
+
+    use super::*;
+    use crate::cluster::DpCodec;
+
+    /// The scan's reader settings, file schema and batch size.
+    fn reader_of(plan: &Arc<dyn ExecutionPlan>) -> (TableParquetOptions, String, Option<usize>) {
+        let scan = plan.downcast_ref::<DataSourceExec>().expect("a file scan");
+        let config = scan.data_source().downcast_ref::<FileScanConfig>().expect("a file scan's configuration");
+        let parquet = config.file_source().downcast_ref::<ParquetSource>().expect("a Parquet scan");
+        (parquet.table_parquet_options().clone(), format!("{:?}", config.file_schema()), config.batch_size)
+    }
+
+    /// A cluster's executors decode a private table's files as the verification read them: the
+    /// catalog sessions' reader settings travel inside the serialized scan, and an executor's own
+    /// configuration (DataFusion's defaults, which prune and read page indexes) does not replace
+    /// them. Control: those defaults differ from the catalog's in every setting checked.
+    #[tokio::test]
+    async fn executors_decode_with_the_verifications_reader_settings() {
+        let dir = std::env::temp_dir().join(format!("dpcurve-reading-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.parquet");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Float64, false),
+            Field::new("name", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Float64Array::from(vec![0.25, 0.5, 0.75])),
+                Arc::new(StringArray::from(vec!["alice", "bob", "carol"])),
+            ],
+        )
+        .unwrap();
+        let mut writer = ArrowWriter::try_new(File::create(&path).unwrap(), schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+
+        let (files, scan, state) = scan_of(path.to_str().unwrap()).await.unwrap();
+        assert_eq!(files.len(), 1);
+        let codec = DpCodec::default();
+        let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&scan), &codec).unwrap();
+        let executor = SessionContext::new().task_ctx();
+        let shipped = physical_plan_from_bytes_with_extension_codec(&bytes, &executor, &codec).unwrap();
+
+        let (here, there) = (reader_of(&scan), reader_of(&shipped));
+        assert_eq!(there, here, "the executor's scan reads as the verification did");
+        let (options, _, _) = there;
+        let p = &options.global;
+        assert!(!p.pruning && !p.enable_page_index && !p.bloom_filter_on_read && !p.pushdown_filters, "{p:?}");
+        let defaults = SessionConfig::new();
+        let d = &defaults.options().execution.parquet;
+        assert!(d.pruning && d.enable_page_index && d.bloom_filter_on_read, "the control: {d:?}");
+        assert_eq!(p.schema_force_view_types, state.config().options().execution.parquet.schema_force_view_types);
+        // And it reads the same rows.
+        let rows = |b: Vec<RecordBatch>| b.iter().map(RecordBatch::num_rows).sum::<usize>();
+        assert_eq!(rows(collect(shipped, executor).await.unwrap()), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
