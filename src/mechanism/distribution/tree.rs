@@ -7,7 +7,8 @@
 //! optimisation of the per-level weights over every factorisation of `2^k` (`k ≤ 10`, exact
 //! prefix variances of the estimator below) found the best tree within 1 % of "factors as equal as
 //! possible, `round(k/4)` levels below the root, uniform weights", which is what
-//! [`TreeShape::for_leaves_log2`] builds (larger factors on top).
+//! [`TreeShape::for_leaves_log2`] builds (larger factors on top); at `k = 12` the same computation
+//! over 43 factorisations found 16·16·16 with uniform weights best.
 //!
 //! **Estimate** (Hay et al. 2010; Honaker 2015 for unequal variances). Level `l` holds noisy
 //! counts `y` with variance `v_l`, the same for every node of the level. Bottom-up, each node
