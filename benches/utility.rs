@@ -972,11 +972,17 @@ async fn quantiles_study(o: &Options) {
                 xs.sort_by(f64::total_cmp);
                 table += 1;
                 let t = format!("q{table}");
+                // `--seed S`: repetition r draws its noise from seed S + r, otherwise fresh OS noise.
+                let seeded = o.seed.map(|seed| {
+                    let noise = dpcurve::NoiseSource::TestSeed(seed + rep as u64);
+                    DpSession::new(SessionOptions { noise, ..SessionOptions::default() })
+                });
+                let s = seeded.as_ref().unwrap_or(&s);
                 s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
                 exact.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
                 if n >= 100_000 && o.eps.contains(&1.0) {
                     for leaves in [256usize, 1024, 4096] {
-                        let noisy = rank_error(&private_quantiles(&s, &t, 1.0, lo, hi, &leaves.to_string()).await, &xs);
+                        let noisy = rank_error(&private_quantiles(s, &t, 1.0, lo, hi, &leaves.to_string()).await, &xs);
                         let free =
                             rank_error(&private_quantiles(&exact, &t, 1.0, lo, hi, &leaves.to_string()).await, &xs);
                         let e = floor.entry((dist as usize, n, leaves)).or_default();
@@ -986,9 +992,9 @@ async fn quantiles_study(o: &Options) {
                 }
                 for &eps in &o.eps {
                     let cell = cells.entry(key(dist, n, eps)).or_default();
-                    let q = private_quantiles(&s, &t, eps, lo, hi, "'auto'").await;
+                    let q = private_quantiles(s, &t, eps, lo, hi, "'auto'").await;
                     cell.rank.entry((QUANTILES.into(), String::new())).or_default().push(rank_error(&q, &xs));
-                    let (_, q, _) = release(&s, &t, "'auto'", eps, lo, hi).await;
+                    let (_, q, _) = release(s, &t, "'auto'", eps, lo, hi).await;
                     cell.rank.entry((AUTO.into(), String::new())).or_default().push(rank_error(&q, &xs));
                 }
                 let file_key = format!("{}-{n}-{rep}", dist.name());

@@ -4,7 +4,9 @@
 //! empirical pure-ε audit of the adaptive release on neighbours stays within ε, with a control that
 //! the same audit convicts a release whose noise is half what it claims.
 
-use dpcurve::mechanism::distribution::release::{CdfMechanism, CdfNoise, CdfSpec, Resolution};
+use dpcurve::mechanism::distribution::release::{
+    CdfMechanism, CdfNoise, CdfSpec, ROOT_SD, ROOT_SHARES, Resolution, root_share,
+};
 use dpcurve::mechanism::distribution::tree::TreeShape;
 use dpcurve::mechanism::noise::calibration::zcdp_rho;
 use dpcurve::mechanism::{Calibration, Contribution};
@@ -69,7 +71,7 @@ fn one_row_moves_one_node_per_level_by_one() {
 #[test]
 fn the_sampled_noise_implies_at_most_the_charged_privacy() {
     for contribution in [Contribution::ROW, Contribution::new(3, 4).unwrap()] {
-        for epsilon in [1e-3, 0.1, 1.0, 7.5] {
+        for epsilon in [1e-3, 0.1, 0.5, 1.0, 7.5] {
             let m = mechanism(CdfNoise::Laplace, epsilon, Resolution::Auto { max_log2: 16 }, contribution);
             for levels in 1..=4 {
                 let implied = m.implied_privacy(levels);
@@ -94,6 +96,47 @@ fn the_sampled_noise_implies_at_most_the_charged_privacy() {
             }
         }
     }
+}
+
+/// The count's share is a function of the public budget alone: 5 % where a smaller one would make
+/// the count noisier than `ROOT_SD` per unit, down to 2 % where it would not; the sampled root's
+/// scale is the one that share calibrates, and a stored share outside the range is refused.
+#[test]
+fn the_counts_share_follows_the_budget() {
+    let (least, most) = ROOT_SHARES;
+    for (epsilon, want) in [(1e-12, most), (0.1, most), (0.4, most), (0.5, 0.04), (1.0, least), (1000.0, least)] {
+        let share = root_share(CdfNoise::Laplace, epsilon, 0.0);
+        assert!((share - want).abs() < 1e-12, "ε = {epsilon}: share {share}, want {want}");
+        for contribution in [Contribution::ROW, Contribution::new(3, 4).unwrap()] {
+            let m = mechanism(CdfNoise::Laplace, epsilon, Resolution::Auto { max_log2: 12 }, contribution);
+            assert_eq!(m.root_share(), share);
+            let (root, _) = m.laplace_scales(1).unwrap();
+            let exact = contribution.count_l1() as f64 / (share * epsilon);
+            assert!(root >= exact && root <= exact * (1.0 + 1e-9), "ε = {epsilon}: root scale {root} vs {exact}");
+            let sd_per_unit = std::f64::consts::SQRT_2 * root / contribution.count_l1() as f64;
+            assert!(sd_per_unit <= ROOT_SD * (1.0 + 1e-9) || share == most, "ε = {epsilon}: count sd {sd_per_unit}");
+        }
+    }
+    // Gaussian noise: ρ decides; the same bound on the count's sd per unit of L2 sensitivity.
+    for (epsilon, want) in [(0.01, most), (1.0, least), (1000.0, least)] {
+        let rho = zcdp_rho(Calibration::Analytic, epsilon, 1e-6).unwrap();
+        let share = root_share(CdfNoise::Gaussian, epsilon, rho);
+        assert!((share - want).abs() < 1e-12, "Gaussian ε = {epsilon}: share {share}");
+        assert_eq!(
+            mechanism(CdfNoise::Gaussian, epsilon, Resolution::Auto { max_log2: 12 }, Contribution::ROW).root_share(),
+            share
+        );
+    }
+    for bad in [0.0, 0.01, 0.06, f64::NAN, f64::INFINITY] {
+        let m = mechanism(CdfNoise::Laplace, 1.0, Resolution::Auto { max_log2: 12 }, Contribution::ROW);
+        let e = CdfMechanism::with_root_share(m.spec().clone(), Contribution::ROW, Some(bad)).unwrap_err();
+        assert!(e.contains("the count's share must be in [0.02, 0.05]"), "{bad}: {e}");
+    }
+    // A stored release's share is used as given, whatever the rule says today.
+    let m = mechanism(CdfNoise::Laplace, 1.0, Resolution::Auto { max_log2: 12 }, Contribution::ROW);
+    let legacy = CdfMechanism::with_root_share(m.spec().clone(), Contribution::ROW, Some(0.05)).unwrap();
+    assert_eq!(legacy.root_share(), 0.05);
+    assert!(legacy.laplace_scales(1).unwrap().0 < m.laplace_scales(1).unwrap().0);
 }
 
 /// The exact privacy loss of an output under neighbouring leaf counts `a` and `b` (Laplace noise

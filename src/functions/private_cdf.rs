@@ -243,6 +243,7 @@ impl Release for CdfRun {
             contribution: cx.contribution,
             alpha: self.alpha,
             leaves_log2: log2,
+            root_share: self.mechanism.root_share(),
             levels: levels.concat(),
             probabilities: match &self.output {
                 Output::Cdf => None,

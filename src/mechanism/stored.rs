@@ -35,7 +35,9 @@ use crate::mechanism::density::kde::{Grid, KdeLayout};
 use crate::mechanism::density::kde2d::{Kde2dBands, Kde2dMechanism, Kde2dRelease, Kde2dSpec};
 use crate::mechanism::density::kernel::NodeKernel;
 use crate::mechanism::density::release::{KdeBands, KdeMechanism, KdeRelease, KdeSpec, MechanismError, Normalise};
-use crate::mechanism::distribution::release::{CdfMechanism, CdfNoise, CdfRelease, CdfSpec, Resolution};
+use crate::mechanism::distribution::release::{
+    CdfMechanism, CdfNoise, CdfRelease, CdfSpec, LEGACY_ROOT_SHARE, Resolution,
+};
 use crate::mechanism::distribution::tree::TreeShape;
 use crate::mechanism::fits::kernel_fit::{FitLoss, FitRelease, FitSpec, KernelFitMechanism};
 use crate::mechanism::noise::calibration::Calibration;
@@ -113,6 +115,8 @@ pub enum Recipe {
         alpha: f64,
         /// log2 of the released tree's leaves (chosen from the released count).
         leaves_log2: u32,
+        /// The share of the budget its count spent (the least-squares weights depend on it).
+        root_share: f64,
         /// The released (noisy) counts of every level, root first, concatenated.
         levels: Vec<f64>,
         /// `private_quantiles`: the probabilities it released.
@@ -222,11 +226,11 @@ impl Recipe {
                 }
                 v
             }
-            Recipe::Cdf { spec, contribution, alpha, leaves_log2, probabilities, .. } => {
+            Recipe::Cdf { spec, contribution, alpha, leaves_log2, root_share, probabilities, .. } => {
                 let mut v = json!({
                     "lo": spec.lo, "hi": spec.hi, "points": spec.points, "leaves": 1u64 << leaves_log2,
                     "epsilon": spec.epsilon, "delta": spec.delta, "mechanism": spec.noise.name(),
-                    "calibration": spec.calibration.name(),
+                    "calibration": spec.calibration.name(), "count_share": root_share,
                     "unit_rows": contribution.rows, "unit_groups": contribution.groups, "band_alpha": alpha,
                 });
                 match spec.resolution {
@@ -423,6 +427,8 @@ impl Recipe {
                     contribution,
                     alpha: alpha()?,
                     leaves_log2,
+                    // Releases stored before the share depended on the budget spent 5 %.
+                    root_share: p.get("count_share").map_or(Ok(LEGACY_ROOT_SHARE), |_| field(&p, "count_share"))?,
                     levels: floats(data)?,
                     probabilities,
                 })
@@ -551,8 +557,8 @@ impl StoredCurve {
                 }
                 Ok(StoredCurve::MeanCurve { release, band, weights, kernel: spec.kernel, range: spec.range })
             }
-            Recipe::Cdf { spec, contribution, alpha, leaves_log2, levels, probabilities } => {
-                let mechanism = CdfMechanism::new(spec.clone(), *contribution)?;
+            Recipe::Cdf { spec, contribution, alpha, leaves_log2, root_share, levels, probabilities } => {
+                let mechanism = CdfMechanism::with_root_share(spec.clone(), *contribution, Some(*root_share))?;
                 if *leaves_log2 > spec.resolution.statistic_log2() {
                     return Err("stored release: more leaves than its statistic".into());
                 }
@@ -767,6 +773,58 @@ mod tests {
             let mid = release.x[50];
             assert_ne!(gaussian.unwrap().eval(mid), curve.eval(mid));
         }
+    }
+
+    #[test]
+    fn a_cdf_recipe_keeps_its_counts_share_and_old_records_read_as_five_percent() {
+        let spec = CdfSpec {
+            lo: 0.0,
+            hi: 1.0,
+            points: 33,
+            resolution: Resolution::Auto { max_log2: 10 },
+            noise: CdfNoise::Laplace,
+            epsilon: 1.0,
+            delta: 0.0,
+            calibration: Calibration::Analytic,
+        };
+        let m = CdfMechanism::new(spec.clone(), Contribution::ROW).unwrap();
+        assert_eq!(m.root_share(), 0.02, "ε = 1 spends 2 % on the count");
+        let mut sums = m.statistic();
+        m.accumulate(&mut sums, &(0..2000).map(|i| (i as f64 * 0.618).fract().powi(2)).collect::<Vec<_>>());
+        let (k, levels) = m.release(sums.totals(), Some(&mut ChaCha20Rng::seed_from_u64(5)));
+        let release = m.post_process(k, &levels, 0.05).unwrap();
+        let recipe = Recipe::Cdf {
+            spec,
+            contribution: Contribution::ROW,
+            alpha: 0.05,
+            leaves_log2: k,
+            root_share: m.root_share(),
+            levels: levels.concat(),
+            probabilities: None,
+        };
+        let back = Recipe::decode(recipe.function(), &recipe.parameters(), &recipe.data()).unwrap();
+        assert_eq!(back, recipe, "exact round trip");
+        let curve = StoredCurve::build(&back).unwrap();
+        let values = &release.curve.as_ref().unwrap().cdf;
+        for (x, f) in release.x.iter().zip(values) {
+            assert_eq!(curve.eval(*x), Some(*f), "x = {x}");
+        }
+        // A record from before the share depended on ε spent 5 %: its least-squares weights are
+        // those, so it evaluates as that release did (and not as today's share would).
+        let mut old: Value = serde_json::from_str(&recipe.parameters()).unwrap();
+        assert_eq!(old["count_share"], json!(0.02));
+        old.as_object_mut().unwrap().remove("count_share");
+        let legacy = Recipe::decode(recipe.function(), &old.to_string(), &recipe.data()).unwrap();
+        let Recipe::Cdf { root_share, .. } = &legacy else { panic!("a CDF recipe") };
+        assert_eq!(*root_share, LEGACY_ROOT_SHARE);
+        let then = CdfMechanism::with_root_share(m.spec().clone(), Contribution::ROW, Some(0.05)).unwrap();
+        let then = then.post_process(k, &levels, 0.05).unwrap();
+        let legacy = StoredCurve::build(&legacy).unwrap();
+        let then_values = &then.curve.as_ref().unwrap().cdf;
+        for (x, f) in then.x.iter().zip(then_values) {
+            assert_eq!(legacy.eval(*x), Some(*f), "x = {x}");
+        }
+        assert_ne!(then_values, values, "the share changes the least-squares estimate");
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //!
 //! **Release** (adaptive composition, every step calibrated from public parameters only):
 //!
-//! 1. The total count with noise, a share [`ROOT_SHARE`] of the budget.
+//! 1. The total count with noise, a share `s` of the budget ([`root_share`]: the least share in
+//!    [`ROOT_SHARES`] at which the count's noise sd is at most [`ROOT_SD`] per unit of sensitivity —
+//!    2 % at ε ≥ 1 with Laplace noise, 5 % at ε ≤ 0.4).
 //! 2. The resolution: `2^k` leaves with `2^k ≈ max(sqrt(ñ·ε₁), ñ·ε₁²/72)` (`ε₁` the per-unit noise
-//!    level of one level at the remaining budget, `(1 − ROOT_SHARE)·ε` for Laplace noise; `k` in `[3, K]`), from
+//!    level of one level at the remaining budget, `(1 − s)·ε` for Laplace noise; `k` in `[3, K]`), from
 //!    the released count alone — where the noise of a finer tree would cost more than its
 //!    resolution gains (the rank error of a tree's prefix grows like log^1.5 of its leaves; the
 //!    error of interpolating a smooth CDF inside a leaf falls like its width, the sample's own
@@ -48,8 +50,28 @@ use crate::mechanism::noise::samplers::{DiscreteGaussian, discrete_laplace};
 use crate::mechanism::ranges;
 use crate::mechanism::sums::{BufferedSums, Buffers, most_heap_bytes};
 
-/// Share of the budget (ε, or ρ under zCDP) spent on the total count that picks the resolution.
-pub const ROOT_SHARE: f64 = 0.05;
+/// The range of the share of the budget (ε, or ρ under zCDP) spent on the total count that picks
+/// the resolution and roots the tree. The count only has to place the resolution within a factor
+/// of two, and as the root it adds little to the least-squares prefixes: every tree's prefix
+/// noise is 3.1 % lower with a 2 % count than with 5 % (exact variances; docs/functions/private_cdf.md).
+pub const ROOT_SHARES: (f64, f64) = (0.02, 0.05);
+/// The count's largest noise sd per unit of sensitivity where the share allows it (a discrete
+/// Laplace scale of 50): the share rises towards 5 % before the count gets noisier than this.
+pub const ROOT_SD: f64 = 50.0 * std::f64::consts::SQRT_2;
+/// The count's share of releases stored before it depended on the budget.
+pub const LEGACY_ROOT_SHARE: f64 = 0.05;
+
+/// The count's share of the budget: the least in [`ROOT_SHARES`] at which its noise sd per unit of
+/// sensitivity is at most [`ROOT_SD`] — `√2/(s·ε)` for discrete Laplace, `1/√(2·s·ρ)` for the
+/// discrete Gaussian (ρ the call's zCDP budget). A function of public parameters only.
+pub fn root_share(noise: CdfNoise, epsilon: f64, rho: f64) -> f64 {
+    let wanted = match noise {
+        CdfNoise::Laplace => std::f64::consts::SQRT_2 / (ROOT_SD * epsilon),
+        CdfNoise::Gaussian => 1.0 / (2.0 * rho * ROOT_SD * ROOT_SD),
+    };
+    let (least, most) = ROOT_SHARES;
+    if wanted.is_nan() { most } else { wanted.clamp(least, most) }
+}
 /// The coarsest automatic resolution: `2^MIN_AUTO_LOG2` leaves.
 pub const MIN_AUTO_LOG2: u32 = 3;
 /// The finest automatic resolution by default: `2^DEFAULT_MAX_LOG2` leaves.
@@ -176,6 +198,8 @@ impl LevelNoise {
 pub struct CdfMechanism {
     spec: CdfSpec,
     contribution: Contribution,
+    /// The share of the budget the root (the count) spends.
+    root_share: f64,
     /// The root's noise.
     root: LevelNoise,
     /// The noise of the levels below the root, per number of levels (index = levels − 1).
@@ -188,8 +212,20 @@ pub struct CdfMechanism {
 pub type NoisyLevels = Vec<Vec<f64>>;
 
 impl CdfMechanism {
-    /// Calibrates the release; every error is about a public parameter.
+    /// Calibrates the release, the count's share from [`root_share`]; every error is about a
+    /// public parameter.
     pub fn new(spec: CdfSpec, contribution: Contribution) -> Result<Self, String> {
+        Self::with_root_share(spec, contribution, None)
+    }
+
+    /// Calibrates the release with the count's share given (a stored release's), or from
+    /// [`root_share`] when None.
+    pub fn with_root_share(spec: CdfSpec, contribution: Contribution, share: Option<f64>) -> Result<Self, String> {
+        if let Some(s) = share
+            && !(ROOT_SHARES.0..=ROOT_SHARES.1).contains(&s)
+        {
+            return Err(format!("the count's share must be in [{}, {}], got {s}", ROOT_SHARES.0, ROOT_SHARES.1));
+        }
         if !(spec.lo.is_finite() && spec.hi.is_finite() && spec.lo < spec.hi) {
             return Err(format!("the range must be finite with lo < hi, got [{}, {}]", spec.lo, spec.hi));
         }
@@ -214,18 +250,19 @@ impl CdfMechanism {
             return Err(format!("leaves must be a power of two from 2 to 2^{MAX_LEAVES_LOG2}, got 2^{k}"));
         }
         let max_levels = (1..=k).map(|j| TreeShape::for_leaves_log2(j).levels()).max().unwrap_or(1);
-        let (root, levels, single_level_sd) = match spec.noise {
+        let (root_share, root, levels, single_level_sd) = match spec.noise {
             CdfNoise::Laplace => {
+                let share = share.unwrap_or_else(|| root_share(CdfNoise::Laplace, spec.epsilon, 0.0));
                 let l1 = contribution.count_l1() as f64;
                 let laplace = |scale: f64| {
                     rational_at_least(scale * (1.0 + 1e-12))
                         .map(|(num, den)| LevelNoise::Laplace { num, den })
                         .ok_or_else(|| format!("ε = {} is out of range for the CDF's noise", spec.epsilon))
                 };
-                let rest = (1.0 - ROOT_SHARE) * spec.epsilon;
-                let root = laplace(l1 / (ROOT_SHARE * spec.epsilon))?;
+                let rest = (1.0 - share) * spec.epsilon;
+                let root = laplace(l1 / (share * spec.epsilon))?;
                 let levels = (1..=max_levels).map(|d| laplace(l1 * d as f64 / rest)).collect::<Result<Vec<_>, _>>()?;
-                (root, levels, std::f64::consts::SQRT_2 * l1 / rest)
+                (share, root, levels, std::f64::consts::SQRT_2 * l1 / rest)
             }
             CdfNoise::Gaussian => {
                 let rho = zcdp_rho(spec.calibration, spec.epsilon, spec.delta).map_err(|e| e.to_string())?;
@@ -241,13 +278,14 @@ impl CdfMechanism {
                             format!("(ε, δ) = ({}, {}) is out of range for the CDF's noise", spec.epsilon, spec.delta)
                         })
                 };
-                let rest = 1.0 - ROOT_SHARE;
-                let root = gaussian(ROOT_SHARE)?;
+                let share = share.unwrap_or_else(|| root_share(CdfNoise::Gaussian, spec.epsilon, rho));
+                let rest = 1.0 - share;
+                let root = gaussian(share)?;
                 let levels = (1..=max_levels).map(|d| gaussian(rest / d as f64)).collect::<Result<Vec<_>, _>>()?;
-                (root, levels, (l2sq / (2.0 * rest * rho)).sqrt())
+                (share, root, levels, (l2sq / (2.0 * rest * rho)).sqrt())
             }
         };
-        Ok(Self { spec, contribution, root, levels, single_level_sd })
+        Ok(Self { spec, contribution, root_share, root, levels, single_level_sd })
     }
 
     /// The public parameters.
@@ -258,6 +296,11 @@ impl CdfMechanism {
     /// The contribution bound it is calibrated for.
     pub fn contribution(&self) -> Contribution {
         self.contribution
+    }
+
+    /// The share of the budget the count (the root) spends.
+    pub fn root_share(&self) -> f64 {
+        self.root_share
     }
 
     /// The noise variance of one node of the deepest tree this call may release (public; what
@@ -330,7 +373,7 @@ impl CdfMechanism {
             Resolution::Fixed { log2 } => log2,
             Resolution::Auto { max_log2 } => {
                 // 2^k ≈ max(sqrt(ñ·ε₁), ñ·ε₁²/72), ε₁ = √2/sd the noise level of one level per unit
-                // (Laplace: (1 − ROOT_SHARE)·ε). The first balances the prefix noise against interpolating a
+                // (Laplace: (1 − s)·ε, s the count's share). The first balances the prefix noise against interpolating a
                 // smooth CDF inside a leaf; the second against the sample's own roughness inside
                 // a leaf (√(1/(4ñL)) of rank), which takes over at large n·ε² (module docs).
                 let unit = std::f64::consts::SQRT_2 / self.single_level_sd;
