@@ -939,6 +939,15 @@ async fn iclp_study(o: &Options) {
 
 const QUANTILES: &str = "dpcurve private_quantiles";
 
+/// `--seed S`: a session whose repetition `rep` draws its noise from seed S + rep (every method
+/// the same), so two builds compare on the same noise; None (fresh OS noise) without the flag.
+fn seeded_session(o: &Options, rep: usize) -> Option<DpSession> {
+    o.seed.map(|seed| {
+        let noise = dpcurve::NoiseSource::TestSeed(seed + rep as u64);
+        DpSession::new(SessionOptions { noise, ..SessionOptions::default() })
+    })
+}
+
 /// The 99 percentiles of one `private_quantiles` release (pure ε, `leaves` as given: `'auto'` or a
 /// power of two).
 async fn private_quantiles(s: &DpSession, table: &str, eps: f64, lo: f64, hi: f64, leaves: &str) -> Vec<f64> {
@@ -972,11 +981,7 @@ async fn quantiles_study(o: &Options) {
                 xs.sort_by(f64::total_cmp);
                 table += 1;
                 let t = format!("q{table}");
-                // `--seed S`: repetition r draws its noise from seed S + r, otherwise fresh OS noise.
-                let seeded = o.seed.map(|seed| {
-                    let noise = dpcurve::NoiseSource::TestSeed(seed + rep as u64);
-                    DpSession::new(SessionOptions { noise, ..SessionOptions::default() })
-                });
+                let seeded = seeded_session(o, rep);
                 let s = seeded.as_ref().unwrap_or(&s);
                 s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
                 exact.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
@@ -1268,12 +1273,7 @@ async fn main() {
                 xs.sort_by(f64::total_cmp);
                 table += 1;
                 let t = format!("t{table}");
-                // `--seed S`: repetition r draws its noise from seed S + r (every method the
-                // same), so two builds compare on the same noise; otherwise fresh OS noise.
-                let seeded = o.seed.map(|seed| {
-                    let noise = dpcurve::NoiseSource::TestSeed(seed + rep as u64);
-                    DpSession::new(SessionOptions { noise, ..Default::default() })
-                });
+                let seeded = seeded_session(&o, rep);
                 let s = seeded.as_ref().unwrap_or(&s);
                 s.register_parquet(&t, &path.to_string_lossy()).await.unwrap();
                 for &eps in &o.eps {

@@ -217,14 +217,13 @@ mod distribution {
     /// conservative by design: the bound holds for every data CDF, and the isotonic projection only
     /// shrinks the error — measured 98–99 % on this table).
     fn data_coverage(m: &CdfMechanism, seed: u64) -> ((f64, f64), f64) {
-        const RELEASES: usize = CDF_RELEASES;
         let mut s = m.statistic();
         m.accumulate(&mut s, &sample());
         let leaves = s.totals().to_vec();
         let n = leaves.iter().sum::<i128>() as f64;
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let mut claim = 0usize;
-        let threshold = bands::coverage(RELEASES, || {
+        let threshold = bands::coverage(CDF_RELEASES, || {
             let (k, levels) = m.release(&leaves, Some(&mut rng));
             let coarse: Vec<i128> = leaves.chunks_exact(leaves.len() >> k).map(|c| c.iter().sum()).collect();
             assert_eq!(TreeShape::for_leaves_log2(k).leaves(), coarse.len());
@@ -243,7 +242,7 @@ mod distribution {
             claim += usize::from(sup <= c.noise_width);
             w / m.band_threshold(k, ALPHA)
         });
-        (threshold, claim as f64 / RELEASES as f64)
+        (threshold, claim as f64 / CDF_RELEASES as f64)
     }
 
     #[test]

@@ -435,6 +435,8 @@ async fn distribution_releases_show_nothing_of_one_row_but_their_numbers() {
             .to_string(),
         // A refusal is the same on both sides.
         "SELECT private_cdf(x, 5, 0, leaves => 3) FROM p".to_string(),
+        // Between the count's shares (ε = 0.5: 4 %).
+        "SELECT c['release'] AS id FROM (SELECT private_cdf(x, 0.5, 0, points => 8) AS c FROM p)".to_string(),
     ];
     for sql in &queries {
         let (a, b) = n.observe(sql, 2).await;
@@ -446,6 +448,30 @@ async fn distribution_releases_show_nothing_of_one_row_but_their_numbers() {
     assert_eq!(g.rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["g0", "g1", "g2", "g3"]);
     let (e, _) = n.observe(&queries[5], 2).await;
     assert!(e.error.as_deref().is_some_and(|m| m.contains("power of two")), "{e:?}");
+    // What every stored release says of itself is the same with and without one row, apart from
+    // the resolution its released count chose (`leaves`: a released number): the count's share
+    // among it, at both of the shares these calls spend.
+    let listing = "SELECT function, parameters FROM dpcurve.releases \
+                   WHERE function IN ('private_cdf', 'private_quantiles')";
+    let (a, b) = n.observe(listing, 1).await;
+    let public = |o: &common::neighbours::Observed| {
+        let mut rows: Vec<String> = o
+            .rows
+            .iter()
+            .map(|r| {
+                let mut p: serde_json::Value = serde_json::from_str(&r[1]).unwrap();
+                p.as_object_mut().unwrap().remove("leaves");
+                format!("{} {p}", r[0])
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+    let (pa, pb) = (public(&a), public(&b));
+    assert_eq!(pa, pb, "stored parameters differ between the neighbours");
+    for share in ["\"count_share\":0.04", "\"count_share\":0.02"] {
+        assert!(pa.iter().any(|r| r.contains(share)), "no release with {share}: {pa:?}");
+    }
 }
 
 /// Alice's row is the only one of group g3, so only with her does that group's state exist and
